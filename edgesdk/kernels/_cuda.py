@@ -1,0 +1,239 @@
+"""Compile CUDA sources from ``plugins/`` once, cache the cubin, launch on the caller's stream.
+
+Shared by every operator's launcher (``edgesdk/kernels/<op>.py``) and so by the TensorRT plugins'
+``enqueue``: a launch does no device allocation and no host synchronisation, so it can be
+captured in a CUDA graph.
+
+Compilation: ``nvcc -cubin -arch=sm_XY`` when nvcc is on PATH (the same compiler CI uses for the
+resource table), else NVRTC from cuda-python with ``$CUDA_HOME/include``. Cubins are cached on disk
+under ``$EDGESDK_CACHE`` (default ``~/.cache/edgesdk/cubin``) keyed by the sha256 of source, options
+and architecture; modules and functions are cached per process and per CUDA context.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from edgesdk.errors import EdgeSDKError
+
+PLUGINS_DIR = Path(__file__).resolve().parents[2] / "plugins"
+
+_lock = threading.Lock()
+_modules: dict[tuple, Any] = {}
+_functions: dict[tuple, "Kernel"] = {}
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver  # cuda-python >= 12.6
+    except ImportError:  # pragma: no cover - depends on the machine
+        try:
+            from cuda import cuda as driver  # older cuda-python layout
+        except ImportError as e:
+            raise EdgeSDKError(
+                "cuda-python is not installed, so edgesdk cannot launch its CUDA kernels",
+                "pip install 'edgesdk[gpu]' (cuda-python matching your CUDA major version)",
+            ) from e
+    return driver
+
+
+def check(result):
+    """Unwrap a cuda-python ``(err, *values)`` tuple; raise with the error's name on failure."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        name = getattr(err, "name", str(err))
+        raise RuntimeError(f"CUDA driver call failed: {name} ({int(err)})")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+_initialized = False
+
+
+def init() -> None:
+    """cuInit and make the device's primary context current if none is (idempotent)."""
+    global _initialized
+    cu = _driver()
+    if not _initialized:
+        check(cu.cuInit(0))
+        _initialized = True
+    ctx = check(cu.cuCtxGetCurrent())
+    if ctx is None or int(ctx) == 0:
+        dev = check(cu.cuDeviceGet(0))
+        ctx = check(cu.cuDevicePrimaryCtxRetain(dev))
+        check(cu.cuCtxSetCurrent(ctx))
+
+
+def current_arch() -> str:
+    """``sm_XY`` of the current device."""
+    cu = _driver()
+    init()
+    dev = check(cu.cuCtxGetDevice())
+    A = cu.CUdevice_attribute
+    major = check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+    minor = check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+    return f"sm_{major}{minor}"
+
+
+def _cache_dir() -> Path:
+    d = Path(os.environ.get("EDGESDK_CACHE", Path.home() / ".cache" / "edgesdk")) / "cubin"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def compile_cubin(source_path: Path, arch: str, options: Sequence[str] = ()) -> bytes:
+    """Compile one ``.cu`` file to a cubin for ``arch`` (cached on disk)."""
+    source_path = Path(source_path)
+    src = source_path.read_bytes()
+    # Headers next to the source take part in the key.
+    hdrs = b"".join(p.read_bytes() for p in sorted(source_path.parent.glob("*.cuh")))
+    common = sorted(PLUGINS_DIR.glob("common/*.cuh"))
+    hdrs += b"".join(p.read_bytes() for p in common)
+    key = hashlib.sha256(src + hdrs + arch.encode() + "\0".join(options).encode()).hexdigest()[:32]
+    cached = _cache_dir() / f"{source_path.stem}-{arch}-{key}.cubin"
+    if cached.exists():
+        return cached.read_bytes()
+    inc = [f"-I{source_path.parent}", f"-I{PLUGINS_DIR}"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        with tempfile.TemporaryDirectory() as td:
+            out = Path(td) / "k.cubin"
+            cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", *inc, *options,
+                   "-o", str(out), str(source_path)]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise RuntimeError(f"nvcc failed for {source_path.name}:\n{r.stderr}")
+            data = out.read_bytes()
+    else:
+        data = _nvrtc_compile(src, source_path.name, arch, [*inc, *options])
+    tmp = cached.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, cached)
+    return data
+
+
+def _nvrtc_compile(src: bytes, name: str, arch: str, options: Sequence[str]) -> bytes:
+    from cuda.bindings import nvrtc
+
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    opts = [f"--gpu-architecture={arch}", "-std=c++17", f"-I{cuda_home}/include", *options]
+    prog = check(nvrtc.nvrtcCreateProgram(src, name.encode(), 0, [], []))
+    err = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])[0]
+    if int(err) != 0:
+        size = check(nvrtc.nvrtcGetProgramLogSize(prog))
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        raise RuntimeError(f"NVRTC failed for {name}:\n{log.decode(errors='replace')}")
+    size = check(nvrtc.nvrtcGetCUBINSize(prog))
+    cubin = b" " * size
+    check(nvrtc.nvrtcGetCUBIN(prog, cubin))
+    return cubin
+
+
+@dataclass
+class Kernel:
+    """A loaded ``extern "C"`` kernel; ``launch`` takes ctypes-typed arguments."""
+
+    function: Any
+    name: str
+    max_dynamic_smem: int = 0
+
+    def set_max_dynamic_smem(self, nbytes: int) -> None:
+        if nbytes > self.max_dynamic_smem:
+            cu = _driver()
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(cu.cuFuncSetAttribute(self.function, attr, nbytes))
+            self.max_dynamic_smem = nbytes
+
+    def launch(self, grid, block, args: Sequence[Any], stream: int = 0, smem: int = 0) -> None:
+        """Launch on ``stream`` (a raw ``cudaStream_t`` as int, or a CUstream).
+
+        ``args`` are ctypes values (``ctypes.c_void_p(ptr)``, ``ctypes.c_int(n)``, ``ctypes.c_float(s)``),
+        in the kernel's parameter order. Nothing is allocated on the device and nothing synchronises.
+        """
+        cu = _driver()
+        if smem > 48 * 1024:
+            self.set_max_dynamic_smem(smem)
+        holders = [a if isinstance(a, ctypes._SimpleCData) else ctypes.c_void_p(int(a)) for a in args]
+        ptrs = np.array([ctypes.addressof(h) for h in holders], dtype=np.uint64)
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        bx, by, bz = (tuple(block) + (1, 1))[:3]
+        st = stream if isinstance(stream, cu.CUstream) else cu.CUstream(int(stream))
+        check(cu.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, smem, st, ptrs.ctypes.data, 0))
+
+
+def get_kernel(source: str | Path, name: str, options: Sequence[str] = ()) -> Kernel:
+    """Load ``extern "C"`` kernel ``name`` from ``plugins/<source>`` for the current device.
+
+    Compiled once per (source, options, arch), loaded once per context.
+    """
+    cu = _driver()
+    init()
+    path = Path(source)
+    if not path.is_absolute():
+        path = PLUGINS_DIR / path
+    ctx = int(check(cu.cuCtxGetCurrent()))
+    fkey = (str(path), name, tuple(options), ctx)
+    k = _functions.get(fkey)
+    if k is not None:
+        return k
+    with _lock:
+        k = _functions.get(fkey)
+        if k is not None:
+            return k
+        arch = current_arch()
+        mkey = (str(path), tuple(options), ctx)
+        mod = _modules.get(mkey)
+        if mod is None:
+            cubin = compile_cubin(path, arch, options)
+            mod = check(cu.cuModuleLoadData(cubin))
+            _modules[mkey] = mod
+        fn = check(cu.cuModuleGetFunction(mod, name.encode()))
+        k = Kernel(fn, name)
+        _functions[fkey] = k
+        return k
+
+
+def green_context(sm_count: int = 16):
+    """A CUcontext limited to ``sm_count`` SMs (the "Orin proxy" on an H100/H200).
+
+    Returns ``(context, actual_sm_count)``. Make it current with ``cuCtxSetCurrent`` before loading
+    kernels into it; modules are cached per context.
+    """
+    cu = _driver()
+    init()
+    dev = check(cu.cuCtxGetDevice())
+    res = check(cu.cuDeviceGetDevResource(dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
+    r = cu.cuDevSmResourceSplitByCount(1, res, 0, sm_count)
+    if int(r[0]) != 0:
+        raise RuntimeError(f"cuDevSmResourceSplitByCount failed: {r[0]}")
+    groups = r[1]
+    g = groups[0] if isinstance(groups, (list, tuple)) else groups
+    desc = check(cu.cuDevResourceGenerateDesc([g], 1))
+    gctx = check(cu.cuGreenCtxCreate(desc, dev, cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM))
+    ctx = check(cu.cuCtxFromGreenCtx(gctx))
+    return ctx, int(g.sm.smCount)
+
+
+def gpu_available() -> bool:
+    """True when cuda-python imports and a CUDA device answers (used by tests to skip)."""
+    try:
+        cu = _driver()
+        if int(cu.cuInit(0)[0]) != 0:
+            return False
+        n = cu.cuDeviceGetCount()
+        return int(n[0]) == 0 and n[1] > 0
+    except Exception:
+        return False

@@ -1,0 +1,80 @@
+"""ONNX Runtime execution of edgesdk graphs, plugin nodes included (CPU reference ops).
+
+Plugin nodes are saved in the ONNX domain ``edgesdk`` (= their ``plugin_namespace``, so TensorRT's
+10.10+ domain fallback also finds them). onnxruntime-extensions resolves Python custom ops only in
+the domain ``ai.onnx.contrib`` (``../shared/TRT_NOTES.md`` §9), so :func:`make_session` relabels the
+domain in memory; the file on disk is never changed.
+
+Each operator's ORT op lives in ``edgesdk/ort/<op>.py`` and registers itself with
+``onnxruntime_extensions.onnx_op`` on import; :func:`register_ops` imports them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+
+import onnx
+
+PLUGIN_DOMAIN = "edgesdk"
+ORT_CONTRIB_DOMAIN = "ai.onnx.contrib"
+
+_registered = False
+
+
+def register_ops() -> None:
+    """Import every ``edgesdk.ort.<op>`` module so its custom op is registered (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    for m in pkgutil.iter_modules([str(Path(__file__).parent)]):
+        if not m.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{m.name}")
+    _registered = True
+
+
+def uses_plugins(model: onnx.ModelProto) -> bool:
+    return any(n.domain == PLUGIN_DOMAIN for n in model.graph.node)
+
+
+def for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose plugin nodes sit in the domain onnxruntime-extensions serves."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for n in m.graph.node:
+        if n.domain == PLUGIN_DOMAIN:
+            n.domain = ORT_CONTRIB_DOMAIN
+    imports = {o.domain: o for o in m.opset_import}
+    if PLUGIN_DOMAIN in imports:
+        version = imports[PLUGIN_DOMAIN].version
+        m.opset_import.remove(imports[PLUGIN_DOMAIN])
+        if ORT_CONTRIB_DOMAIN not in imports:
+            m.opset_import.append(onnx.helper.make_opsetid(ORT_CONTRIB_DOMAIN, version))
+    return m
+
+
+def make_session(model: onnx.ModelProto | bytes | str | Path, threads: int | None = None):
+    """An ``onnxruntime.InferenceSession`` on the CPU with all graph optimizations off.
+
+    ``ORT_DISABLE_ALL`` keeps ORT from rewriting DequantizeLinear→MatMul into MatMulNBits, which
+    changes numerics (``../shared/DESIGN.md`` §6). Plugin nodes run through our reference ops.
+    """
+    import onnxruntime as ort
+
+    if isinstance(model, (str, Path)):
+        model = onnx.load(str(model))
+    elif isinstance(model, (bytes, bytearray)):
+        model = onnx.load_from_string(bytes(model))
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    if uses_plugins(model):
+        from onnxruntime_extensions import get_library_path
+
+        register_ops()
+        so.register_custom_ops_library(get_library_path())
+        model = for_onnxruntime(model)
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
