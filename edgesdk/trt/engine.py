@@ -1,0 +1,263 @@
+"""Build a TensorRT engine (``model.plan``) from a rewritten ONNX model, and check plans before loading.
+
+The build follows ``../shared/TRT_NOTES.md`` §3/§6: ONNX parser, a **strongly typed** network (the
+one precision path on TensorRT 10.3, 10.16 and 11.x: Q/DQ decide the types), edgesdk's Python
+plugin creators registered before parsing, builder settings from the device profile, a timing
+cache file reused across builds, optional DLA with GPU fallback, and the plan written atomically.
+
+Without TensorRT, :func:`build_engine` returns ``built=False`` with a plain reason; nothing is
+faked. Everything here that touches TensorRT has never been run where it was written (no TensorRT
+could be installed); ``tools/trt_smoke.py`` is the first thing to run it.
+
+Inputs read from the pipeline's objects (duck-typed, so this module does not import them):
+
+* ``device.workspace_mb`` (int): TensorRT workspace memory-pool limit.
+* ``device.compute_capability`` (optional, ``"8.7"``, ``"sm_87"``, ``(8, 7)`` or ``87``): the target;
+  a build on a GPU of another compute capability is refused (plans are not portable).
+* ``device.dla_core`` (optional int or None): build for this DLA core with GPU fallback.
+* ``config.builder_optimization_level`` (optional int 0-5, default 3).
+* ``config.timing_cache`` (optional path): timing cache file; default
+  ``$EDGESDK_CACHE/trt/timing-<trt>-<sm>.cache`` (``~/.cache/edgesdk``), shared by all builds.
+* ``config.max_batch`` / ``config.opt_batch`` (optional ints, default 8 / 1): optimization-profile
+  range for a dynamic leading (batch) dimension of the network inputs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from edgesdk.errors import EdgeSDKError
+
+PLAN_NAME = "model.plan"
+
+
+def _tensorrt():
+    """The ``tensorrt`` module, or None where it is not installed."""
+    try:
+        import tensorrt as trt
+    except ImportError:
+        return None
+    return trt
+
+
+def normalize_cc(value: Any) -> str | None:
+    """Compute capability as ``"X.Y"`` from ``"8.7"``, ``"sm_87"``, ``(8, 7)``, ``87`` or ``"87"``.
+
+    Raises:
+        EdgeSDKError: the value is not a compute capability.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return f"{int(value[0])}.{int(value[1])}"
+    s = str(value).strip().lower().removeprefix("sm_").removeprefix("sm")
+    if "." in s:
+        major, _, minor = s.partition(".")
+        if major.isdigit() and minor.isdigit():
+            return f"{int(major)}.{int(minor)}"
+    elif s.isdigit() and len(s) >= 2:
+        return f"{int(s[:-1])}.{int(s[-1])}"
+    raise EdgeSDKError(f"{value!r} is not a compute capability",
+                       "write it as '8.7', 'sm_87' or (8, 7)")
+
+
+def gpu_info() -> dict:
+    """CUDA driver version and compute capability of device 0 (``None`` each where no GPU answers)."""
+    info: dict[str, str | None] = {"cuda": None, "compute_capability": None}
+    try:
+        from edgesdk.kernels._cuda import _driver, check, current_arch, gpu_available
+
+        if not gpu_available():
+            return info
+        v = int(check(_driver().cuDriverGetVersion()))
+        info["cuda"] = f"{v // 1000}.{(v % 1000) // 10}"
+        info["compute_capability"] = normalize_cc(current_arch())
+    except Exception:  # no driver, no cuda-python: report nothing rather than guess
+        pass
+    return info
+
+
+def tensorrt_info() -> dict:
+    """``{"tensorrt": version | "absent", "cuda": ..., "compute_capability": ...}`` of this machine."""
+    trt = _tensorrt()
+    return {"tensorrt": trt.__version__ if trt else "absent", **gpu_info()}
+
+
+def _atomic_write(path: Path, data: bytes | memoryview) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def default_timing_cache(trt_version: str, cc: str | None) -> Path:
+    root = Path(os.environ.get("EDGESDK_CACHE", Path.home() / ".cache" / "edgesdk"))
+    sm = (cc or "unknown").replace(".", "")
+    return root / "trt" / f"timing-{trt_version}-sm{sm}.cache"
+
+
+def build_engine(onnx_path: Path, out_dir: Path, device: Any, config: Any) -> dict:
+    """Parse ``onnx_path`` with TensorRT's ONNX parser and write ``out_dir/model.plan``.
+
+    Args:
+        onnx_path (Path): The rewritten ONNX model (plugin nodes in domain ``edgesdk``).
+        out_dir (Path): The build folder; ``model.plan`` is written there (temp name + ``os.replace``).
+        device (DeviceProfile): Reads ``workspace_mb``, optional ``compute_capability`` and ``dla_core``.
+        config (BuildConfig): Reads optional ``builder_optimization_level``, ``timing_cache``,
+            ``max_batch``, ``opt_batch``.
+
+    Returns:
+        dict: ``built`` (bool), ``reason`` (str or None: why nothing was built), ``plan`` (str path or
+        None), ``tensorrt`` (version or ``"absent"``), ``cuda`` (driver CUDA version or None),
+        ``compute_capability`` (``"X.Y"`` of the GPU the plan is for, or None), ``details`` (dict:
+        build seconds, timing cache, DLA use, notes). The first six go into the manifest; loading
+        checks them (:func:`check_plan_compatible`).
+    """
+    info = tensorrt_info()
+    result: dict[str, Any] = {"built": False, "reason": None, "plan": None, **info, "details": {}}
+    trt = _tensorrt()
+    if trt is None:
+        result["reason"] = ("TensorRT is not installed on this machine, so no engine was built "
+                            "(the ONNX model was still verified). Run the same build on the Jetson "
+                            "(JetPack 6.1+/7.2) or any machine with TensorRT >= 10.3.")
+        return result
+    if info["compute_capability"] is None:
+        result["reason"] = "TensorRT is installed but no CUDA GPU answers, so no engine was built."
+        return result
+    target = normalize_cc(getattr(device, "compute_capability", None))
+    if target is not None and target != info["compute_capability"]:
+        result["reason"] = (f"the device profile targets compute capability {target} but this GPU is "
+                            f"{info['compute_capability']}; TensorRT plans only run on the GPU kind "
+                            "they were built on, so build on the target device")
+        return result
+    try:
+        details = _build(trt, Path(onnx_path), Path(out_dir), device, config, info)
+    except EdgeSDKError as e:
+        result["reason"] = str(e)
+        return result
+    result.update(built=True, plan=str(Path(out_dir) / PLAN_NAME), details=details)
+    return result
+
+
+def _build(trt, onnx_path: Path, out_dir: Path, device, config, info: dict) -> dict:
+    from edgesdk.trt.registry import register_plugins
+
+    t0 = time.perf_counter()
+    notes: list[str] = []
+    logger = trt.Logger(trt.Logger.WARNING)
+    register_plugins()  # before parsing: the parser looks plugin creators up by name/version/namespace
+    builder = trt.Builder(logger)
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise EdgeSDKError(f"TensorRT's ONNX parser rejected {onnx_path.name}: {errors}",
+                           "check that the plugin nodes carry plugin_version/plugin_namespace and "
+                           "that the TensorRT version is >= 10.3")
+
+    cfg = builder.create_builder_config()
+    workspace_mb = int(getattr(device, "workspace_mb"))
+    cfg.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
+    cfg.builder_optimization_level = int(getattr(config, "builder_optimization_level", None) or 3)
+
+    cache_path = getattr(config, "timing_cache", None)
+    cache_path = Path(cache_path) if cache_path else default_timing_cache(trt.__version__,
+                                                                          info["compute_capability"])
+    cache = cfg.create_timing_cache(cache_path.read_bytes() if cache_path.exists() else b"")
+    cfg.set_timing_cache(cache, ignore_mismatch=False)
+
+    dla_core = getattr(device, "dla_core", None)
+    used_dla = None
+    if dla_core is not None:
+        if builder.num_DLA_cores > int(dla_core):
+            cfg.default_device_type = trt.DeviceType.DLA
+            cfg.DLA_core = int(dla_core)
+            cfg.set_flag(trt.BuilderFlag.GPU_FALLBACK)
+            used_dla = int(dla_core)
+        else:
+            notes.append(f"DLA core {dla_core} asked for but this GPU has {builder.num_DLA_cores} "
+                         "DLA cores; built for the GPU only")
+
+    profile = _profile(builder, network, config)
+    if profile is not None:
+        cfg.add_optimization_profile(profile)
+
+    plan = builder.build_serialized_network(network, cfg)
+    if plan is None:
+        raise EdgeSDKError(f"TensorRT could not build an engine for {onnx_path.name} (see the "
+                           "TensorRT log above)",
+                           "run tools/trt_smoke.py to test each plugin on its own, then report the log")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out_dir / PLAN_NAME, memoryview(plan))
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(cache_path, memoryview(cfg.get_timing_cache().serialize()))
+    return {"build_s": round(time.perf_counter() - t0, 2), "timing_cache": str(cache_path),
+            "workspace_mb": workspace_mb, "dla_core": used_dla, "notes": notes}
+
+
+def _profile(builder, network, config):
+    """One optimization profile covering a dynamic leading (batch) dimension; None if all static."""
+    max_b = int(getattr(config, "max_batch", None) or 8)
+    opt_b = int(getattr(config, "opt_batch", None) or 1)
+    profile, dynamic = builder.create_optimization_profile(), False
+    for i in range(network.num_inputs):
+        t = network.get_input(i)
+        shape = tuple(t.shape)
+        if all(d >= 0 for d in shape):
+            continue
+        if any(d < 0 for d in shape[1:]):
+            raise EdgeSDKError(f"input {t.name!r} has dynamic dimensions other than the batch: {shape}",
+                               "export the model with a fixed shape except the leading batch dimension")
+        dynamic = True
+        rest = shape[1:]
+        profile.set_shape(t.name, (1, *rest), (min(opt_b, max_b), *rest), (max_b, *rest))
+    return profile if dynamic else None
+
+
+def engine_record(manifest: dict) -> dict | None:
+    """The TensorRT fields a build recorded in ``manifest`` (top level or under ``"engine"``)."""
+    for rec in (manifest.get("engine"), manifest):
+        if isinstance(rec, dict) and "tensorrt" in rec and "compute_capability" in rec:
+            return rec
+    return None
+
+
+def check_plan_compatible(recorded: dict, current: dict | None = None) -> None:
+    """Refuse a plan built by another TensorRT version or for another compute capability.
+
+    Args:
+        recorded (dict): ``tensorrt`` and ``compute_capability`` as written at build time.
+        current (dict): The same for this machine; default :func:`tensorrt_info`.
+
+    Raises:
+        EdgeSDKError: they differ, naming both and saying to rebuild.
+    """
+    current = tensorrt_info() if current is None else current
+    built_trt, here_trt = str(recorded.get("tensorrt")), str(current.get("tensorrt"))
+    built_cc = normalize_cc(recorded.get("compute_capability"))
+    here_cc = normalize_cc(current.get("compute_capability"))
+    rebuild = ("rebuild the engine on this machine: edgesdk build <model.onnx> --device <profile> "
+               "(plans are tied to one TensorRT version and one GPU kind)")
+    if built_trt in ("absent", "None"):
+        raise EdgeSDKError("this build folder has no TensorRT engine (it was built without TensorRT)",
+                           rebuild)
+    if here_trt == "absent":
+        raise EdgeSDKError(f"the plan needs TensorRT {built_trt}, which is not installed here",
+                           "install TensorRT (JetPack ships it) or use backend='onnxruntime'")
+    if _version_key(built_trt) != _version_key(here_trt):
+        raise EdgeSDKError(f"the plan was built with TensorRT {built_trt}; this machine has {here_trt}",
+                           rebuild)
+    if built_cc != here_cc:
+        raise EdgeSDKError(f"the plan was built for compute capability {built_cc}; this GPU is {here_cc}",
+                           rebuild)
+
+
+def _version_key(v: str) -> tuple:
+    """``"10.3.0.26"`` → ``(10, 3, 0)``: plans are tied to major.minor.patch."""
+    parts = []
+    for p in v.split(".")[:3]:
+        parts.append(int(p) if p.isdigit() else p)
+    return tuple(parts)
