@@ -120,8 +120,8 @@ def build_engine(onnx_path: Path, out_dir: Path, device: Any, config: Any) -> di
     result: dict[str, Any] = {"built": False, "reason": None, "plan": None, **info, "details": {}}
     trt = _tensorrt()
     if trt is None:
-        result["reason"] = ("TensorRT is not installed on this machine, so no engine was built "
-                            "(the ONNX model was still verified). Run the same build on the Jetson "
+        result["reason"] = ("TensorRT is not installed on this machine, so no engine was built. "
+                            "Run the same build on the Jetson "
                             "(JetPack 6.1+/7.2) or any machine with TensorRT >= 10.3.")
         return result
     if info["compute_capability"] is None:

@@ -1,0 +1,53 @@
+"""One call registers every edgesdk plugin creator with TensorRT.
+
+Call :func:`register_plugins` before parsing an ONNX model with plugin nodes and before
+deserializing a plan that contains them (Python plugins live in the process, not in the plan).
+:func:`edgesdk.trt.engine.build_engine` and :class:`edgesdk.Engine` call it themselves.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from edgesdk.errors import EdgeSDKError
+from edgesdk.trt import _logic
+
+_lock = threading.Lock()
+_creators: dict[str, object] = {}  # op_type → creator; keeps them alive for the process
+
+
+def register_plugins(registry=None) -> list[str]:
+    """Register the creators of every operator in :data:`edgesdk.trt._logic.OPS` (idempotent).
+
+    Args:
+        registry (trt.IPluginRegistry): Default ``tensorrt.get_plugin_registry()``.
+
+    Returns:
+        list[str]: ``"edgesdk::<op_type>"`` of each creator now registered.
+
+    Raises:
+        EdgeSDKError: TensorRT is not installed, or TensorRT refused a creator.
+    """
+    try:
+        import tensorrt as trt
+    except ImportError as e:
+        raise EdgeSDKError("TensorRT is not installed, so edgesdk's plugins cannot be registered",
+                           "install TensorRT >= 10.3 (JetPack 6.1+ ships it), or run the build folder "
+                           "with Engine(..., backend='onnxruntime')") from e
+    from edgesdk.trt.plugins import plugin_classes
+
+    registry = registry if registry is not None else trt.get_plugin_registry()
+    names = []
+    with _lock:
+        for op in _logic.OPS:
+            _, creator_cls = plugin_classes(op)
+            creator = creator_cls()
+            key = f"{_logic.PLUGIN_NAMESPACE}::{creator.name}"
+            present = registry.get_creator(creator.name, _logic.PLUGIN_VERSION, _logic.PLUGIN_NAMESPACE)
+            if present is None:
+                if not registry.register_creator(creator, _logic.PLUGIN_NAMESPACE):
+                    raise EdgeSDKError(f"TensorRT refused to register the plugin creator {key}",
+                                       "check the TensorRT log; another creator may use the same name")
+                _creators[key] = creator
+            names.append(key)
+    return names
