@@ -3,3 +3,13 @@
 __version__ = "0.1.0"
 
 from edgesdk.errors import EdgeSDKError  # noqa: E402,F401
+
+_LAZY = {"Engine": "edgesdk.runtime"}  # name → module; imported on first use
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'edgesdk' has no attribute {name!r}")
