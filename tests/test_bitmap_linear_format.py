@@ -1,0 +1,213 @@
+"""CPU tests of the bitmap-sparse linear format (edgesdk/formats/bitmap_linear.py) and reference."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgesdk.errors import EdgeSDKError, FormatError
+from edgesdk.formats import bitmap_linear as fmt
+from edgesdk.formats.bitmap_linear import BitmapLinearWeights
+from edgesdk.reference.bitmap_linear import bitmap_linear, tolerance
+
+
+def sparse(rng, n, k, sparsity, dtype=np.float32):
+    w = rng.standard_normal((n, k)).astype(dtype)
+    w[rng.random((n, k)) < sparsity] = 0
+    return w
+
+
+def worked_example_w():
+    w = np.zeros((2, 9), np.float32)
+    w[0, 0], w[0, 3], w[1, 1], w[0, 8], w[1, 8] = 1.0, -2.0, 0.5, 3.0, 4.0
+    return w
+
+
+def test_worked_example_fp16_bytes():
+    """The literal example of docs/bitmap_linear.md."""
+    p = BitmapLinearWeights.pack(worked_example_w(), "float16")
+    t = p.to_tensors()
+    assert list(t) == ["bitmaps", "values", "offsets", "scales"]
+    expect_bitmaps = bytes([0x09, 0x02, 0, 0, 0, 0, 0, 0, 0x01, 0x01, 0, 0, 0, 0, 0, 0]) + bytes(48)
+    assert t["bitmaps"].dtype == np.int8 and t["bitmaps"].tobytes() == expect_bitmaps
+    assert t["values"].dtype == np.int8 and t["values"].tobytes() == bytes.fromhex(
+        "003c00c0003800420044000000000000")
+    assert t["offsets"].dtype == np.int32 and t["offsets"].tolist() == [0, 8]
+    assert t["scales"].tolist() == [1.0, 1.0]
+    assert p.nbytes == 64 + 16 + 8 + 8
+    assert p.node_attributes() == {"n": 2, "k": 9, "value_dtype": "float16", "has_bias": 0,
+                                   "format_version": 1}
+    y = bitmap_linear(np.ones((1, 9), np.float32), p)
+    assert y.tolist() == [[2.0, 4.5]]
+
+
+def test_worked_example_int8():
+    p = BitmapLinearWeights.pack(worked_example_w(), "int8", bias=np.array([0.25, -1.0]))
+    t = p.to_tensors()
+    assert t["values"].tolist() == [42, -85, 16, 127, 127] + [0] * 11
+    assert t["offsets"].tolist() == [0, 16]
+    np.testing.assert_allclose(t["scales"], np.float32([3 / 127, 4 / 127]))
+    assert t["bias"].tolist() == [0.25, -1.0] and p.node_attributes()["has_bias"] == 1
+    assert list(t) == list(fmt.TENSOR_NAMES)
+    y = bitmap_linear(np.ones((1, 9), np.float16), p, out_dtype=np.float64)
+    np.testing.assert_allclose(y, [[(42 - 85 + 127) * 3 / 127 + 0.25, (16 + 127) * 4 / 127 - 1.0]], rtol=1e-6)
+
+
+def test_schema():
+    assert fmt.OP_TYPE == "EdgeBitmapLinear" and fmt.TENSOR_NAMES[-1] == "bias"
+    assert set(fmt.ATTRIBUTES) == {"n", "k", "value_dtype", "has_bias", "format_version"}
+    assert fmt.input_names({"has_bias": 0}) == fmt.TENSOR_NAMES[:-1]
+    assert fmt.output_shape((2, 3, 9), {"n": 5}) == (2, 3, 5)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 70), k=st.integers(1, 200), sparsity=st.sampled_from([0.0, 0.3, 0.5, 0.9, 1.0]),
+       value_dtype=st.sampled_from(fmt.VALUE_DTYPES), wdtype=st.sampled_from([np.float16, np.float32, np.float64]),
+       bias=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_round_trip(n, k, sparsity, value_dtype, wdtype, bias, seed):
+    rng = np.random.default_rng(seed)
+    w = sparse(rng, n, k, sparsity, wdtype)
+    b = rng.standard_normal(n) if bias else None
+    p = BitmapLinearWeights.pack(w, value_dtype, bias=b)
+    d = p.unpack()
+    assert d.shape == (n, k) and d.dtype == np.float32
+    if value_dtype == "float16":
+        np.testing.assert_array_equal(d, w.astype(np.float16).astype(np.float32))
+    else:
+        np.testing.assert_allclose(d, w, atol=float(p.scales.max()) / 2 * 1.0001)
+        assert ((d != 0) <= (w != 0)).all()
+    q = BitmapLinearWeights.from_tensors(p.node_attributes(), p.to_tensors())
+    np.testing.assert_array_equal(q.unpack(), d)
+    assert q.nbytes == p.nbytes == sum(t.nbytes for t in p.to_tensors().values())
+    assert (np.diff(p.offsets) % fmt.value_align(value_dtype) == 0).all()
+    x = rng.standard_normal((2, 3, k)).astype(np.float32)
+    y = bitmap_linear(x, p)
+    assert y.shape == (2, 3, n) and y.dtype == np.float32
+    ref = x.reshape(-1, k).astype(np.float64) @ d.astype(np.float64).T + (0 if b is None else b)
+    np.testing.assert_allclose(y.reshape(-1, n), ref, rtol=1e-5, atol=1e-5)
+    assert (tolerance(x, p) > 0).all()
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (7, 63), (9, 65), (37, 1000)])
+def test_sparsity_extremes(n, k):
+    rng = np.random.default_rng(n * k)
+    zero = BitmapLinearWeights.pack(np.zeros((n, k)), "float16")
+    assert zero.values.size == 0 and zero.offsets.max() == 0 and (zero.bitmaps == 0).all()
+    assert (zero.unpack() == 0).all() and zero.density == 0
+    dense = BitmapLinearWeights.pack(rng.uniform(0.5, 1.0, (n, k)), "int8")
+    assert dense.density == 1.0 and dense.values.size == dense.offsets[-1]
+    assert np.count_nonzero(dense.values) == n * k
+    assert BitmapLinearWeights.from_tensors(zero.node_attributes(), zero.to_tensors()).values.size == 0
+
+
+@pytest.mark.parametrize("value_dtype,limit", [("float16", 0.65), ("int8", 0.40)])
+def test_byte_model(value_dtype, limit):
+    rng = np.random.default_rng(1)
+    n, k = 1000, 1500  # not multiples of 8 / 64
+    w = sparse(rng, n, k, 0.5)
+    p = BitmapLinearWeights.pack(w, value_dtype)
+    dense = fmt.dense_fp16_bytes(n, k)
+    assert p.nbytes / dense <= limit
+    # int8 quantization drops weights that round to 0 (~1 % of N(0,1) nonzeros): model is an upper bound
+    model = fmt.expected_nbytes(n, k, 0.5, value_dtype)
+    assert 0.97 * model <= p.nbytes <= 1.003 * model
+    for s, hi in [(0.3, 0.80), (0.7, 0.40)]:
+        assert fmt.expected_nbytes(4096, 4096, s, "float16") / fmt.dense_fp16_bytes(4096, 4096) <= hi
+    assert fmt.expected_nbytes(8, 64, 0.0) == 64 + 1024 + 8 + 32
+    assert fmt.expected_nbytes(8, 64, 1.0) == 64 + 0 + 8 + 32
+
+
+def _good(value_dtype="float16", bias=True):
+    rng = np.random.default_rng(5)
+    p = BitmapLinearWeights.pack(sparse(rng, 13, 130, 0.5), value_dtype,
+                                 bias=rng.standard_normal(13) if bias else None)
+    return p.node_attributes(), {k: v.copy() for k, v in p.to_tensors().items()}
+
+
+def _corrupt_bitmap(t):
+    t["bitmaps"].view("<u8")[0] = np.uint64(2**64 - 1)  # 64 bits set, offsets unchanged
+
+
+CASES = [
+    ("missing attribute", lambda a, t: a.pop("k"), "attribute 'k' is missing"),
+    ("bad version", lambda a, t: a.update(format_version=2), "format_version 2"),
+    ("bad dtype attr", lambda a, t: a.update(value_dtype="int4"), "value_dtype"),
+    ("string int", lambda a, t: a.update(n="13"), "must be an int"),
+    ("bad has_bias", lambda a, t: a.update(has_bias=2), "has_bias"),
+    ("missing bias", lambda a, t: t.pop("bias"), "missing"),
+    ("short bitmaps", lambda a, t: t.update(bitmaps=t["bitmaps"][:-8]), "'bitmaps' has"),
+    ("uint8 bitmaps", lambda a, t: t.update(bitmaps=t["bitmaps"].view(np.uint8)), "must be int8"),
+    ("short values", lambda a, t: t.update(values=t["values"][:-2]), "'values' has"),
+    ("long values", lambda a, t: t.update(values=np.concatenate([t["values"], np.zeros(16, np.int8)])),
+     "'values' has"),
+    ("offsets dtype", lambda a, t: t.update(offsets=t["offsets"].astype(np.int64)), "must be int32"),
+    ("offsets start", lambda a, t: t["offsets"].__iadd__(8), "start at 0"),
+    ("offsets decrease", lambda a, t: t["offsets"].__setitem__(2, t["offsets"][1] - 8), "never decrease"),
+    ("offsets misaligned", lambda a, t: t["offsets"].__setitem__(1, t["offsets"][1] + 1), "multiples"),
+    ("popcount mismatch", lambda a, t: _corrupt_bitmap(t), "bits set"),
+    ("wrong n", lambda a, t: a.update(n=14), "elements, expected"),
+    ("nan scale", lambda a, t: t["scales"].__setitem__(3, np.nan), "scales must be"),
+    ("negative scale", lambda a, t: t["scales"].__setitem__(0, -1.0), "scales must be"),
+    ("inf bias", lambda a, t: t["bias"].__setitem__(0, np.inf), "bias must be"),
+    ("nan fp16 value", lambda a, t: t["values"].view(np.float16).__setitem__(0, np.nan), "NaN"),
+]
+
+
+@pytest.mark.parametrize("name,corrupt,message", CASES, ids=[c[0] for c in CASES])
+def test_corrupted_tensors_raise_format_error(name, corrupt, message):
+    attrs, tensors = _good()
+    corrupt(attrs, tensors)
+    with pytest.raises(FormatError) as e:
+        BitmapLinearWeights.from_tensors(attrs, tensors)
+    assert message in str(e.value) and "fix:" in str(e.value)
+
+
+def test_bits_in_padding_with_consistent_offsets():
+    attrs, t = _good(bias=False)
+    p = BitmapLinearWeights.from_tensors(attrs, t)
+    w = np.zeros((16, 130), np.float32)
+    w[:13] = p.unpack()
+    w[15, 0] = 1.0  # a weight in a padding row, packed as if the layer had 16 rows
+    q = BitmapLinearWeights.pack(w)
+    t2 = {**q.to_tensors(), "scales": t["scales"]}
+    with pytest.raises(FormatError, match="outside the 13x130 matrix"):
+        BitmapLinearWeights.from_tensors({**q.node_attributes(), "n": 13}, t2)
+
+
+def test_pack_rejects_bad_input():
+    with pytest.raises(FormatError, match="float matrix"):
+        BitmapLinearWeights.pack(np.ones((3,)))
+    with pytest.raises(FormatError, match="float matrix"):
+        BitmapLinearWeights.pack(np.ones((3, 4), np.int32))
+    with pytest.raises(FormatError, match="NaN"):
+        BitmapLinearWeights.pack(np.full((3, 4), np.nan))
+    with pytest.raises(FormatError, match="not supported"):
+        BitmapLinearWeights.pack(np.ones((3, 4)), "bfloat16")
+    with pytest.raises(FormatError, match="fp16 range"):
+        BitmapLinearWeights.pack(np.full((3, 4), 1e6))
+    with pytest.raises(FormatError, match="scales"):
+        BitmapLinearWeights.pack(np.ones((3, 4)), "int8", scales=np.ones(2))
+    with pytest.raises(FormatError, match="bias"):
+        BitmapLinearWeights.pack(np.ones((3, 4)), bias=np.ones(4))
+    p = BitmapLinearWeights.pack(np.ones((3, 4)))
+    with pytest.raises(EdgeSDKError, match=r"\[\.\.\., 4\]"):
+        bitmap_linear(np.ones((2, 5), np.float32), p)
+    with pytest.raises(EdgeSDKError, match="rank"):
+        bitmap_linear(np.ones(4, np.float32), p)
+
+
+def test_reference_fp16_rounding_and_tolerance():
+    rng = np.random.default_rng(3)
+    p = BitmapLinearWeights.pack(sparse(rng, 33, 100, 0.7), "int8", bias=rng.standard_normal(33))
+    x = rng.standard_normal((5, 100)).astype(np.float16)
+    y = bitmap_linear(x, p)
+    exact = bitmap_linear(x, p, out_dtype=np.float64)
+    assert y.dtype == np.float16
+    np.testing.assert_array_equal(y, exact.astype(np.float16))
+    tol = tolerance(x, p)
+    assert (np.abs(y.astype(np.float64) - exact) <= tol).all()
+    # the tolerance is tight enough to catch one wrong weight
+    w = p.unpack()
+    w[4, 17] = w[4, 17] + 0.05 if w[4, 17] else 0.05
+    wrong = x.astype(np.float64) @ w.astype(np.float64).T + p.bias
+    assert (np.abs(wrong - exact) > tol).any()
