@@ -1,0 +1,144 @@
+"""edgesdk.Engine and `edgesdk run/bench` without TensorRT: the ONNX Runtime backend, errors, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import typer
+from onnx import TensorProto, helper, numpy_helper
+from typer.testing import CliRunner
+
+import edgesdk
+from edgesdk.errors import EdgeSDKError
+from edgesdk.runtime import Engine, find_build
+from edgesdk.runtime_cli import benchmark, random_inputs, register
+
+RNG = np.random.default_rng(60)
+W = RNG.standard_normal((13, 7)).astype(np.float32)
+B = RNG.standard_normal(7).astype(np.float32)
+
+
+@pytest.fixture()
+def build_dir(tmp_path):
+    """A build folder as `edgesdk build` writes it without TensorRT: ONNX + manifest, no plan."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 13])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 7])
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "B"], ["a"]),
+                           helper.make_node("Relu", ["a"], ["y"])], "g", [x], [y],
+                          [numpy_helper.from_array(W, "W"), numpy_helper.from_array(B, "B")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    onnx.save(m, tmp_path / "model.onnx")
+    (tmp_path / "manifest.json").write_text(json.dumps({"engine": {"built": False, "tensorrt": "absent",
+                                                                    "cuda": None, "compute_capability": None}}))
+    return tmp_path
+
+
+def _ref(x):
+    return np.maximum(x.astype(np.float64) @ W + B, 0)
+
+
+def test_onnxruntime_backend_matches_numpy(build_dir):
+    x = RNG.standard_normal((5, 13)).astype(np.float32)
+    with edgesdk.Engine(build_dir, backend="onnxruntime") as eng:
+        assert [(t.name, t.shape, t.dtype) for t in eng.inputs] == [("x", (-1, 13), np.float32)]
+        assert [t.name for t in eng.outputs] == ["y"]
+        y = eng.infer({"x": x})["y"]
+        y2 = eng.infer({"x": x[:2]})["y"]  # dynamic batch
+    np.testing.assert_allclose(y, _ref(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y2, _ref(x[:2]), rtol=1e-5, atol=1e-5)
+    with pytest.raises(EdgeSDKError, match="closed"):
+        eng.infer({"x": x})
+    eng.close()  # idempotent
+
+
+def test_bad_inputs_name_problem_and_fix(build_dir):
+    eng = Engine(build_dir / "model.onnx", backend="onnxruntime")
+    x = RNG.standard_normal((2, 13)).astype(np.float32)
+    with pytest.raises(EdgeSDKError, match=r"missing \['x'\], unknown \['z'\]"):
+        eng.infer({"z": x})
+    with pytest.raises(EdgeSDKError, match="(?s)float64.*astype"):
+        eng.infer({"x": x.astype(np.float64)})
+    with pytest.raises(EdgeSDKError, match=r"shape \(2, 12\)"):
+        eng.infer({"x": x[:, :12]})
+    with pytest.raises(EdgeSDKError, match="shape"):
+        eng.infer({"x": x[None]})
+    # non-contiguous host arrays are fine (copied)
+    np.testing.assert_allclose(eng.infer({"x": np.asfortranarray(x)})["y"], _ref(x), rtol=1e-5, atol=1e-5)
+    eng.close()
+
+
+def test_tensorrt_is_never_a_silent_fallback(build_dir):
+    # no model.plan (built without TensorRT): asking for TensorRT names the problem and the way out
+    with pytest.raises(EdgeSDKError, match="no model.plan") as e:
+        Engine(build_dir)
+    assert "backend='onnxruntime'" in e.value.fix
+    (build_dir / "model.plan").write_bytes(b"\0" * 64)
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        with pytest.raises(EdgeSDKError, match="needs TensorRT"):
+            Engine(build_dir)
+    with pytest.raises(EdgeSDKError, match="unknown backend"):
+        Engine(build_dir, backend="cuda")
+    with pytest.raises(EdgeSDKError, match="does not exist"):
+        Engine(build_dir / "nope")
+    with pytest.raises(EdgeSDKError, match="cuda_graph"):
+        Engine(build_dir, backend="onnxruntime", cuda_graph=True)
+
+
+def test_find_build(build_dir, tmp_path_factory):
+    b = find_build(build_dir)
+    assert b.plan is None and b.onnx == build_dir / "model.onnx" and b.manifest["engine"]["tensorrt"] == "absent"
+    (build_dir / "model.plan").write_bytes(b"x")
+    assert find_build(build_dir / "model.plan").plan == build_dir / "model.plan"
+    empty = tmp_path_factory.mktemp("empty")
+    with pytest.raises(EdgeSDKError, match="neither"):
+        find_build(empty)
+    (empty / "manifest.json").write_text("{not json")
+    (empty / "m.onnx").write_bytes(b"")
+    with pytest.raises(EdgeSDKError, match="not valid JSON"):
+        find_build(empty)
+
+
+def test_benchmark_and_random_inputs(build_dir):
+    with Engine(build_dir, backend="onnxruntime") as eng:
+        feeds = random_inputs(eng.inputs, batch=3, seed=1)
+        assert feeds["x"].shape == (3, 13) and feeds["x"].dtype == np.float32 and feeds["x"].std() > 0.5
+        r = benchmark(eng, feeds, warmup=1, iterations=7)
+    lat = r["latency_ms"]
+    assert 0 < lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
+    assert r["samples_per_inference"] == 3
+    assert r["throughput"]["samples_per_s"] == pytest.approx(3 * r["throughput"]["inferences_per_s"])
+    with pytest.raises(EdgeSDKError, match="dynamic dims"):
+        random_inputs([edgesdk.runtime.TensorInfo("x", (1, -1), np.dtype(np.float32))])
+
+
+def _cli():
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+def test_cli_run_and_bench(build_dir, tmp_path):
+    x = RNG.standard_normal((4, 13)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    app, runner = _cli(), CliRunner()
+    r = runner.invoke(app, ["run", str(build_dir), "--input", str(tmp_path / "x.npy"), "--backend", "onnxruntime",
+                            "--output", str(tmp_path / "out.npz")])
+    assert r.exit_code == 0, r.output
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["y"], _ref(x), rtol=1e-5, atol=1e-5)
+    np.savez(tmp_path / "in.npz", x=x)
+    r = runner.invoke(app, ["run", str(build_dir), "-i", f"x={tmp_path / 'x.npy'}", "--backend", "onnxruntime"])
+    assert r.exit_code == 0 and "(4, 7)" in r.output, r.output
+    r = runner.invoke(app, ["run", str(build_dir), "-i", str(tmp_path / "in.npz"), "--backend", "onnxruntime"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["run", str(build_dir), "-i", str(tmp_path / "x.npy")])  # tensorrt: no plan
+    assert r.exit_code == 1 and "fix:" in r.output
+    r = runner.invoke(app, ["bench", str(build_dir), "--backend", "onnxruntime", "--batch", "2",
+                            "--iterations", "5", "--warmup", "1", "--json", str(tmp_path / "b.json")])
+    assert r.exit_code == 0, r.output
+    res = json.loads((tmp_path / "b.json").read_text())
+    assert res["inputs"] == {"x": [2, 13]} and res["iterations"] == 5 and res["latency_ms"]["p99"] > 0
