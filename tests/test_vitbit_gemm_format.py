@@ -1,0 +1,202 @@
+"""EdgeVitBitGemm format and reference: round trips, odd shapes, corruption, exactness bounds (CPU)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgesdk.errors import FormatError
+from edgesdk.formats import vitbit_gemm as F
+from edgesdk.reference import vitbit_gemm as R
+
+
+def _rand_w(rng, n, k, bits):
+    lo, hi = F.weight_range(bits)
+    return rng.integers(lo, hi + 1, size=(n, k)).astype(np.int8)
+
+
+def _packed(rng, n, k, bits=8, bias=True, gelu=False, x_scale=0.0371):
+    w = _rand_w(rng, n, k, bits)
+    s = rng.uniform(0.001, 0.05, n).astype(np.float32)
+    b = rng.normal(0, 1, n).astype(np.float32) if bias else None
+    return w, F.VitBitWeights.pack(w, s, bits, bias=b, x_scale=x_scale, gelu=gelu)
+
+
+def test_tiny_hand_checked():
+    # 1 row of X, 2 output channels, K = 3; x_scale 0.5 -> q = rint(x / 0.5)
+    x = np.array([[1.0, -0.75, 100.0]], np.float32)  # q = [2, -2 (rint(-1.5) half-even), 127 (clipped)]
+    w = np.array([[1, 2, 3], [-128, 127, 0]], np.int8)
+    p = F.VitBitWeights.pack(w, np.array([0.25, 1.0], np.float32), bias=np.array([1.0, -2.0], np.float32),
+                             x_scale=0.5)
+    assert R.quantize_activations(x, 0.5).tolist() == [[2, -2, 127]]
+    acc = R.int_gemm(R.quantize_activations(x, 0.5), w)
+    assert acc.tolist() == [[2 - 4 + 381, -256 - 254]]
+    y = R.vitbit_gemm(x, p)
+    assert y.dtype == np.float32 and y.shape == (1, 2)
+    assert y.tolist() == [[379 * 0.125 + 1.0, -510 * 0.5 - 2.0]]
+    assert p.weight.shape == (2, 16) and not p.weight[:, 3:].any()
+    assert p.nbytes == 2 * 16 + 8 + 8
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 37), k=st.integers(1, 70), bits=st.sampled_from(F.SUPPORTED_BITS),
+       bias=st.booleans(), gelu=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_round_trip(n, k, bits, bias, gelu, seed):
+    rng = np.random.default_rng(seed)
+    w, p = _packed(rng, n, k, bits, bias, gelu)
+    assert np.array_equal(p.w_q(), w)
+    np.testing.assert_array_equal(p.unpack(), w.astype(np.float32) * p.w_scale[:, None])
+    attrs = p.node_attributes()
+    assert set(attrs) == set(F.ATTRIBUTES) and all(isinstance(attrs[a], t) for a, t in F.ATTRIBUTES.items())
+    t = p.to_tensors()
+    assert list(t) == list(F.TENSOR_NAMES if bias else F.TENSOR_NAMES[:-1])
+    assert t["weight"].dtype == np.int8 and t["w_scale"].dtype == np.float32
+    q = F.VitBitWeights.from_tensors(attrs, t)
+    assert np.array_equal(q.weight, p.weight) and q.bits == bits and q.gelu == gelu
+    assert q.nbytes == p.nbytes == sum(a.nbytes for a in t.values())
+    x = rng.normal(0, 3, (3, 5, k)).astype(np.float16)
+    assert np.array_equal(R.vitbit_gemm(x, q), R.vitbit_gemm(x, p), equal_nan=True)
+    assert F.output_shape(x.shape, attrs) == (3, 5, n)
+
+
+def test_quantize_weights_roundtrip_error():
+    rng = np.random.default_rng(1)
+    wf = rng.normal(0, 0.02, (33, 71))
+    for bits in F.SUPPORTED_BITS:
+        w_q, s = F.quantize_weights(wf, bits)
+        p = F.VitBitWeights.pack(w_q, s, bits)
+        assert np.abs(p.unpack() - wf).max() <= s.max() / 2 * 1.0001
+
+
+def test_reference_matches_float64_and_dtypes():
+    rng = np.random.default_rng(2)
+    for dtype in (np.float16, np.float32):
+        w, p = _packed(rng, 29, 83, bias=True)
+        x = rng.normal(0, 2, (2, 19, 83)).astype(dtype)
+        y = R.vitbit_gemm(x, p)
+        assert y.dtype == dtype and y.shape == (2, 19, 29)
+        q = np.clip(np.rint(x.astype(np.float64) / np.float32(p.x_scale)), -128, 127)
+        acc = q.reshape(-1, 83) @ w.astype(np.float64).T
+        ref = acc * (np.float64(p.x_scale) * p.w_scale) + p.bias
+        np.testing.assert_allclose(y.reshape(-1, 29).astype(np.float64), ref, rtol=2e-3 if dtype == np.float16
+                                   else 1e-6, atol=1e-2 if dtype == np.float16 else 1e-5)
+
+
+def test_quantize_activations_edges():
+    x = np.array([[np.nan, np.inf, -np.inf, 2.5, 3.5, -2.5, 1e30, -1e30]], np.float32)
+    assert R.quantize_activations(x, 1.0).tolist() == [[0, 127, -128, 2, 4, -2, 127, -128]]
+
+
+def test_gelu_reference():
+    rng = np.random.default_rng(3)
+    _, p = _packed(rng, 16, 32, gelu=True)
+    x = rng.normal(0, 2, (7, 32)).astype(np.float32)
+    y = R.vitbit_gemm(x, p)
+    p.gelu = False
+    z = R.vitbit_gemm(x, p).astype(np.float64)
+    from scipy.special import erf
+
+    np.testing.assert_allclose(y, 0.5 * z * (1 + erf(z / np.sqrt(2))), rtol=1e-6, atol=1e-6)
+
+
+def test_int32_bound():
+    assert F.K_MAX == 131071 and F.K_MAX * 128 * 128 <= 2**31 - 1 < (F.K_MAX + 1) * 128 * 128
+    with pytest.raises(FormatError, match="int32 accumulation bound"):
+        F.VitBitWeights.pack(np.zeros((1, F.K_MAX + 1), np.int8), np.ones(1, np.float32))
+
+
+@pytest.mark.parametrize("bits", [4, 5])
+def test_field_packing_at_the_bound(bits):
+    lay = F.field_layout(bits)
+    assert (lay.fields, lay.field_bits, lay.flush_every) == (2, 16, {4: 31, 5: 15}[bits])
+    lo, hi = F.weight_range(bits)
+    t = lay.flush_every
+    # Worst case for a field: the largest positive product (lo * -128) T times, next to a negative column.
+    k = 3 * t + 1
+    q = np.full((2, k), -128, np.int8)
+    q[1] = 127
+    w = np.stack([np.full(k, lo), np.full(k, hi), np.full(k, lo), np.full(k, lo)]).astype(np.int8)
+    exact = R.int_gemm(q, w)
+    assert np.array_equal(R.field_gemm(q, w, bits), exact)
+    # One more multiply-add per flush overflows the 16-bit field: the emulation then goes wrong.
+    assert not np.array_equal(R.field_gemm(q, w, bits, flush_every=t + 1), exact)
+    # Random full-range data, odd sizes.
+    rng = np.random.default_rng(bits)
+    q = rng.integers(-128, 128, (5, 97)).astype(np.int8)
+    w = _rand_w(rng, 7, 97, bits)
+    assert np.array_equal(R.field_gemm(q, w, bits), R.int_gemm(q, w))
+    assert np.array_equal(F.unpack_fields(F.pack_fields(w, bits), 7), w.astype(np.int64))
+
+
+def test_fp_chunk_at_the_bound():
+    c = F.fp_chunk(8)
+    assert c == 1024 and 128 * 128 * c == 2**24
+    q = np.full((1, c + 1), -128, np.int8)
+    w = np.full((1, c + 1), -128, np.int8)
+    q[0, -1], w[0, -1] = 1, 1  # partial sum 2^24, then + 1: not representable in fp32 without a flush
+    exact = R.int_gemm(q, w)
+    assert exact[0, 0] == 2**24 + 1
+    assert np.array_equal(R.fp_gemm(q, w, c), exact)
+    assert not np.array_equal(R.fp_gemm(q, w, c + 1), exact)
+    assert F.fp_chunk(4) == 16384
+
+
+def test_core_split_roles():
+    s = F.CoreSplit(96, 16, 16)
+    r = s.roles(300)
+    assert s.width == 128 and r[:96].tolist() == [0] * 96 and r[96:112].tolist() == [1] * 16
+    assert r[112:128].tolist() == [2] * 16 and r[128] == 0
+
+
+def _good(rng):
+    _, p = _packed(rng, 9, 21)
+    return p.node_attributes(), dict(p.to_tensors())
+
+
+@pytest.mark.parametrize("corrupt, match", [
+    (lambda a, t: a.pop("bits"), "missing attribute 'bits'"),
+    (lambda a, t: a.update(bits=6), "bits must be one of"),
+    (lambda a, t: a.update(k=0), "k must be an int"),
+    (lambda a, t: a.update(k=40), "weight must be int8 \\[9, 48"),
+    (lambda a, t: a.update(n=10), "weight must be int8"),
+    (lambda a, t: a.update(x_scale=float("nan")), "x_scale"),
+    (lambda a, t: a.update(x_scale=-1.0), "x_scale"),
+    (lambda a, t: a.update(has_bias=2), "has_bias"),
+    (lambda a, t: a.update(gelu=1.5), "gelu"),
+    (lambda a, t: t.pop("bias"), "missing tensor"),
+    (lambda a, t: t.update(weight=t["weight"].astype(np.uint8)), "weight must be int8"),
+    (lambda a, t: t.update(weight=t["weight"][:, :16]), "weight must be int8"),
+    (lambda a, t: t["weight"].__setitem__((0, 25), 3), "pad columns"),
+    (lambda a, t: t.update(w_scale=t["w_scale"].astype(np.float64)), "w_scale must be float32"),
+    (lambda a, t: t.update(w_scale=t["w_scale"][:5]), "w_scale must be float32"),
+    (lambda a, t: t["w_scale"].__setitem__(3, 0.0), "non-positive"),
+    (lambda a, t: t["w_scale"].__setitem__(3, np.inf), "non-finite"),
+    (lambda a, t: t["bias"].__setitem__(1, np.nan), "bias has non-finite"),
+    (lambda a, t: t.update(bias=t["bias"][:3]), "bias must be float32"),
+])
+def test_corrupted_inputs_raise(corrupt, match):
+    a, t = _good(np.random.default_rng(7))
+    t = {k: v.copy() for k, v in t.items()}
+    corrupt(a, t)
+    with pytest.raises(FormatError, match=match):
+        F.VitBitWeights.from_tensors(a, t)
+
+
+def test_bits_range_checked():
+    rng = np.random.default_rng(8)
+    w = _rand_w(rng, 4, 40, 8)
+    w[0, 0] = 8
+    with pytest.raises(FormatError, match="4-bit range"):
+        F.VitBitWeights.pack(w, np.ones(4, np.float32), 4)
+    _, p = _packed(rng, 4, 40, bits=8)
+    a, t = p.node_attributes(), p.to_tensors()
+    a["bits"] = 4
+    if np.abs(t["weight"]).max() > 7:
+        with pytest.raises(FormatError, match="4-bit range"):
+            F.VitBitWeights.from_tensors(a, t)
+    with pytest.raises(FormatError, match="2-D integer"):
+        F.VitBitWeights.pack(np.zeros((3, 4), np.float32), np.ones(3, np.float32))
+    with pytest.raises(FormatError, match="rank >= 2"):
+        F.output_shape((16,), p.node_attributes())
+    with pytest.raises(FormatError, match="last dim"):
+        F.output_shape((2, 41), p.node_attributes())
