@@ -51,6 +51,10 @@ def for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
         m.opset_import.remove(imports[PLUGIN_DOMAIN])
         if ORT_CONTRIB_DOMAIN not in imports:
             m.opset_import.append(onnx.helper.make_opsetid(ORT_CONTRIB_DOMAIN, version))
+    from edgesdk.ort._pyop import adapt  # fp16 X and optional bias, which Python ops cannot take
+
+    register_ops()
+    adapt(m, ORT_CONTRIB_DOMAIN)
     return m
 
 

@@ -1,0 +1,120 @@
+"""Glue between plugin nodes and onnxruntime-extensions' Python custom ops.
+
+Two limits of the Python custom-op API shape the ONNX Runtime view of a plugin node (the model
+file is never changed):
+
+* fp16 tensors are not supported at all (the process aborts with "Type float16 not supported by
+  python customops api"): an fp16 X is given to the op through ``Cast(float32)`` and the op's
+  fp32 output, which already holds fp16-rounded values, is cast back to fp16 (exactly).
+  The op learns X's real dtype from the extra attribute ``x_dtype``.
+* every declared input is required: a node without bias gets an empty float32 bias input.
+
+:func:`register` declares one op from its format module (``OP_TYPE``, ``TENSOR_NAMES``,
+``ATTRIBUTES``) and a ``forward(x, attrs, tensors)`` computing exactly what the kernel computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from edgesdk.errors import EdgeSDKError
+
+#: op_type → number of inputs after X (bias included) for every registered op.
+REGISTERED: dict[str, int] = {}
+_ATTR_TYPES = {int: "dt_int64", float: "dt_float", str: "dt_string"}
+_DTYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16"}
+
+
+def register(fmt, input_types: list[str], forward: Callable[[np.ndarray, dict, dict], np.ndarray]) -> None:
+    """Register ``fmt.OP_TYPE`` as an onnxruntime-extensions op.
+
+    Args:
+        fmt: The op's format module.
+        input_types: ``PyCustomOpDef`` type names of the inputs after X (e.g. ``"dt_int8"``).
+        forward: ``forward(x, attrs, tensors) -> y`` (x in its real dtype, y in X's dtype).
+    """
+    from onnxruntime_extensions import PyCustomOpDef, onnx_op
+
+    attrs = {k: getattr(PyCustomOpDef, _ATTR_TYPES[t]) for k, t in fmt.ATTRIBUTES.items()}
+    attrs["x_dtype"] = PyCustomOpDef.dt_string
+    names = fmt.TENSOR_NAMES
+
+    def compute(x, *inputs, **kw):
+        x_dtype = kw.pop("x_dtype")
+        has_bias = int(kw.get("has_bias", 0))
+        tensors = {n: np.asarray(v) for n, v in zip(names, inputs) if n != "bias" or has_bias}
+        y = forward(np.asarray(x).astype(x_dtype), kw, tensors)
+        return np.asarray(y).astype(np.float32)
+
+    onnx_op(op_type=fmt.OP_TYPE, inputs=[PyCustomOpDef.dt_float] + [getattr(PyCustomOpDef, t) for t in input_types],
+            outputs=[PyCustomOpDef.dt_float], attrs=attrs)(compute)
+    REGISTERED[fmt.OP_TYPE] = len(names)
+
+
+def _known_types(model: onnx.ModelProto) -> dict[str, int]:
+    g = model.graph
+    out = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        if vi.type.tensor_type.elem_type:
+            out[vi.name] = vi.type.tensor_type.elem_type
+    out.update({t.name: t.data_type for t in g.initializer})
+    return out
+
+
+def adapt(model: onnx.ModelProto, domain: str) -> None:
+    """Rewrite plugin nodes of ``domain`` in place into what the Python ops accept (module doc).
+
+    Raises:
+        EdgeSDKError: The dtype of a plugin node's X cannot be determined or is not fp16/fp32.
+    """
+    g = model.graph
+    plugin = [n for n in g.node if n.domain == domain and n.op_type in REGISTERED]
+    if not plugin:
+        return
+    types = _known_types(model)
+    if any(n.input[0] not in types for n in plugin):
+        try:
+            types.update(_known_types(onnx.shape_inference.infer_shapes(model, strict_mode=False)))
+        except Exception:
+            pass
+    taken = {o for n in g.node for o in n.output} | {t.name for t in g.initializer} | {i.name for i in g.input}
+
+    def fresh(name: str) -> str:
+        i = 0
+        while f"{name}_{i}" in taken:
+            i += 1
+        taken.add(f"{name}_{i}")
+        return f"{name}_{i}"
+
+    plugin_ids = {id(n) for n in plugin}
+    nodes = []
+    for n in g.node:
+        if id(n) not in plugin_ids:
+            nodes.append(n)
+            continue
+        dt = _DTYPES.get(types.get(n.input[0], 0))
+        if dt is None:
+            raise EdgeSDKError(f"cannot tell the dtype of input {n.input[0]!r} of plugin node {n.name!r} "
+                               "(or it is not float16/float32)",
+                               "rewrite the model with edgesdk (it records value_info for plugin outputs)")
+        want = 1 + REGISTERED[n.op_type]
+        while len(n.input) < want:
+            empty = fresh("edgesdk_empty_bias")
+            g.initializer.append(helper.make_tensor(empty, TensorProto.FLOAT, [0], []))
+            n.input.append(empty)
+        n.attribute.append(helper.make_attribute("x_dtype", dt))
+        if dt == "float16":
+            x32, y32, y = fresh(f"{n.input[0]}_f32"), fresh(f"{n.output[0]}_f32"), n.output[0]
+            nodes.append(helper.make_node("Cast", [n.input[0]], [x32], to=TensorProto.FLOAT))
+            n.input[0] = x32
+            n.output[0] = y32
+            nodes.append(n)
+            nodes.append(helper.make_node("Cast", [y32], [y], to=TensorProto.FLOAT16))
+        else:
+            nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)

@@ -1,0 +1,405 @@
+"""Graph rewrite: prune the linears, choose a kernel per layer, pack it, insert plugin nodes.
+
+:func:`rewrite_model` is the build pipeline's pass after quantization. For every linear that
+:func:`edgesdk.inspect.find_linears` finds (float or Q/DQ MatMul(+Add), Gemm with transA/transB,
+transposed weights, any activation rank ≥ 2):
+
+1. Layers are selected like quantization selects them (``--exclude`` regexes, LM head only with
+   ``include_lm_head``); the others keep their nodes and get a ``reason``.
+2. Selected layers are pruned (:mod:`edgesdk.sparsify`: ``magnitude`` or ``wanda`` with activation
+   norms from the calibration feeds), per row; int8 weights are pruned in the int8 domain.
+3. :func:`edgesdk.rewrite.choose.choose` picks ``bitmap``, ``vitbit`` or ``none``.
+4. The layer's nodes (weight DQ/Transpose, MatMul/Gemm, bias Add) are replaced by one node in
+   domain ``edgesdk`` with the format's attributes plus ``plugin_version="1"`` and
+   ``plugin_namespace="edgesdk"``; the packed tensors become initializers named
+   ``<layer>.<tensor>``.
+
+   * ``EdgeBitmapLinear`` reads the float activation the MatMul read (the DQ output when the
+     activation is fake-quantized, so the numerics of the Q/DQ model are kept); int8 weights are
+     stored as int8 values with their per-channel scales, float weights as fp16 values.
+   * ``EdgeVitBitGemm`` reads the float activation *before* its QuantizeLinear and quantizes on
+     chip with the calibrated scale (attribute ``x_scale``): the Q/DQ pair is folded away.
+
+   Layers left as they are but pruned get their pruned weights written back densely.
+5. Dead nodes (Q/DQ pairs no longer used) and initializers are removed, ``value_info`` is given
+   for every plugin output (dtype and shape), the model is written with IR version 10 and
+   checked with ``onnx.checker``; graph input and output names are unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from edgesdk.errors import EdgeSDKError, FormatError
+from edgesdk.formats import bitmap_linear as bitmap_fmt
+from edgesdk.formats import vitbit_gemm as vitbit_fmt
+from edgesdk.inspect import GraphIndex, LinearInfo, _attr, bias_values, find_linears, weight_kn
+from edgesdk.rewrite.choose import KERNELS, LayerFacts, choose
+from edgesdk.sparsify import activation_norms, prune
+
+PLUGIN_DOMAIN = "edgesdk"
+PLUGIN_ATTRS = {"plugin_version": "1", "plugin_namespace": "edgesdk"}
+IR_VERSION = 10
+_FLOATS = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16"}
+
+
+# ----------------------------------------------------------------------------------------- facts
+def _types(model: onnx.ModelProto) -> dict[str, tuple[int, list]]:
+    """Tensor name → (elem_type, dims with None for unknown/symbolic), via ONNX shape inference."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # shape inference is an aid here, never a requirement
+        inferred = model
+    g = inferred.graph
+    out: dict[str, tuple[int, list]] = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        t = vi.type.tensor_type
+        if t.elem_type:
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim] if t.HasField("shape") else None
+            out[vi.name] = (t.elem_type, dims)
+    for init in g.initializer:
+        out[init.name] = (init.data_type, list(init.dims))
+    return out
+
+
+def _int8_weights(ix: GraphIndex, info: LinearInfo) -> tuple[np.ndarray | None, np.ndarray | None, str | None]:
+    """(q [N, K] int8, scale [N] float32, problem) of a Q/DQ weight; problem explains a refusal."""
+    if not info.quantized:
+        return None, None, None
+    q = ix.array(info.weight)
+    dq = ix.nodes[info.weight_dq]
+    if q.dtype != np.int8:
+        return None, None, f"weights are {q.dtype}, not int8"
+    if _attr(dq, "block_size", 0):
+        return None, None, "block-wise weight quantization is not supported by the plugins"
+    if info.weight_zero_point and np.any(ix.array(info.weight_zero_point) != 0):
+        return None, None, "weights are quantized asymmetrically (zero point != 0)"
+    scale = ix.array(info.weight_scale).astype(np.float32)
+    if info.weight_layout == "KN":
+        q = q.T
+    n_axis = 1 if info.weight_layout == "KN" else 0
+    if scale.size == 1:
+        scale = np.full(info.n, scale.reshape(()), np.float32)
+    elif scale.ndim == 1 and (info.weight_axis % 2) == n_axis and scale.size == info.n:
+        scale = scale.reshape(-1)
+    else:
+        return None, None, "weight scales are not per output channel"
+    if not np.all(np.isfinite(scale) & (scale > 0)):
+        return None, None, "weight scales are not finite and positive"
+    return np.ascontiguousarray(q), scale, None
+
+
+def _act_scale(ix: GraphIndex, info: LinearInfo) -> float | None:
+    """The symmetric int8 per-tensor activation scale of the Q/DQ pair in front of the layer, or None."""
+    if info.act_dq is None or info.act_q is None:
+        return None
+    q, dq = ix.nodes[info.act_q], ix.nodes[info.act_dq]
+    for node in (q, dq):
+        if len(node.input) < 3 or not node.input[2] or ix.const(node.input[2]) is None:
+            return None  # no zero point → uint8
+        zp = ix.array(node.input[2])
+        if zp.dtype != np.int8 or zp.size != 1 or int(zp.reshape(())) != 0:
+            return None
+        if ix.const(node.input[1]) is None or ix.array(node.input[1]).size != 1:
+            return None
+    s_q, s_dq = ix.array(q.input[1]).reshape(()), ix.array(dq.input[1]).reshape(())
+    if np.float32(s_q) != np.float32(s_dq) or not np.isfinite(s_q) or s_q <= 0:
+        return None
+    return float(np.float32(s_q))
+
+
+def _rows(dims: list | None, trans_a: bool) -> int:
+    if not dims:
+        return 1
+    lead = dims[1:] if trans_a else dims[:-1]
+    return int(np.prod([d if d else 1 for d in lead], dtype=np.int64)) if lead else 1
+
+
+# ----------------------------------------------------------------------------------------- calibration
+def _feeds(calibration) -> list[dict[str, np.ndarray]]:
+    if calibration is None:
+        return []
+    if isinstance(calibration, Mapping):
+        return [dict(calibration)]
+    return [dict(c) for c in calibration]
+
+
+def input_norms(model: onnx.ModelProto, tensors: Sequence[str], calibration) -> dict[str, np.ndarray]:
+    """``||X[:, k]||_2`` of each named tensor over all calibration feeds (ONNX Runtime, CPU).
+
+    Args:
+        model: The model the tensors belong to (standard ops only).
+        tensors: Activation tensor names (a linear's input).
+        calibration: One feed dict or a list of them (graph input name → array).
+
+    Raises:
+        EdgeSDKError: No calibration data, or ONNX Runtime cannot run the model on it.
+    """
+    from edgesdk.ort import make_session
+
+    feeds = _feeds(calibration)
+    if not feeds:
+        raise EdgeSDKError("Wanda pruning needs calibration data, none was given",
+                           "pass --calibration (inputs of the model) or use --prune magnitude")
+    wanted = list(dict.fromkeys(tensors))
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    for t in wanted:
+        if t not in have:
+            m.graph.output.append(onnx.ValueInfoProto(name=t))
+    sess = make_session(m)
+    names = [o.name for o in sess.get_outputs()]
+    sq: dict[str, np.ndarray] = {}
+    for feed in feeds:
+        try:
+            outs = dict(zip(names, sess.run(None, feed)))
+        except Exception as err:
+            raise EdgeSDKError(f"ONNX Runtime could not run the model on the calibration data: {err}",
+                               "pass calibration arrays with the model's input names, dtypes and shapes") from None
+        for t in wanted:
+            a = activation_norms(outs[t]) ** 2
+            sq[t] = sq.get(t, 0) + a
+    return {t: np.sqrt(v) for t, v in sq.items()}
+
+
+# ----------------------------------------------------------------------------------------- graph edits
+def _unique(name: str, taken: set[str]) -> str:
+    out, i = name, 1
+    while out in taken:
+        out, i = f"{name}_{i}", i + 1
+    taken.add(out)
+    return out
+
+
+def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
+    used: set[str] = set()
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for n in g.node:
+                used.update(i for i in n.input if i)
+                used |= _subgraph_inputs(n)
+    return used
+
+
+def _remove_dead(graph: onnx.GraphProto) -> None:
+    """Drop nodes whose outputs nobody reads, then unused initializers and value_info."""
+    needed = {o.name for o in graph.output}
+    keep = []
+    for node in reversed(graph.node):
+        if any(o in needed for o in node.output if o):
+            keep.append(node)
+            needed.update(i for i in node.input if i)
+            needed |= _subgraph_inputs(node)
+    keep.reverse()
+    del graph.node[:]
+    graph.node.extend(keep)
+    inits = [t for t in graph.initializer if t.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+    produced = {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
+    vis = [v for v in graph.value_info if v.name in produced]
+    del graph.value_info[:]
+    graph.value_info.extend(vis)
+
+
+# ----------------------------------------------------------------------------------------- packing
+def _bytes_dense(info: LinearInfo, int8: bool) -> int:
+    """Dense weights as a dense kernel reads them: int8 + fp32 scales, or fp16."""
+    return info.n * info.k + 4 * info.n if int8 else 2 * info.n * info.k
+
+
+def _pack(kernel: str, w: np.ndarray, q: np.ndarray | None, scale: np.ndarray | None, bias, x_scale):
+    """Packed weights of one layer (raises FormatError when the format refuses them)."""
+    if kernel == "vitbit":
+        return vitbit_fmt.VitBitWeights.pack(q, scale, 8, bias=bias, x_scale=x_scale)
+    if q is not None:
+        if np.any(q == -128):
+            raise FormatError("int8 weights use -128, outside the bitmap format's symmetric range [-127, 127]",
+                              "quantize weights symmetrically to [-127, 127]")
+        return bitmap_fmt.BitmapLinearWeights.pack(q.astype(np.float64) * scale.astype(np.float64)[:, None],
+                                                   "int8", scales=scale, bias=bias)
+    return bitmap_fmt.BitmapLinearWeights.pack(w, "float16", bias=bias)
+
+
+# ----------------------------------------------------------------------------------------- the pass
+def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None
+                  ) -> tuple[onnx.ModelProto, list[dict]]:
+    """Prune, choose kernels, pack and insert plugin nodes (see the module docstring).
+
+    Args:
+        model: Float or Q/DQ model (not modified).
+        config: A ``BuildConfig`` (reads ``sparsity``, ``prune``, ``kernels``, ``exclude``,
+            ``include_lm_head``, and ``sparsity_scope`` when present).
+        calibration: Feeds for Wanda: one dict (input name → array) or a list of them.
+        device: ``DeviceProfile`` for the ``auto`` rule (roofline figures), or None.
+
+    Returns:
+        The rewritten model and one dict per linear with ``name, kind, shape [K, N], quantized,
+        sparsity, kernel, bytes_dense, bytes_packed, reason`` (reason None when rewritten).
+
+    Raises:
+        EdgeSDKError: Bad options, Wanda without calibration, or a result that fails the checker.
+    """
+    from edgesdk.quantize import select_layers
+
+    kernels = str(getattr(config, "kernels", "auto") or "auto")
+    if kernels not in KERNELS:
+        raise EdgeSDKError(f"unknown --kernels {kernels!r}", f"use one of {', '.join(KERNELS)}")
+    sparsity = float(getattr(config, "sparsity", 0.0) or 0.0)
+    method = str(getattr(config, "prune", "magnitude") or "magnitude")
+    scope = str(getattr(config, "sparsity_scope", "layer") or "layer")
+
+    model = _copy(model)
+    ix = GraphIndex(model)
+    types = _types(model)
+    linears = find_linears(model)
+    chosen, skipped = select_layers(model, linears, list(getattr(config, "exclude", None) or []),
+                                    bool(getattr(config, "include_lm_head", False)))
+    chosen_names = {li.name for li in chosen}
+
+    # 1. weights [N, K] (float64 dequantized) and int8 views
+    dense = {li.name: weight_kn(model, li, ix).T.astype(np.float64) for li in chosen}
+    qw = {li.name: _int8_weights(ix, li) for li in chosen}
+
+    # 2. pruning
+    stats = {}
+    if sparsity > 0 and chosen:
+        norms = None
+        if method == "wanda":
+            x_of = {li.name: ix.nodes[li.node].input[0] for li in chosen}
+            by_tensor = input_norms(model, list(x_of.values()), calibration)
+            norms = {name: by_tensor[t] for name, t in x_of.items()}
+        pruned, st = prune(dense, sparsity, method, norms, scope=scope)
+        stats = {s.name: s for s in st}
+        for name, w in pruned.items():
+            keep = w != 0
+            dense[name] = np.where(keep, dense[name], 0.0)
+            q, s, p = qw[name]
+            if q is not None:
+                qw[name] = (np.where(keep, q, 0).astype(np.int8), s, p)
+
+    # 3. choose, pack, replace
+    report: list[dict] = []
+    taken = {t.name for t in model.graph.initializer} | {o for n in model.graph.node for o in n.output} \
+        | {i.name for i in model.graph.input}
+    node_pos = {n.name: i for i, n in enumerate(model.graph.node)}
+    new_nodes: dict[int, list[onnx.NodeProto]] = {}
+    drop: set[str] = set()
+    new_inits: list[onnx.TensorProto] = []
+    new_vi: list[onnx.ValueInfoProto] = []
+    for li in linears:
+        q, scale, wproblem = qw.get(li.name, (None, None, None))
+        x_scale = _act_scale(ix, li)
+        row = {"name": li.name, "kind": li.kind, "shape": [li.k, li.n], "quantized": li.quantized,
+               "sparsity": 0.0, "kernel": "none", "bytes_dense": _bytes_dense(li, q is not None),
+               "bytes_packed": None, "reason": None}
+        report.append(row)
+        if li.name not in chosen_names:
+            row["reason"] = skipped.get(li.name, "not selected")
+            continue
+        w = dense[li.name]
+        row["sparsity"] = float(np.mean(w == 0)) if w.size else 0.0
+        mm = ix.nodes[li.node]
+        x_tensor = mm.input[0]
+        x_type = types.get(x_tensor) or types.get(li.input)
+        facts = LayerFacts(li.name, li.k, li.n, _rows(x_type[1] if x_type else None, li.trans_a),
+                           q is not None, x_scale is not None, row["sparsity"], wproblem)
+        kernel, reason = choose(facts, kernels, device)
+        if kernel != "none" and (x_type is None or x_type[0] not in _FLOATS):
+            kernel, reason = "none", "activation dtype unknown or not fp16/fp32 (plugins take fp16/fp32)"
+        if kernel == "bitmap" and li.quantized and q is None:
+            kernel, reason = "none", f"bitmap: {wproblem}"
+        bias = bias_values(model, li, ix)
+        packed = None
+        if kernel != "none":
+            try:
+                packed = _pack(kernel, w, q, scale, bias, x_scale)
+            except FormatError as err:
+                kernel, reason = "none", f"{kernel}: {err.problem}"
+        row["kernel"], row["reason"] = kernel, reason
+        if packed is None:
+            if li.name in stats and row["sparsity"] > 0:
+                _write_back(model, ix, li, w, qw[li.name][0], taken, new_inits)
+            continue
+        row["bytes_packed"] = int(packed.nbytes)
+        x_in = li.input if kernel == "vitbit" else x_tensor
+        nodes = []
+        if li.trans_a:
+            xt = _unique(f"{li.name}.x_t", taken)
+            nodes.append(helper.make_node("Transpose", [x_in], [xt], name=_unique(f"{li.name}/Transpose", taken),
+                                          perm=[1, 0]))
+            x_in = xt
+        fmt = vitbit_fmt if kernel == "vitbit" else bitmap_fmt
+        tensors = packed.to_tensors()
+        inputs = [x_in]
+        for tname in fmt.TENSOR_NAMES:
+            if tname in tensors:
+                init = numpy_helper.from_array(np.ascontiguousarray(tensors[tname]), _unique(f"{li.name}.{tname}", taken))
+                new_inits.append(init)
+                inputs.append(init.name)
+        attrs = {**packed.node_attributes(), **PLUGIN_ATTRS}
+        nodes.append(helper.make_node(fmt.OP_TYPE, inputs, [li.output], name=_unique(f"{li.name}/{fmt.OP_TYPE}", taken),
+                                      domain=PLUGIN_DOMAIN, **attrs))
+        new_nodes[node_pos[li.node]] = nodes
+        drop.update(li.nodes)
+        dims = x_type[1]
+        y_dims = (([dims[1]] if li.trans_a else list(dims[:-1])) + [li.n]) if dims else None
+        new_vi.append(helper.make_tensor_value_info(
+            li.output, x_type[0], None if y_dims is None else [d if d else None for d in y_dims]))
+    return _finish(model, new_nodes, drop, new_inits, new_vi), report
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    return m
+
+
+def _write_back(model, ix: GraphIndex, li: LinearInfo, w: np.ndarray, q, taken: set[str], new_inits: list) -> None:
+    """Give a layer that keeps its nodes its pruned weights (a new initializer: W may be shared)."""
+    stored = ix.array(li.weight)
+    if q is not None:
+        vals = q.T if li.weight_layout == "KN" else q
+    else:
+        vals = w.T if li.weight_layout == "KN" else w
+    vals = np.where(vals == 0, 0, stored).astype(stored.dtype)
+    init = numpy_helper.from_array(np.ascontiguousarray(vals), _unique(f"{li.weight}.pruned", taken))
+    new_inits.append(init)
+    reader = li.weight_dq or li.weight_transpose or li.node
+    for node in model.graph.node:
+        if node.name == reader:
+            for i, name in enumerate(node.input):
+                if name == li.weight:
+                    node.input[i] = init.name
+
+
+def _finish(model: onnx.ModelProto, new_nodes: dict, drop: set[str], new_inits: list, new_vi: list) -> onnx.ModelProto:
+    g = model.graph
+    nodes = []
+    for i, n in enumerate(g.node):
+        nodes.extend(new_nodes.get(i, []))
+        if n.name not in drop:
+            nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    g.initializer.extend(new_inits)
+    outputs = {o.name for o in g.output}
+    names = {v.name for v in new_vi}
+    keep_vi = [v for v in g.value_info if v.name not in names]
+    del g.value_info[:]
+    g.value_info.extend(keep_vi + [v for v in new_vi if v.name not in outputs])
+    _remove_dead(g)
+    if new_nodes and not any(o.domain == PLUGIN_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(PLUGIN_DOMAIN, 1))
+    model.ir_version = IR_VERSION
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as err:
+        raise EdgeSDKError(f"the rewritten model fails onnx.checker: {err}",
+                           "report this with the input model; run with --kernels none to skip the rewrite") from None
+    return model

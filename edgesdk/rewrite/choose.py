@@ -1,0 +1,105 @@
+"""Which kernel runs each linear: the ``--kernels auto|bitmap|vitbit|none`` rule.
+
+``auto`` picks, per layer:
+
+1. **bitmap** (``EdgeBitmapLinear``) when the layer is *decode-style and memory-bound* and pruned
+   to at least :data:`BITMAP_MIN_SPARSITY`: its expected rows per call ``M`` (the activation's
+   static leading dims, symbolic dims such as batch or sequence counted as 1, i.e. one decode
+   token) is at most :data:`DECODE_MAX_M` (the bitmap kernel's GEMV regime) **and** reading the
+   dense weights takes longer than the dense math on the device (roofline with the
+   :class:`~edgesdk.devices.DeviceProfile`'s bandwidth and peak throughput). Below 30 % sparsity
+   the bitmap bytes are ≥ 0.85 of dense fp16 and the decode overhead eats the gain.
+2. **vitbit** (``EdgeVitBitGemm``) when the layer is an INT8 Q/DQ linear (int8 symmetric
+   per-channel weights, symmetric int8 per-tensor activation scale) that is not decode-style:
+   the quantized ViT linears (``M`` = tokens ≥ 17).
+3. **none** otherwise, with the reason in the report.
+
+``bitmap`` and ``vitbit`` force that kernel on every layer that can take it; layers that cannot
+(e.g. a float linear under ``vitbit``) keep their original nodes and get a reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KERNELS = ("auto", "bitmap", "vitbit", "none")
+BITMAP_MIN_SPARSITY = 0.3
+DECODE_MAX_M = 16
+
+
+@dataclass
+class LayerFacts:
+    """What the chooser needs to know about one linear.
+
+    Attributes:
+        name: Layer name.
+        k: Input features.
+        n: Output features.
+        m: Expected rows per call (see module doc).
+        int8_weights: Weights are symmetric int8 per output channel (or per tensor).
+        int8_act: The activation goes through a symmetric int8 per-tensor Q/DQ pair.
+        sparsity: Fraction of zero weights after pruning.
+        weight_problem: Why int8 weights cannot be packed as they are, or None.
+    """
+
+    name: str
+    k: int
+    n: int
+    m: int
+    int8_weights: bool
+    int8_act: bool
+    sparsity: float
+    weight_problem: str | None = None
+
+
+def _get(device, names: tuple[str, ...]) -> float | None:
+    for n in names:
+        v = getattr(device, n, None)
+        if v:
+            return float(v)
+    return None
+
+
+def memory_bound(f: LayerFacts, device) -> bool:
+    """Roofline: do the dense weight + activation bytes take longer than the dense math on ``device``?
+
+    Uses the profile's memory bandwidth (GB/s) and peak dense throughput (INT8 TOPS for int8
+    layers, FP16 TFLOPS otherwise). A profile without these figures counts every decode-style
+    layer as memory-bound (true of every GPU at M ≤ 16).
+    """
+    bw = _get(device, ("mem_bandwidth_gbs", "memory_bandwidth_gbs", "bandwidth_gbs"))
+    int8 = f.int8_weights and f.int8_act
+    peak = _get(device, ("int8_tops", "dense_int8_tops") if int8 else ("fp16_tflops", "dense_fp16_tflops"))
+    if not bw or not peak:
+        return True
+    wbytes = f.n * f.k * (1 if f.int8_weights else 2)
+    abytes = f.m * (f.k + f.n) * 2
+    t_mem = (wbytes + abytes) / (bw * 1e9)
+    t_math = 2.0 * f.m * f.n * f.k / (peak * 1e12)
+    return t_mem > t_math
+
+
+def choose(f: LayerFacts, kernels: str, device) -> tuple[str, str | None]:
+    """``(kernel, reason)``: kernel is ``bitmap``, ``vitbit`` or ``none``; reason is None when chosen."""
+    can_vitbit = f.int8_weights and f.int8_act and f.weight_problem is None
+    vitbit_why = (f.weight_problem or "vitbit needs an INT8 Q/DQ linear (int8 symmetric weights and a symmetric "
+                  "int8 activation Q/DQ); quantize the model first")
+    if kernels == "none":
+        return "none", "--kernels none"
+    if kernels == "bitmap":
+        return "bitmap", None
+    if kernels == "vitbit":
+        return ("vitbit", None) if can_vitbit else ("none", vitbit_why)
+    decode = f.m <= DECODE_MAX_M
+    if decode and f.sparsity >= BITMAP_MIN_SPARSITY and memory_bound(f, device):
+        return "bitmap", None
+    if can_vitbit and not decode:
+        return "vitbit", None
+    if decode and f.sparsity < BITMAP_MIN_SPARSITY:
+        return "none", (f"auto: decode-style (M={f.m}) but sparsity {f.sparsity:.2f} < {BITMAP_MIN_SPARSITY}: "
+                        "the dense kernel reads fewer bytes")
+    if decode:
+        return "none", f"auto: M={f.m} is compute-bound on this device: the dense kernel is faster"
+    if not (f.int8_weights and f.int8_act):
+        return "none", f"auto: float linear with M={f.m} rows per call: TensorRT's dense kernels"
+    return "none", f"auto: {vitbit_why}"
