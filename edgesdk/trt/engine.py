@@ -127,11 +127,9 @@ def build_engine(onnx_path: Path, out_dir: Path, device: Any, config: Any) -> di
     if info["compute_capability"] is None:
         result["reason"] = "TensorRT is installed but no CUDA GPU answers, so no engine was built."
         return result
-    target = normalize_cc(getattr(device, "compute_capability", None))
-    if target is not None and target != info["compute_capability"]:
-        result["reason"] = (f"the device profile targets compute capability {target} but this GPU is "
-                            f"{info['compute_capability']}; TensorRT plans only run on the GPU kind "
-                            "they were built on, so build on the target device")
+    mismatch = target_mismatch(device, info["compute_capability"])
+    if mismatch:
+        result["reason"] = mismatch
         return result
     try:
         details = _build(trt, Path(onnx_path), Path(out_dir), device, config, info)
@@ -140,6 +138,15 @@ def build_engine(onnx_path: Path, out_dir: Path, device: Any, config: Any) -> di
         return result
     result.update(built=True, plan=str(Path(out_dir) / PLAN_NAME), details=details)
     return result
+
+
+def target_mismatch(device: Any, here_cc: str | None) -> str | None:
+    """Why a plan built on this GPU would not run on the profile's target (None if it would)."""
+    target = normalize_cc(getattr(device, "compute_capability", None))
+    if target is None or target == here_cc:
+        return None
+    return (f"the device profile targets compute capability {target} but this GPU is {here_cc}; "
+            "TensorRT plans only run on the GPU kind they were built on, so build on the target device")
 
 
 def _build(trt, onnx_path: Path, out_dir: Path, device, config, info: dict) -> dict:
