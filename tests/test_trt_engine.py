@@ -84,3 +84,15 @@ def test_atomic_write_leaves_no_temp(tmp_path):
     E._atomic_write(tmp_path / "model.plan", memoryview(b"abc"))
     assert (tmp_path / "model.plan").read_bytes() == b"abc"
     assert [p.name for p in tmp_path.iterdir()] == ["model.plan"]
+
+
+def test_optimization_profile_shapes():
+    assert E.profile_shapes({"x": (2, 3)}, {}) == {}
+    assert E.profile_shapes({"x": (-1, 3, 8, 8)}, {}, 8) == {"x": ((1, 3, 8, 8), (1, 3, 8, 8), (8, 3, 8, 8))}
+    assert E.profile_shapes({"ids": (-1, -1)}, {"ids": [4, 77]}, 2) == {"ids": ((1, 77), (4, 77), (4, 77))}
+    assert E.profile_shapes({"x": (5, -1)}, {"x": [5, 9]}) == {"x": ((5, 9), (5, 9), (5, 9))}
+    with pytest.raises(EdgeSDKError, match="besides the batch") as e:
+        E.profile_shapes({"ids": (-1, -1)}, {})
+    assert "--shape ids:NxN" in e.value.fix
+    with pytest.raises(EdgeSDKError, match="does not fit"):
+        E.profile_shapes({"x": (-1, 3)}, {"x": [2, 4]})

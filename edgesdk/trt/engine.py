@@ -9,17 +9,18 @@ Without TensorRT, :func:`build_engine` returns ``built=False`` with a plain reas
 faked. Everything here that touches TensorRT has never been run where it was written (no TensorRT
 could be installed); ``tools/trt_smoke.py`` is the first thing to run it.
 
-Inputs read from the pipeline's objects (duck-typed, so this module does not import them):
+Inputs read from the pipeline's objects (``edgesdk.devices.DeviceProfile``,
+``edgesdk.config.BuildConfig``; read by attribute name, so this module does not import them):
 
-* ``device.workspace_mb`` (int): TensorRT workspace memory-pool limit.
-* ``device.compute_capability`` (optional, ``"8.7"``, ``"sm_87"``, ``(8, 7)`` or ``87``): the target;
-  a build on a GPU of another compute capability is refused (plans are not portable).
-* ``device.dla_core`` (optional int or None): build for this DLA core with GPU fallback.
-* ``config.builder_optimization_level`` (optional int 0-5, default 3).
-* ``config.timing_cache`` (optional path): timing cache file; default
-  ``$EDGESDK_CACHE/trt/timing-<trt>-<sm>.cache`` (``~/.cache/edgesdk``), shared by all builds.
-* ``config.max_batch`` / ``config.opt_batch`` (optional ints, default 8 / 1): optimization-profile
-  range for a dynamic leading (batch) dimension of the network inputs.
+* ``config.workspace_mb`` or else ``device.workspace_mb``: TensorRT workspace memory-pool limit.
+* ``device.compute_capability`` (``"8.7"``; also ``"sm_87"``, ``(8, 7)``, ``87``): the target; a build
+  on a GPU of another compute capability is refused (plans are not portable).
+* ``config.shape_hints`` (input name → full shape): the optimization profile's opt shape for inputs
+  with dynamic dims; min has batch 1, max has batch ``max(opt, config.max_batch or 8)``.
+* optional ``config.dla_core`` (int or None): build for this DLA core with GPU fallback.
+* optional ``config.builder_optimization_level`` (int 0-5, default 3).
+* optional ``config.timing_cache`` (path): timing cache file; default
+  ``$EDGESDK_CACHE/trt/timing-<trt>-sm<XY>.cache`` (``~/.cache/edgesdk``), shared by all builds.
 """
 
 from __future__ import annotations
@@ -105,9 +106,9 @@ def build_engine(onnx_path: Path, out_dir: Path, device: Any, config: Any) -> di
     Args:
         onnx_path (Path): The rewritten ONNX model (plugin nodes in domain ``edgesdk``).
         out_dir (Path): The build folder; ``model.plan`` is written there (temp name + ``os.replace``).
-        device (DeviceProfile): Reads ``workspace_mb``, optional ``compute_capability`` and ``dla_core``.
-        config (BuildConfig): Reads optional ``builder_optimization_level``, ``timing_cache``,
-            ``max_batch``, ``opt_batch``.
+        device (DeviceProfile): Reads ``workspace_mb`` and ``compute_capability``.
+        config (BuildConfig): Reads ``workspace_mb``, ``shape_hints``, and where present
+            ``dla_core``, ``builder_optimization_level``, ``timing_cache``, ``max_batch``.
 
     Returns:
         dict: ``built`` (bool), ``reason`` (str or None: why nothing was built), ``plan`` (str path or
@@ -166,7 +167,7 @@ def _build(trt, onnx_path: Path, out_dir: Path, device, config, info: dict) -> d
                            "that the TensorRT version is >= 10.3")
 
     cfg = builder.create_builder_config()
-    workspace_mb = int(getattr(device, "workspace_mb"))
+    workspace_mb = int(getattr(config, "workspace_mb", None) or getattr(device, "workspace_mb"))
     cfg.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
     cfg.builder_optimization_level = int(getattr(config, "builder_optimization_level", None) or 3)
 
@@ -176,7 +177,7 @@ def _build(trt, onnx_path: Path, out_dir: Path, device, config, info: dict) -> d
     cache = cfg.create_timing_cache(cache_path.read_bytes() if cache_path.exists() else b"")
     cfg.set_timing_cache(cache, ignore_mismatch=False)
 
-    dla_core = getattr(device, "dla_core", None)
+    dla_core = getattr(config, "dla_core", None)
     used_dla = None
     if dla_core is not None:
         if builder.num_DLA_cores > int(dla_core):
@@ -206,22 +207,52 @@ def _build(trt, onnx_path: Path, out_dir: Path, device, config, info: dict) -> d
 
 
 def _profile(builder, network, config):
-    """One optimization profile covering a dynamic leading (batch) dimension; None if all static."""
-    max_b = int(getattr(config, "max_batch", None) or 8)
-    opt_b = int(getattr(config, "opt_batch", None) or 1)
-    profile, dynamic = builder.create_optimization_profile(), False
+    """One optimization profile for inputs with dynamic dims; None if all inputs are static."""
+    shapes = {}
     for i in range(network.num_inputs):
         t = network.get_input(i)
-        shape = tuple(t.shape)
+        shapes[t.name] = tuple(t.shape)
+    ranges = profile_shapes(shapes, dict(getattr(config, "shape_hints", None) or {}),
+                            int(getattr(config, "max_batch", None) or 8))
+    if not ranges:
+        return None
+    profile = builder.create_optimization_profile()
+    for name, (lo, opt, hi) in ranges.items():
+        profile.set_shape(name, lo, opt, hi)
+    return profile
+
+
+def profile_shapes(shapes: dict[str, tuple], hints: dict[str, list], max_batch: int = 8) -> dict:
+    """``{input: (min, opt, max)}`` for every input with a dynamic (-1) dim.
+
+    The leading dim may be dynamic (batch: min 1, opt from the hint or 1, max ``max(opt,
+    max_batch)``); other dynamic dims take the hint's value.
+
+    Raises:
+        EdgeSDKError: a non-leading dynamic dim without a hint, or a hint that contradicts the model.
+    """
+    out = {}
+    for name, shape in shapes.items():
         if all(d >= 0 for d in shape):
             continue
-        if any(d < 0 for d in shape[1:]):
-            raise EdgeSDKError(f"input {t.name!r} has dynamic dimensions other than the batch: {shape}",
-                               "export the model with a fixed shape except the leading batch dimension")
-        dynamic = True
-        rest = shape[1:]
-        profile.set_shape(t.name, (1, *rest), (min(opt_b, max_b), *rest), (max_b, *rest))
-    return profile if dynamic else None
+        hint = hints.get(name)
+        if hint is not None and (len(hint) != len(shape) or any(
+                d >= 0 and d != h for d, h in zip(shape, hint))):
+            raise EdgeSDKError(f"shape hint {name}={list(hint)} does not fit the model's {list(shape)}",
+                               "give a full shape with the model's fixed dims, e.g. --shape x:1x3x224x224")
+        if hint is None:
+            if any(d < 0 for d in shape[1:]):
+                raise EdgeSDKError(f"input {name!r} has dynamic dims besides the batch: {list(shape)}",
+                                   f"give its shape: --shape {name}:" + "x".join(
+                                       "N" if d < 0 else str(d) for d in shape))
+            hint = [1, *shape[1:]]
+        opt = tuple(int(h) for h in hint)
+        if shape[0] < 0:
+            lo, hi = (1, *opt[1:]), (max(opt[0], max_batch), *opt[1:])
+        else:
+            lo = hi = opt
+        out[name] = (lo, opt, hi)
+    return out
 
 
 def engine_record(manifest: dict) -> dict | None:
