@@ -8,6 +8,10 @@ file is never changed):
   fp32 output, which already holds fp16-rounded values, is cast back to fp16 (exactly).
   The op learns X's real dtype from the extra attribute ``x_dtype``.
 * every declared input is required: a node without bias gets an empty float32 bias input.
+* an exception raised inside a Python op aborts the whole process. So :func:`adapt` validates
+  every plugin node whose packed tensors are initializers (the format's ``from_tensors``) and
+  raises :class:`~edgesdk.errors.EdgeSDKError` before a session exists; an error at run time
+  (e.g. X with the wrong K) is printed to stderr and the op returns NaNs instead of aborting.
 
 :func:`register` declares one op from its format module (``OP_TYPE``, ``TENSOR_NAMES``,
 ``ATTRIBUTES``) and a ``forward(x, attrs, tensors)`` computing exactly what the kernel computes.
@@ -15,27 +19,32 @@ file is never changed):
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from edgesdk.errors import EdgeSDKError
 
 #: op_type → number of inputs after X (bias included) for every registered op.
 REGISTERED: dict[str, int] = {}
+#: op_type → (names after X, validate(attrs, tensors)) used by :func:`adapt`.
+_VALIDATORS: dict[str, tuple[tuple[str, ...], Callable[[dict, dict], object]]] = {}
 _ATTR_TYPES = {int: "dt_int64", float: "dt_float", str: "dt_string"}
 _DTYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16"}
 
 
-def register(fmt, input_types: list[str], forward: Callable[[np.ndarray, dict, dict], np.ndarray]) -> None:
+def register(fmt, input_types: list[str], forward: Callable[[np.ndarray, dict, dict], np.ndarray],
+             validate: Callable[[dict, dict], object]) -> None:
     """Register ``fmt.OP_TYPE`` as an onnxruntime-extensions op.
 
     Args:
         fmt: The op's format module.
         input_types: ``PyCustomOpDef`` type names of the inputs after X (e.g. ``"dt_int8"``).
         forward: ``forward(x, attrs, tensors) -> y`` (x in its real dtype, y in X's dtype).
+        validate: ``validate(attrs, tensors)`` raising ``FormatError`` on bad packed data.
     """
     from onnxruntime_extensions import PyCustomOpDef, onnx_op
 
@@ -47,12 +56,34 @@ def register(fmt, input_types: list[str], forward: Callable[[np.ndarray, dict, d
         x_dtype = kw.pop("x_dtype")
         has_bias = int(kw.get("has_bias", 0))
         tensors = {n: np.asarray(v) for n, v in zip(names, inputs) if n != "bias" or has_bias}
-        y = forward(np.asarray(x).astype(x_dtype), kw, tensors)
-        return np.asarray(y).astype(np.float32)
+        try:
+            return np.asarray(forward(np.asarray(x).astype(x_dtype), kw, tensors)).astype(np.float32)
+        except Exception as err:  # raising here would abort the process (module doc)
+            print(f"edgesdk: {fmt.OP_TYPE} failed, returning NaN: {err}", file=sys.stderr, flush=True)
+            n = int(kw.get("n", 1))
+            return np.full(np.shape(x)[:-1] + (n,), np.nan, np.float32)
 
     onnx_op(op_type=fmt.OP_TYPE, inputs=[PyCustomOpDef.dt_float] + [getattr(PyCustomOpDef, t) for t in input_types],
             outputs=[PyCustomOpDef.dt_float], attrs=attrs)(compute)
     REGISTERED[fmt.OP_TYPE] = len(names)
+    _VALIDATORS[fmt.OP_TYPE] = (names, validate)
+
+
+def _validate(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> None:
+    names, validate = _VALIDATORS[node.op_type]
+    attrs = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        attrs[a.name] = v.decode() if isinstance(v, bytes) else v
+    tensors = {}
+    for name, inp in zip(names, node.input[1:]):
+        if inp not in inits:
+            return  # weights computed at run time: checked when the op runs
+        tensors[name] = numpy_helper.to_array(inits[inp])
+    try:
+        validate(attrs, tensors)
+    except EdgeSDKError as err:
+        raise EdgeSDKError(f"plugin node {node.name!r} ({node.op_type}): {err.problem}", err.fix) from None
 
 
 def _known_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -81,6 +112,9 @@ def adapt(model: onnx.ModelProto, domain: str) -> None:
             types.update(_known_types(onnx.shape_inference.infer_shapes(model, strict_mode=False)))
         except Exception:
             pass
+    inits = {t.name: t for t in g.initializer}
+    for n in plugin:
+        _validate(n, inits)
     taken = {o for n in g.node for o in n.output} | {t.name for t in g.initializer} | {i.name for i in g.input}
 
     def fresh(name: str) -> str:

@@ -20,4 +20,4 @@ def forward(x, attrs: dict, tensors: dict):
     return bitmap_linear(x, BitmapLinearWeights.from_tensors(attrs, tensors))
 
 
-register(fmt, INPUT_TYPES, forward)
+register(fmt, INPUT_TYPES, forward, BitmapLinearWeights.from_tensors)

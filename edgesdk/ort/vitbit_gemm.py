@@ -7,9 +7,10 @@ fp32 epilogue, Y in X's dtype: bit-exact with every kernel tactic.
 from __future__ import annotations
 
 from edgesdk.formats import vitbit_gemm as fmt
+from edgesdk.formats.vitbit_gemm import VitBitWeights
 from edgesdk.ort._pyop import register
 from edgesdk.reference.vitbit_gemm import forward
 
 INPUT_TYPES = ["dt_int8", "dt_float", "dt_float"]  # weight w_scale bias
 
-register(fmt, INPUT_TYPES, forward)
+register(fmt, INPUT_TYPES, forward, VitBitWeights.from_tensors)

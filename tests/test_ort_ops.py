@@ -1,0 +1,109 @@
+"""ONNX Runtime reference ops: single plugin nodes vs independent numpy references."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgesdk.errors import EdgeSDKError
+from edgesdk.formats.bitmap_linear import BitmapLinearWeights
+from edgesdk.formats.vitbit_gemm import VitBitWeights
+from edgesdk.ort import make_session
+from edgesdk.reference.bitmap_linear import tolerance
+from edgesdk.rewrite import PLUGIN_ATTRS
+
+ONNX_DT = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
+
+
+def _node_model(op_type, attrs, tensors, x_shape, n, dtype):
+    inits = [numpy_helper.from_array(np.ascontiguousarray(v), f"w.{k}") for k, v in tensors.items()]
+    node = helper.make_node(op_type, ["X"] + [i.name for i in inits], ["Y"], domain="edgesdk",
+                            **attrs, **PLUGIN_ATTRS)
+    sym = ["b"] + list(x_shape[1:-1])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", ONNX_DT[dtype], sym + [x_shape[-1]])],
+                          [helper.make_tensor_value_info("Y", ONNX_DT[dtype], sym + [n])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("edgesdk", 1)],
+                          ir_version=10)
+    onnx.checker.check_model(m)
+    return m
+
+
+def vitbit_int64(x, w_q, w_scale, x_scale, bias):
+    """Independent VitBit semantics: int64 accumulation, fp32 epilogue, Y in X's dtype."""
+    q = np.clip(np.rint(x.astype(np.float32) / np.float32(x_scale)), -128, 127).astype(np.int64)
+    acc = q.reshape(-1, x.shape[-1]) @ w_q.astype(np.int64).T
+    alpha = (np.float32(x_scale) * w_scale.astype(np.float32)).astype(np.float32)
+    y = acc.astype(np.float32) * alpha
+    if bias is not None:
+        y = (y + bias.astype(np.float32)).astype(np.float32)
+    return y.astype(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("has_bias", [True, False])
+@pytest.mark.parametrize("shape", [(3, 5, 67), (1, 130), (2, 1, 1, 33)])
+def test_vitbit_op_bit_exact(dtype, has_bias, shape):
+    rng = np.random.default_rng(sum(shape) + has_bias)
+    k, n = shape[-1], 29
+    w_q = rng.integers(-128, 128, (n, k)).astype(np.int8)
+    w_scale = (rng.random(n) * 0.01 + 1e-3).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) if has_bias else None
+    x_scale = 0.0371
+    packed = VitBitWeights.pack(w_q, w_scale, 8, bias=bias, x_scale=x_scale)
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    x.reshape(-1)[:3] = [1000.0, -1000.0, 0.5 * x_scale]  # saturation and a rounding tie
+    m = _node_model("EdgeVitBitGemm", packed.node_attributes(), packed.to_tensors(), shape, n, dtype)
+    y = make_session(m).run(None, {"X": x})[0]
+    assert y.dtype == dtype and y.shape == shape[:-1] + (n,)
+    np.testing.assert_array_equal(y, vitbit_int64(x, w_q, w_scale, x_scale, bias))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("value_dtype", ["float16", "int8"])
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_bitmap_op_matches_float64(dtype, value_dtype, has_bias):
+    rng = np.random.default_rng(7 + has_bias)
+    n, k = 37, 131
+    w = rng.standard_normal((n, k))
+    w[rng.random((n, k)) < 0.5] = 0
+    bias = rng.standard_normal(n) if has_bias else None
+    packed = BitmapLinearWeights.pack(w, value_dtype, bias=bias)
+    shape = (2, 3, k)
+    x = rng.standard_normal(shape).astype(dtype)
+    m = _node_model("EdgeBitmapLinear", packed.node_attributes(), packed.to_tensors(), shape, n, dtype)
+    y = make_session(m).run(None, {"X": x})[0]
+    assert y.dtype == dtype and y.shape == (2, 3, n)
+    # independent: stored values (fp16, or int8 * scale) in float64
+    if value_dtype == "float16":
+        wd = w.astype(np.float16).astype(np.float64)
+    else:
+        scale = np.abs(w).max(1) / 127
+        wd = np.clip(np.rint(w / scale[:, None]), -127, 127) * scale.astype(np.float32).astype(np.float64)[:, None]
+    ref = x.astype(np.float64) @ wd.T + (0 if bias is None else bias.astype(np.float32))
+    assert np.all(np.abs(y.astype(np.float64) - ref) <= tolerance(x, packed))
+    # and exactly what the kernel's ground truth says (one rounding to X's dtype)
+    np.testing.assert_allclose(y.astype(np.float64), ref, rtol=2**-10 if dtype == np.float16 else 1e-6, atol=1e-3)
+
+
+def test_corrupted_tensors_fail_with_the_format_message():
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((9, 70))
+    w[rng.random(w.shape) < 0.5] = 0
+    packed = BitmapLinearWeights.pack(w, "float16")
+    t = packed.to_tensors()
+    t["offsets"] = t["offsets"].copy()
+    t["offsets"][1] += 8  # group 0 claims more values than its bitmap has bits
+    t["values"] = np.concatenate([t["values"], np.zeros(16, np.int8)])
+    m = _node_model("EdgeBitmapLinear", packed.node_attributes(), t, (1, 70), 9, np.float32)
+    with pytest.raises(EdgeSDKError, match="bits set"):
+        make_session(m)
+
+
+def test_wrong_x_width_returns_nan_instead_of_aborting(capfd):
+    rng = np.random.default_rng(4)
+    packed = VitBitWeights.pack(rng.integers(-8, 8, (5, 16)).astype(np.int8), np.ones(5, np.float32), x_scale=0.1)
+    m = _node_model("EdgeVitBitGemm", packed.node_attributes(), packed.to_tensors(), (2, 16), 5, np.float32)
+    m.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "K"
+    y = make_session(m).run(None, {"X": np.ones((2, 17), np.float32)})[0]
+    assert y.shape == (2, 5) and np.isnan(y).all()
+    assert "EdgeVitBitGemm failed" in capfd.readouterr().err
