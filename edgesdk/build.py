@@ -1,0 +1,260 @@
+"""``edgesdk build``: the pass pipeline, written into one build folder atomically.
+
+load/validate → quantize (Q/DQ) → rewrite (sparsify, choose kernels, pack, plugin nodes) →
+verify (Polygraphy, ONNX Runtime) → TensorRT engine → report + manifest.
+
+The folder is assembled under a temporary name beside its destination and renamed into place
+at the end: a failed build leaves nothing behind, and an existing folder is only replaced with
+``force``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import onnx
+
+from edgesdk.calibration import load_feeds
+from edgesdk.config import BuildConfig
+from edgesdk.devices import DeviceProfile, get_profile
+from edgesdk.errors import EdgeSDKError
+from edgesdk.inspect import find_linears, quant_state
+from edgesdk.manifest import MANIFEST_NAME, make_manifest, tensorrt_version
+from edgesdk.onnx_io import graph_inputs, input_specs, load_model, opset, save_model, sha256_file, tensor_dims
+from edgesdk.quantize import check_not_qoperator, quantize_int8, select_layers
+from edgesdk.report import REPORT_NAME, write_json
+
+MODEL_NAME = "model.onnx"
+
+# A step reporter: ``step(title)`` is a context manager; inside, ``advance(done, total)`` may be called.
+StepFn = Callable[[str], contextlib.AbstractContextManager]
+
+
+@contextlib.contextmanager
+def _quiet_step(title: str) -> Iterator[Callable[[int, int], None]]:
+    yield lambda done, total: None
+
+
+def default_output(model_path: Path) -> Path:
+    return Path("out") / Path(model_path).stem
+
+
+def check_output(out: Path, force: bool) -> None:
+    """Refuse an existing folder without ``force`` and an unwritable destination, before any work."""
+    if out.exists() and not force:
+        raise EdgeSDKError(f"output folder {out} already exists.", "pass --force to replace it, or choose another -o.")
+    if out.exists() and not out.is_dir():
+        raise EdgeSDKError(f"output path {out} exists and is not a folder.", "choose another -o.")
+    anc = out.parent.resolve()
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir() or not os.access(anc, os.W_OK | os.X_OK):
+        raise EdgeSDKError(f"output folder {out} cannot be written ({anc} is not writable).",
+                           "choose an -o inside a folder you can write to.")
+
+
+def io_info(model: onnx.ModelProto) -> dict:
+    def desc(vi):
+        return {"name": vi.name, "dtype": onnx.TensorProto.DataType.Name(vi.type.tensor_type.elem_type).lower(),
+                "shape": tensor_dims(vi)}
+
+    return {"inputs": [desc(v) for v in graph_inputs(model)], "outputs": [desc(v) for v in model.graph.output]}
+
+
+def plain_layers(model: onnx.ModelProto, reason: str, skipped: dict[str, str] | None = None) -> list[dict]:
+    """Report rows for a model left without plugin kernels (``--kernels none``)."""
+    rows = []
+    for li in find_linears(model):
+        rows.append({"name": li.name, "kind": li.kind, "shape": [li.k, li.n], "quantized": li.quantized,
+                     "sparsity": 0.0, "kernel": "none",
+                     "bytes_dense": li.n * li.k + 4 * li.n if li.quantized else 2 * li.n * li.k,
+                     "bytes_packed": None, "reason": (skipped or {}).get(li.name, reason)})
+    return rows
+
+
+def split_feeds(model: onnx.ModelProto, specs: dict, config: BuildConfig) -> tuple[list[dict], list[dict]]:
+    """Calibration feeds and verification feeds (the samples after the calibration ones when there are
+    enough, else the first ones) from ``config.calibration`` or seeded random data."""
+    need = config.calibration_count + config.verify_count
+    feeds = load_feeds(config.calibration, specs, need, config.seed, model, config.image_mean, config.image_std)
+    calib = feeds[: config.calibration_count]
+    check = (feeds[config.calibration_count:] or feeds)[: config.verify_count]
+    return calib, check
+
+
+def engine_step(onnx_path: Path, folder: Path, device: DeviceProfile, config: BuildConfig) -> dict:
+    """Build the TensorRT engine through ``edgesdk.trt.engine`` or say why there is none."""
+    try:
+        from edgesdk.trt.engine import build_engine
+    except ImportError as e:
+        if importlib.util.find_spec("tensorrt") is None:
+            reason = "TensorRT is not installed"
+        else:
+            reason = f"edgesdk.trt.engine is unavailable ({e})"
+        return {"built": False, "reason": reason, "plan": None, "tensorrt": tensorrt_version(), "cuda": None,
+                "compute_capability": None}
+    return build_engine(onnx_path, folder, device, config)
+
+
+def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = None) -> dict:
+    """Run the whole pipeline on ``model_path`` and write ``config.output``.
+
+    Args:
+        model_path: ONNX model (float or Q/DQ).
+        config: Build options.
+        step: Progress reporter (the CLI passes rich progress bars); None = silent.
+
+    Returns:
+        The report (also written as ``report.json`` in the build folder).
+
+    Raises:
+        EdgeSDKError: any bad input; nothing is left on disk then.
+    """
+    t0 = time.time()
+    step = step or _quiet_step
+    model_path = Path(model_path)
+    out = Path(config.output) if config.output else default_output(model_path)
+    device = get_profile(config.device)
+    check_output(out, config.force)
+
+    with step("Load and check the model"):
+        model = load_model(model_path)
+        check_not_qoperator(model, str(model_path))
+        specs = input_specs(model, config.shape_hints)
+        linears = find_linears(model)
+        if not linears:
+            raise EdgeSDKError(f"{model_path} has no linear layers (MatMul/Gemm with a constant weight).",
+                               "edgesdk accelerates transformer linears; deploy this model with TensorRT directly.")
+        state = quant_state(model)
+        model_sha = sha256_file(model_path)
+
+    with step("Read calibration data"):
+        calib, check_feeds = split_feeds(model, specs, config)
+
+    processed, skipped, notes = model, {}, []
+    if state == "qdq":
+        notes.append("model already in Q/DQ form: used as is")
+    elif config.quantize == "int8":
+        chosen, skipped = select_layers(model, linears, config.exclude, config.include_lm_head)
+        with step(f"Quantize {len(chosen)} linears to INT8 (calibrating on {len(calib)} samples)") as advance:
+            processed = quantize_int8(model, calib, chosen, config.calibrate_method, progress=advance)
+
+    if config.kernels == "none":
+        layers = plain_layers(processed, "kernels=none", skipped)
+    else:
+        try:
+            from edgesdk.rewrite import rewrite_model
+        except ImportError as e:
+            raise EdgeSDKError(f"the sparse/VitBit rewrite is unavailable ({e}).",
+                               "build with --kernels none, or install the full edgesdk package.") from None
+        with step(f"Rewrite linears (kernels={config.kernels}, sparsity={config.sparsity})"):
+            processed, layers = rewrite_model(processed, config, calib, device)
+
+    verify_rows = []
+    if config.verify:
+        from edgesdk.verify import verify
+
+        with step(f"Verify on ONNX Runtime ({len(check_feeds)} samples, Polygraphy)"):
+            verify_rows = verify(model, processed, check_feeds, config)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        with step("Write the build folder"):
+            onnx_path = save_model(processed, tmp / MODEL_NAME)
+        with step("Build the TensorRT engine"):
+            engine = engine_step(onnx_path, tmp, device, config)
+        report = {
+            "edgesdk_report": 1,
+            "device": device.model_dump(),
+            "model": {"path": str(model_path), "sha256": model_sha, "opset": opset(model), "quant_state": state,
+                      **io_info(model), "shapes": {k: v[0] for k, v in specs.items()}},
+            "processed_model": MODEL_NAME,
+            "config": config.model_dump(mode="json"),
+            "notes": notes,
+            "layers": layers,
+            "verify": verify_rows,
+            "verified": all(v["passed"] for v in verify_rows) if verify_rows else None,
+            "engine": {k: v for k, v in engine.items() if k != "plan"} | {
+                "plan": Path(engine["plan"]).name if engine.get("plan") else None},
+            "output": str(out),
+            "seconds": round(time.time() - t0, 2),
+        }
+        write_json(tmp / REPORT_NAME, report)
+        extra = {"calibration": config.calibration} if config.calibration and Path(config.calibration).is_file() else {}
+        write_json(tmp / MANIFEST_NAME, make_manifest(tmp, model_path, model_sha, device, engine, extra))
+        _move_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return report
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished temp folder to ``out`` (replacing an old one only after the new one is whole)."""
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        if old is not None:
+            os.replace(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def check_build(build_dir: Path | str, model_path: Path | str | None = None, overrides: dict | None = None) -> list[dict]:
+    """Re-verify a build folder: sha256 of its files against the manifest, then the verification again.
+
+    Args:
+        build_dir: Folder written by :func:`build`.
+        model_path: The original model, when it is no longer at the path recorded in the report.
+        overrides: ``atol``/``rtol``/``min_cosine`` replacing the build's (None values ignored).
+
+    Returns:
+        The verification rows (as in ``report.json``'s ``verify``).
+
+    Raises:
+        EdgeSDKError: not a build folder, a file changed since the build, or the original model is
+            missing or differs from the one built.
+    """
+    import json
+
+    build_dir = Path(build_dir)
+    rpath, mpath = build_dir / REPORT_NAME, build_dir / MANIFEST_NAME
+    if not rpath.is_file() or not mpath.is_file():
+        raise EdgeSDKError(f"{build_dir} is not an edgesdk build folder (no {REPORT_NAME}/{MANIFEST_NAME}).",
+                           "pass the folder `edgesdk build -o` wrote.")
+    try:
+        report, manifest = json.loads(rpath.read_text()), json.loads(mpath.read_text())
+    except json.JSONDecodeError as e:
+        raise EdgeSDKError(f"{build_dir}: report/manifest is not valid JSON ({e}).", "rebuild the folder.") from None
+    for name, digest in manifest.get("files", {}).items():
+        p = build_dir / name
+        if not p.is_file() or sha256_file(p) != digest:
+            raise EdgeSDKError(f"{p} is missing or changed since the build (sha256 differs from {MANIFEST_NAME}).",
+                               "rebuild with `edgesdk build ... --force`.")
+    src = Path(model_path or report["model"]["path"])
+    if not src.is_file():
+        raise EdgeSDKError(f"the original model {src} is not there any more.", "pass its new path with --model.")
+    if sha256_file(src) != report["model"]["sha256"]:
+        raise EdgeSDKError(f"{src} is not the model this folder was built from (sha256 differs).",
+                           "pass the original with --model, or rebuild.")
+    config = BuildConfig.model_validate({**report["config"], **{k: v for k, v in (overrides or {}).items()
+                                                               if v is not None}})
+    original = load_model(src)
+    processed = load_model(build_dir / report.get("processed_model", MODEL_NAME))
+    _, check_feeds = split_feeds(original, input_specs(original, config.shape_hints), config)
+    from edgesdk.verify import verify
+
+    return verify(original, processed, check_feeds, config)

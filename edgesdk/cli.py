@@ -1,0 +1,271 @@
+"""The ``edgesdk`` command line (typer + rich).
+
+Commands: ``build``, ``inspect``, ``check``, ``devices``, ``pack``, and those other modules add
+through a ``register(app)`` function listed in :data:`EXTENSIONS` (``run``, ``bench``).
+Every failure prints the problem and its fix and exits with code 1; a build or check whose
+verification fails exits with code 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from edgesdk.errors import EdgeSDKError
+
+app = typer.Typer(
+    name="edgesdk",
+    help="Deploy INT8-quantized and sparse vision transformers and small LLMs to Jetson Orin through TensorRT.\n\n"
+         "Start with `edgesdk inspect MODEL.onnx`, then `edgesdk build MODEL.onnx --device orin -o OUT`.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+# Modules that add commands with ``register(app: typer.Typer)``.
+EXTENSIONS = ("edgesdk.runtime_cli",)
+
+
+def fail(e: EdgeSDKError, code: int = 1):
+    err_console.print(f"[bold red]error:[/] {e.problem}", highlight=False, soft_wrap=True)
+    if e.fix:
+        err_console.print(f"  [bold]fix:[/] {e.fix}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def progress_steps(quiet: bool = False):
+    """A ``step(title)`` context-manager factory drawing one rich progress line per pipeline step."""
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f}"),
+                        TimeElapsedColumn(), console=err_console, disable=quiet, transient=False)
+
+    @contextlib.contextmanager
+    def step(title: str):
+        task = progress.add_task(title, total=1)
+
+        def advance(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=max(total, 1))
+
+        yield advance
+        progress.update(task, completed=progress.tasks[task].total)
+
+    return progress, step
+
+
+def _exclude(values: list[str] | None):
+    return values or None
+
+
+@app.command()
+def build(
+    model: Annotated[Path, typer.Argument(help="ONNX model: float, or already Q/DQ-quantized.")],
+    device: Annotated[Optional[str], typer.Option("--device", "-d", help="Target profile (`edgesdk devices`). [default: orin]")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Build folder to write. [default: out/MODEL_NAME]")] = None,
+    force: Annotated[Optional[bool], typer.Option("--force", help="Replace an existing build folder.")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML file of build options (keys as below, with _ or -); flags override it.")] = None,
+    quantize: Annotated[Optional[str], typer.Option("--quantize", "-q", help="int8 (symmetric Q/DQ on linear layers) | none. [default: int8]")] = None,
+    calibration: Annotated[Optional[Path], typer.Option("--calibration", help=".npz/.npy, folder of .npy/.npz/images, or .txt of token ids. [default: seeded random data]")] = None,
+    calibration_count: Annotated[Optional[int], typer.Option("--calibration-count", help="Calibration samples. [default: 16]")] = None,
+    calibrate_method: Annotated[Optional[str], typer.Option("--calibrate-method", help="minmax | percentile activation ranges. [default: minmax]")] = None,
+    shape: Annotated[Optional[list[str]], typer.Option("--shape", help="Shape of an input with dynamic dims, NAME:1x3x224x224 (repeatable).")] = None,
+    sparsity: Annotated[Optional[float], typer.Option("--sparsity", help="Fraction of weights to prune in rewritten layers. [default: 0]")] = None,
+    prune: Annotated[Optional[str], typer.Option("--prune", help="magnitude | wanda. [default: wanda]")] = None,
+    kernels: Annotated[Optional[str], typer.Option("--kernels", help="auto | bitmap | vitbit | none (plain ONNX ops). [default: auto]")] = None,
+    exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Regex on layer names to leave alone (repeatable).")] = None,
+    include_lm_head: Annotated[Optional[bool], typer.Option("--include-lm-head", help="Also quantize/rewrite an LLM's output head.")] = None,
+    atol: Annotated[Optional[float], typer.Option("--atol", help="Verification: mean absolute error bound. [default: 0.1]")] = None,
+    rtol: Annotated[Optional[float], typer.Option("--rtol", help="Verification: mean relative error bound. [default: 0.1]")] = None,
+    min_cosine: Annotated[Optional[float], typer.Option("--min-cosine", help="Verification: lowest cosine similarity per output. [default: 0.99]")] = None,
+    verify: Annotated[Optional[bool], typer.Option("--verify/--no-verify", help="Compare processed vs original on ONNX Runtime. [default: verify]")] = None,
+    verify_count: Annotated[Optional[int], typer.Option("--verify-count", help="Samples for the verification. [default: 4]")] = None,
+    workspace_mb: Annotated[Optional[int], typer.Option("--workspace-mb", help="TensorRT workspace. [default: the device profile's]")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed of random inputs. [default: 0]")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars or summary.")] = False,
+):
+    """Quantize, rewrite and verify MODEL for a device; write OUT/ with model.onnx, report.json, manifest.json.
+
+    \b
+    Examples:
+      edgesdk build models/digits_vit.onnx --device orin -o out/digits --calibration calibration/digits.npz
+      edgesdk build vit_b16.onnx --shape input:1x3x224x224 --calibration images/ --exclude 'head'
+      edgesdk build llm.onnx --shape input_ids:1x128 --calibration tokens.txt --kernels none
+    """
+    from edgesdk.build import build as run_build
+    from edgesdk.config import load_config
+    from edgesdk.report import print_summary
+
+    flags = dict(device=device, output=output, force=force, quantize=quantize, calibration=calibration,
+                 calibration_count=calibration_count, calibrate_method=calibrate_method, shape_hints=shape or None,
+                 sparsity=sparsity, prune=prune, kernels=kernels, exclude=_exclude(exclude),
+                 include_lm_head=include_lm_head, atol=atol, rtol=rtol, min_cosine=min_cosine, verify=verify,
+                 verify_count=verify_count, workspace_mb=workspace_mb, seed=seed)
+    try:
+        cfg = load_config(config, flags)
+        progress, step = progress_steps(quiet)
+        with progress:
+            report = run_build(model, cfg, step)
+    except EdgeSDKError as e:
+        fail(e)
+    if not quiet:
+        print_summary(report, console)
+    if report["verified"] is False:
+        err_console.print("[bold red]verification failed[/]: see the table above and report.json (`verify`).")
+        raise typer.Exit(2)
+
+
+@app.command("inspect")
+def inspect_cmd(
+    model: Annotated[Path, typer.Argument(help="ONNX model to inspect.")],
+    exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Regex on layer names (as for build).")] = None,
+    include_lm_head: Annotated[bool, typer.Option("--include-lm-head", help="As for build.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+):
+    """List MODEL's inputs, outputs and linear layers: shapes, quantization state, and what build would process."""
+    from edgesdk.build import io_info
+    from edgesdk.inspect import find_linears, quant_state
+    from edgesdk.onnx_io import load_model, opset
+    from edgesdk.quantize import select_layers
+
+    try:
+        m = load_model(model)
+        linears = find_linears(m)
+        chosen, skipped = select_layers(m, linears, exclude or [], include_lm_head)
+    except EdgeSDKError as e:
+        fail(e)
+    state = quant_state(m)
+    info = {"model": str(model), "opset": opset(m), "quant_state": state, **io_info(m),
+            "linears": [{**li.to_dict(), "selected": li.name not in skipped, "reason": skipped.get(li.name)}
+                        for li in linears]}
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    console.print(f"[bold]{model}[/]: opset {info['opset']}, {state}, {len(linears)} linear layers")
+    io = Table(title="Inputs / outputs", title_justify="left")
+    for c in ("", "name", "dtype", "shape"):
+        io.add_column(c)
+    for kind in ("inputs", "outputs"):
+        for t in info[kind]:
+            io.add_row(kind[:-1], t["name"], t["dtype"], str(t["shape"]))
+    console.print(io)
+    t = Table(title="Linear layers", title_justify="left")
+    for c in ("layer", "op", "K×N", "weight", "bias", "int8", "act scale", "build would"):
+        t.add_column(c, overflow="fold")
+    for li in linears:
+        would = skipped.get(li.name) or ("rewrite (already Q/DQ)" if li.quantized else "quantize + rewrite")
+        t.add_row(li.name, li.kind + (" (transA)" if li.trans_a else ""), f"{li.k}×{li.n}",
+                  li.weight_layout, "yes" if li.bias else "no", "yes" if li.quantized else "no",
+                  "yes" if li.act_scale else "no", would)
+    console.print(t)
+    if state == "qoperator":
+        err_console.print("[yellow]note:[/] this model is in QOperator form; `build` refuses it (TensorRT needs Q/DQ).")
+
+
+@app.command()
+def check(
+    build_dir: Annotated[Path, typer.Argument(help="Build folder written by `edgesdk build`.")],
+    model: Annotated[Optional[Path], typer.Option("--model", help="Original ONNX, if it moved since the build.")] = None,
+    atol: Annotated[Optional[float], typer.Option("--atol", help="Override the build's atol.")] = None,
+    rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the build's rtol.")] = None,
+    min_cosine: Annotated[Optional[float], typer.Option("--min-cosine", help="Override the build's min cosine.")] = None,
+):
+    """Re-run the verification of a build folder: file checksums, then original vs processed on ONNX Runtime."""
+    from edgesdk.build import check_build
+    from edgesdk.report import print_summary
+
+    try:
+        with progress_steps()[0]:
+            rows = check_build(build_dir, model, {"atol": atol, "rtol": rtol, "min_cosine": min_cosine})
+    except EdgeSDKError as e:
+        fail(e)
+    print_summary({"verify": rows, "layers": [], "engine": {"built": None, "reason": "(not rebuilt by check)"}}, console)
+    if not all(r["passed"] for r in rows):
+        raise typer.Exit(2)
+
+
+@app.command()
+def devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False):
+    """List device profiles (Jetson Orin modules, and `host`: this machine's GPU if it has one)."""
+    from edgesdk.devices import PROFILES, host_profile
+
+    profiles = list(PROFILES.values())
+    host_note = None
+    try:
+        profiles.append(host_profile())
+    except EdgeSDKError as e:
+        host_note = e.problem
+    if as_json:
+        print(json.dumps({p.name: p.model_dump() for p in profiles} | ({"host": None} if host_note else {}), indent=2))
+        return
+    t = Table(title="Device profiles (--device NAME)", title_justify="left")
+    for c in ("name", "module", "SM", "SMs", "MHz", "GB", "GB/s", "L2 MB", "DLA", "INT8 TOPS", "FP16 TFLOPS", "workspace MB"):
+        t.add_column(c, justify="left" if c in ("name", "module") else "right")
+    for p in profiles:
+        t.add_row(p.name, p.description, p.compute_capability, str(p.sm_count), f"{p.gpu_clock_mhz:.0f}",
+                  f"{p.memory_gb:g}", f"{p.bandwidth_gbs:g}", f"{p.l2_mb:g}", str(p.dla_cores),
+                  f"{p.tensor_int8_tops or '-'}", f"{p.tensor_fp16_tflops or '-'}", str(p.workspace_mb))
+    console.print(t)
+    if host_note:
+        console.print(f"host: [yellow]{host_note}[/]", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def pack(
+    model: Annotated[Path, typer.Argument(help="ONNX model.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the packed weights.")],
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML build options.")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", "-d", help="Target profile.")] = None,
+    sparsity: Annotated[Optional[float], typer.Option("--sparsity", help="Fraction of weights to prune.")] = None,
+    kernels: Annotated[Optional[str], typer.Option("--kernels", help="auto | bitmap | vitbit.")] = None,
+    force: Annotated[Optional[bool], typer.Option("--force", help="Replace an existing folder.")] = None,
+):
+    """Pack MODEL's linear weights into the plugin formats without building (see `edgesdk.pack`)."""
+    from edgesdk.config import load_config
+
+    try:
+        cfg = load_config(config, dict(device=device, sparsity=sparsity, kernels=kernels, force=force, output=output))
+        try:
+            pack_mod = importlib.import_module("edgesdk.pack")
+        except ImportError as e:
+            raise EdgeSDKError(f"`edgesdk pack` is unavailable ({e}).", "use `edgesdk build`.") from None
+        result = pack_mod.pack_model(model, output, cfg)
+    except EdgeSDKError as e:
+        fail(e)
+    if result is not None:
+        console.print(result)
+
+
+def _register_extensions() -> None:
+    for name in EXTENSIONS:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError as e:
+            if e.name != name:  # the module exists but is broken: say so
+                raise
+            continue
+        mod.register(app)
+
+
+_register_extensions()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except EdgeSDKError as e:  # raised outside a command's own handler
+        err_console.print(f"error: {e}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""Build options: one pydantic model, filled from a YAML file (``--config``) and command-line flags.
+
+Flags override the file; unknown keys and bad values are errors that name the key.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from edgesdk.errors import EdgeSDKError
+
+
+def parse_shape(spec: str) -> tuple[str, list[int]]:
+    """``"input:1x3x224x224"`` → ``("input", [1, 3, 224, 224])`` (the name may itself contain ``:``)."""
+    name, sep, dims = spec.rpartition(":")
+    try:
+        if not sep or not name:
+            raise ValueError
+        shape = [int(d) for d in dims.lower().split("x")]
+        if any(d <= 0 for d in shape):
+            raise ValueError
+    except ValueError:
+        raise EdgeSDKError(f"bad shape hint {spec!r}.", "write NAME:D0xD1x... with positive dims, e.g. "
+                           "--shape input:1x3x224x224") from None
+    return name, shape
+
+
+class BuildConfig(BaseModel):
+    """Everything ``edgesdk build`` needs besides the model path.
+
+    Attributes:
+        device: Device profile name (``edgesdk devices``).
+        output: Build folder to write.
+        force: Replace an existing build folder.
+        quantize: ``"int8"`` (symmetric Q/DQ on linear layers) or ``"none"``.
+        calibration: ``.npz``, ``.npy``, folder of ``.npy``/images, or token-id file; None → seeded random.
+        calibration_count: Calibration samples to use.
+        calibrate_method: Activation range estimator (``minmax`` or ``percentile``).
+        shape_hints: Input name → full shape, for dynamic dims (``--shape input:1x3x224x224``).
+        image_mean: Per-channel mean for image calibration (default: ImageNet for 3 channels).
+        image_std: Per-channel std for image calibration.
+        sparsity: Fraction of weights to prune in rewritten layers (0 = dense).
+        prune: Pruning criterion.
+        kernels: Plugin kernels to use (``none`` keeps plain ONNX ops).
+        exclude: Regexes on layer names left in float and unrewritten.
+        include_lm_head: Also quantize/rewrite an LLM's output head.
+        atol: Absolute tolerance of the verification (Polygraphy, mean error).
+        rtol: Relative tolerance of the verification (Polygraphy, mean error).
+        min_cosine: Lowest accepted cosine similarity of each output.
+        verify: Compare processed vs original model on ONNX Runtime.
+        verify_count: Input samples used by the verification.
+        workspace_mb: TensorRT workspace (None → the device profile's).
+        seed: Seed for random inputs.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: str = "orin"
+    output: Path | None = None
+    force: bool = False
+    quantize: Literal["int8", "none"] = "int8"
+    calibration: Path | None = None
+    calibration_count: int = Field(16, ge=1)
+    calibrate_method: Literal["minmax", "percentile"] = "minmax"
+    shape_hints: dict[str, list[int]] = Field(default_factory=dict)
+    image_mean: list[float] | None = None
+    image_std: list[float] | None = None
+    sparsity: float = Field(0.0, ge=0.0, lt=1.0)
+    prune: Literal["magnitude", "wanda"] = "wanda"
+    kernels: Literal["auto", "bitmap", "vitbit", "none"] = "auto"
+    exclude: list[str] = Field(default_factory=list)
+    include_lm_head: bool = False
+    atol: float = Field(0.1, ge=0)
+    rtol: float = Field(0.1, ge=0)
+    min_cosine: float = Field(0.99, ge=-1, le=1)
+    verify: bool = True
+    verify_count: int = Field(4, ge=1)
+    workspace_mb: int | None = Field(None, ge=1)
+    seed: int = 0
+
+    @field_validator("shape_hints", mode="before")
+    @classmethod
+    def _shapes(cls, v):
+        if isinstance(v, (list, tuple)):
+            return dict(parse_shape(s) for s in v)
+        if isinstance(v, dict):
+            return {k: ([int(d) for d in s.lower().split("x")] if isinstance(s, str) else s) for k, s in v.items()}
+        return v
+
+    @field_validator("exclude")
+    @classmethod
+    def _regexes(cls, v):
+        for p in v:
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ValueError(f"exclude pattern {p!r} is not a valid regex: {e}") from None
+        return v
+
+
+def _explain(err: ValidationError, source: str) -> EdgeSDKError:
+    lines = [f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}" for e in err.errors()]
+    return EdgeSDKError(f"invalid build options in {source}: " + "; ".join(lines),
+                        "fix the named keys (`edgesdk build --help` lists every option and its values).")
+
+
+def load_config(path: Path | None = None, overrides: dict | None = None) -> BuildConfig:
+    """A :class:`BuildConfig` from a YAML file (optional) with ``overrides`` (flags; None values ignored) on top.
+
+    Raises:
+        EdgeSDKError: unreadable/invalid YAML, unknown keys, or bad values.
+    """
+    import yaml
+
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise EdgeSDKError(f"config file {path} does not exist.", "pass an existing YAML file to --config.")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise EdgeSDKError(f"config file {path} is not valid YAML ({e}).", "fix the YAML syntax.") from None
+        if not isinstance(data, dict):
+            raise EdgeSDKError(f"config file {path} must hold a mapping of option: value.",
+                               "write e.g. `device: orin` / `quantize: int8`, one per line.")
+        data = {k.replace("-", "_"): v for k, v in data.items()}
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return BuildConfig.model_validate(data)
+    except ValidationError as e:
+        raise _explain(e, str(path) if path and not overrides else "--config/flags") from None

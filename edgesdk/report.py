@@ -1,0 +1,69 @@
+"""``report.json`` writing and the human-readable summary printed at the end of a build."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+REPORT_NAME = "report.json"
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` as indented JSON to ``path`` atomically (temp name + ``os.replace``)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _mb(n) -> str:
+    return "-" if n is None else f"{n / 1e6:.2f}"
+
+
+def layers_table(layers: list[dict], title: str = "Linear layers") -> Table:
+    t = Table(title=title, title_justify="left")
+    for c, j in [("layer", "left"), ("kind", "left"), ("K×N", "right"), ("int8", "center"), ("sparsity", "right"),
+                 ("kernel", "left"), ("MB dense", "right"), ("MB packed", "right"), ("note", "left")]:
+        t.add_column(c, justify=j, overflow="fold")
+    for r in layers:
+        k, n = r["shape"]
+        t.add_row(r["name"], r["kind"], f"{k}×{n}", "yes" if r["quantized"] else "no", f"{r['sparsity']:.2f}",
+                  r["kernel"], _mb(r.get("bytes_dense")), _mb(r.get("bytes_packed")), r.get("reason") or "")
+    return t
+
+
+def print_summary(report: dict, console: Console | None = None) -> None:
+    """Layers, verification and engine status of a build report, as rich tables."""
+    console = console or Console()
+    layers = report.get("layers", [])
+    if len(layers) > 24:
+        shown = layers[:12] + layers[-4:]
+        console.print(layers_table(shown, f"Linear layers ({len(layers)}; first 12 and last 4 shown, all in report.json)"))
+    else:
+        console.print(layers_table(layers))
+    if report.get("verify"):
+        t = Table(title="Verification (ONNX Runtime: original vs processed, Polygraphy)", title_justify="left")
+        for c in ("output", "samples", "max_abs", "mean_abs", "rel_l2", "cosine", "top1", "result"):
+            t.add_column(c, justify="left" if c == "output" else "right")
+        for v in report["verify"]:
+            top1 = "-" if v.get("top1_agreement") is None else f"{v['top1_agreement']:.4f}"
+            t.add_row(v["output"], str(v["samples"]), f"{v['max_abs']:.3g}", f"{v['mean_abs']:.3g}",
+                      f"{v['rel_l2']:.3g}", f"{v['cosine']:.5f}", top1,
+                      "[green]PASS[/]" if v["passed"] else "[red]FAIL[/]")
+        console.print(t)
+    eng = report.get("engine", {})
+    state = "[green]built[/]" if eng.get("built") else f"[yellow]not built[/]: {eng.get('reason')}"
+    console.print(f"TensorRT engine: {state}")
+    if report.get("output"):
+        console.print(f"Build folder: [bold]{report['output']}[/] ({report.get('seconds', 0):.1f} s)")

@@ -1,0 +1,81 @@
+"""Verification: ONNX Runtime on the original model vs ONNX Runtime on the processed one, via Polygraphy.
+
+Both sides run in :func:`edgesdk.ort.make_session` (CPU, ``ORT_DISABLE_ALL``, plugin nodes through
+their reference ops) under Polygraphy's ``Comparator``; pass/fail per output comes from
+``SimpleCompareFunc`` (mean absolute error ≤ atol, or mean relative error ≤ rtol) together with
+a cosine-similarity floor. The figures reported per output: ``max_abs``, ``rel_l2``
+(‖a−b‖₂/‖a‖₂), ``cosine`` and, for outputs that look like class scores (float, last dim ≥ 2),
+``top1_agreement`` (fraction of rows whose argmax over the last axis agrees).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+ORIGINAL, PROCESSED = "onnxrt-original", "onnxrt-processed"
+
+
+def verify(original: onnx.ModelProto, processed: onnx.ModelProto, feeds: list[dict[str, np.ndarray]],
+           config) -> list[dict]:
+    """Compare ``processed`` against ``original`` on ``feeds``.
+
+    Args:
+        original: The model as loaded.
+        processed: The model after quantization/rewrite.
+        feeds: Input dicts (each one inference).
+        config: Reads ``atol``, ``rtol``, ``min_cosine``.
+
+    Returns:
+        One dict per output: ``output, runners, samples, max_abs, mean_abs, rel_l2, cosine,
+        top1_agreement (or None), atol, rtol, min_cosine, passed``.
+    """
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
+    from polygraphy.logger import G_LOGGER
+
+    from edgesdk.ort import make_session
+
+    G_LOGGER.module_severity = G_LOGGER.ERROR
+    runners = [OnnxrtRunner(lambda: make_session(original), name=ORIGINAL),
+               OnnxrtRunner(lambda: make_session(processed), name=PROCESSED)]
+    results = Comparator.run(runners, data_loader=feeds)
+    compare = SimpleCompareFunc(atol=config.atol, rtol=config.rtol, check_error_stat="mean")
+    accuracy = Comparator.compare_accuracy(results, compare_func=compare)
+    verdicts: dict[str, bool] = {}
+    for iteration in next(iter(accuracy.values())):
+        for name, res in iteration.items():
+            verdicts[name] = verdicts.get(name, True) and bool(res)
+
+    (_, ref_iters), (_, out_iters) = results[0], results[1]
+    rows = []
+    for name in ref_iters[0].keys():
+        a = np.concatenate([np.asarray(it[name], np.float64).reshape(-1) for it in ref_iters])
+        b = np.concatenate([np.asarray(it[name], np.float64).reshape(-1) for it in out_iters])
+        m = metrics(a, b)
+        last = np.asarray(ref_iters[0][name])
+        top1 = None
+        if np.issubdtype(last.dtype, np.floating) and last.ndim >= 2 and last.shape[-1] >= 2:
+            ra = np.concatenate([np.asarray(it[name]).reshape(-1, last.shape[-1]).argmax(-1) for it in ref_iters])
+            rb = np.concatenate([np.asarray(it[name]).reshape(-1, last.shape[-1]).argmax(-1) for it in out_iters])
+            top1 = float(np.mean(ra == rb))
+        passed = verdicts.get(name, False) and m["cosine"] >= config.min_cosine
+        rows.append({"output": name, "runners": [ORIGINAL, PROCESSED], "samples": len(feeds), **m,
+                     "top1_agreement": top1, "atol": config.atol, "rtol": config.rtol,
+                     "min_cosine": config.min_cosine, "passed": bool(passed)})
+    return rows
+
+
+def metrics(ref: np.ndarray, out: np.ndarray) -> dict:
+    """``max_abs``, ``mean_abs``, ``rel_l2`` and ``cosine`` of ``out`` against ``ref`` (float64)."""
+    ref = np.asarray(ref, np.float64).reshape(-1)
+    out = np.asarray(out, np.float64).reshape(-1)
+    if not (np.all(np.isfinite(ref)) and np.all(np.isfinite(out))):
+        return {"max_abs": float("inf"), "mean_abs": float("inf"), "rel_l2": float("inf"), "cosine": -1.0}
+    d = out - ref
+    nr, no = np.linalg.norm(ref), np.linalg.norm(out)
+    cos = float(ref @ out / (nr * no)) if nr > 0 and no > 0 else float(nr == no)
+    return {"max_abs": float(np.max(np.abs(d))) if d.size else 0.0,
+            "mean_abs": float(np.mean(np.abs(d))) if d.size else 0.0,
+            "rel_l2": float(np.linalg.norm(d) / nr) if nr > 0 else float(np.linalg.norm(d)),
+            "cosine": cos}
