@@ -1,0 +1,70 @@
+"""The plugin check tools' CPU side: one-layer plugin models, node extraction, reference comparison.
+
+``tools/trt_smoke.py`` (TensorRT) and ``tools/plugin_launch_check.py`` (GPU) build on these; here the
+same models run through ``edgesdk.Engine(..., backend="onnxruntime")`` (the ORT reference ops).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from _plugin_ref import compare, one_layer_model, plugin_layers  # noqa: E402
+
+from edgesdk import Engine  # noqa: E402
+from edgesdk.formats.bitmap_linear import BitmapLinearWeights  # noqa: E402
+from edgesdk.formats.vitbit_gemm import VitBitWeights, quantize_weights  # noqa: E402
+
+RNG = np.random.default_rng(606)
+N, K = 37, 75
+
+
+def _weights():
+    w = RNG.standard_normal((N, K))
+    w[RNG.random(w.shape) < 0.6] = 0
+    return w
+
+
+CASES = {
+    "bitmap fp16 values + bias": ("bitmap_linear", lambda: BitmapLinearWeights.pack(
+        _weights(), "float16", bias=RNG.standard_normal(N).astype(np.float32))),
+    "bitmap int8 values": ("bitmap_linear", lambda: BitmapLinearWeights.pack(_weights(), "int8")),
+    "vitbit 8-bit + bias + gelu": ("vitbit_gemm", lambda: VitBitWeights.pack(
+        *quantize_weights(_weights()), 8, bias=RNG.standard_normal(N), x_scale=0.04, gelu=True)),
+    "vitbit 4-bit": ("vitbit_gemm", lambda: VitBitWeights.pack(*quantize_weights(_weights(), 4), 4, x_scale=0.04)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_one_layer_models_run_and_match_the_reference(case, dtype, tmp_path):
+    op, make = CASES[case]
+    packed = make()
+    model = one_layer_model(op, packed, dtype, ["batch", 5, K])
+    onnx.checker.check_model(model)
+    (layer,) = plugin_layers(model)
+    assert layer.op == op and layer.n == N and layer.k == K
+    assert layer.attrs == {k: v for k, v in packed.node_attributes().items()} | (
+        {"x_scale": pytest.approx(packed.x_scale)} if op == "vitbit_gemm" else {})
+    assert list(layer.tensors) == list(packed.to_tensors())
+    onnx.save(model, tmp_path / "model.onnx")
+    x = (RNG.standard_normal((3, 5, K)) * 3).astype(dtype)
+    with Engine(tmp_path / "model.onnx", backend="onnxruntime") as eng:
+        y = eng.infer({"X": x})["Y"]
+    assert y.dtype == dtype and y.shape == (3, 5, N)
+    ok, err, rule = compare(layer, x, y)
+    assert ok, (err, rule)
+    # the comparison catches wrong outputs: NaN poison left in place, or values off by a little
+    poisoned = y.copy()
+    poisoned.reshape(-1)[RNG.integers(y.size)] = np.nan
+    assert not compare(layer, x, poisoned)[0]
+    off = y.copy()
+    i = int(np.argmax(np.abs(y.astype(np.float64))))
+    off.reshape(-1)[i] = off.reshape(-1)[i] * dtype(1.01) + dtype(0.01)
+    assert not compare(layer, x, off)[0]
