@@ -48,7 +48,7 @@ def test_vitbit_op_bit_exact(dtype, has_bias, shape):
     w_q = rng.integers(-128, 128, (n, k)).astype(np.int8)
     w_scale = (rng.random(n) * 0.01 + 1e-3).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32) if has_bias else None
-    x_scale = 0.0371
+    x_scale = float(np.float32(0.0371234567))  # 9 significant digits: ORT prints float attrs with 6
     packed = VitBitWeights.pack(w_q, w_scale, 8, bias=bias, x_scale=x_scale)
     x = (rng.standard_normal(shape) * 3).astype(dtype)
     x.reshape(-1)[:3] = [1000.0, -1000.0, 0.5 * x_scale]  # saturation and a rounding tie

@@ -8,6 +8,9 @@ file is never changed):
   fp32 output, which already holds fp16-rounded values, is cast back to fp16 (exactly).
   The op learns X's real dtype from the extra attribute ``x_dtype``.
 * every declared input is required: a node without bias gets an empty float32 bias input.
+* float attributes reach the op printed with 6 significant digits (``0.012345679`` arrives as
+  ``0.0123457``): :func:`adapt` rewrites them as strings holding the exact float32 value
+  (``%.9g`` round-trips every float32) and the op parses them back.
 * an exception raised inside a Python op aborts the whole process. So :func:`adapt` validates
   every plugin node whose packed tensors are initializers (the format's ``from_tensors``) and
   raises :class:`~edgesdk.errors.EdgeSDKError` before a session exists; an error at run time
@@ -32,6 +35,7 @@ from edgesdk.errors import EdgeSDKError
 REGISTERED: dict[str, int] = {}
 #: op_type → (names after X, validate(attrs, tensors)) used by :func:`adapt`.
 _VALIDATORS: dict[str, tuple[tuple[str, ...], Callable[[dict, dict], object]]] = {}
+_FLOAT_ATTRS: dict[str, set[str]] = {}
 _ATTR_TYPES = {int: "dt_int64", float: "dt_float", str: "dt_string"}
 _DTYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16"}
 
@@ -48,12 +52,14 @@ def register(fmt, input_types: list[str], forward: Callable[[np.ndarray, dict, d
     """
     from onnxruntime_extensions import PyCustomOpDef, onnx_op
 
-    attrs = {k: getattr(PyCustomOpDef, _ATTR_TYPES[t]) for k, t in fmt.ATTRIBUTES.items()}
+    attrs = {k: getattr(PyCustomOpDef, _ATTR_TYPES[str if t is float else t]) for k, t in fmt.ATTRIBUTES.items()}
+    floats = [k for k, t in fmt.ATTRIBUTES.items() if t is float]
     attrs["x_dtype"] = PyCustomOpDef.dt_string
     names = fmt.TENSOR_NAMES
 
     def compute(x, *inputs, **kw):
         x_dtype = kw.pop("x_dtype")
+        kw.update({k: float(np.float32(kw[k])) for k in floats})
         has_bias = int(kw.get("has_bias", 0))
         tensors = {n: np.asarray(v) for n, v in zip(names, inputs) if n != "bias" or has_bias}
         try:
@@ -67,6 +73,7 @@ def register(fmt, input_types: list[str], forward: Callable[[np.ndarray, dict, d
             outputs=[PyCustomOpDef.dt_float], attrs=attrs)(compute)
     REGISTERED[fmt.OP_TYPE] = len(names)
     _VALIDATORS[fmt.OP_TYPE] = (names, validate)
+    _FLOAT_ATTRS[fmt.OP_TYPE] = set(floats)
 
 
 def _validate(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> None:
@@ -140,6 +147,9 @@ def adapt(model: onnx.ModelProto, domain: str) -> None:
             empty = fresh("edgesdk_empty_bias")
             g.initializer.append(helper.make_tensor(empty, TensorProto.FLOAT, [0], []))
             n.input.append(empty)
+        for i, a in enumerate(n.attribute):
+            if a.name in _FLOAT_ATTRS[n.op_type] and a.type == onnx.AttributeProto.FLOAT:
+                n.attribute[i].CopyFrom(helper.make_attribute(a.name, "%.9g" % np.float32(a.f)))
         n.attribute.append(helper.make_attribute("x_dtype", dt))
         if dt == "float16":
             x32, y32, y = fresh(f"{n.input[0]}_f32"), fresh(f"{n.output[0]}_f32"), n.output[0]

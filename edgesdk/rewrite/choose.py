@@ -52,24 +52,17 @@ class LayerFacts:
     weight_problem: str | None = None
 
 
-def _get(device, names: tuple[str, ...]) -> float | None:
-    for n in names:
-        v = getattr(device, n, None)
-        if v:
-            return float(v)
-    return None
-
-
 def memory_bound(f: LayerFacts, device) -> bool:
     """Roofline: do the dense weight + activation bytes take longer than the dense math on ``device``?
 
-    Uses the profile's memory bandwidth (GB/s) and peak dense throughput (INT8 TOPS for int8
-    layers, FP16 TFLOPS otherwise). A profile without these figures counts every decode-style
-    layer as memory-bound (true of every GPU at M ≤ 16).
+    Uses the :class:`~edgesdk.devices.DeviceProfile`'s ``bandwidth_gbs`` and peak dense tensor
+    throughput (``tensor_int8_tops`` for INT8 layers, ``tensor_fp16_tflops`` otherwise). Without a
+    profile (or its figures) every decode-style layer counts as memory-bound, which holds on every
+    GPU at M <= 16.
     """
-    bw = _get(device, ("mem_bandwidth_gbs", "memory_bandwidth_gbs", "bandwidth_gbs"))
     int8 = f.int8_weights and f.int8_act
-    peak = _get(device, ("int8_tops", "dense_int8_tops") if int8 else ("fp16_tflops", "dense_fp16_tflops"))
+    bw = getattr(device, "bandwidth_gbs", None)
+    peak = getattr(device, "tensor_int8_tops" if int8 else "tensor_fp16_tflops", None)
     if not bw or not peak:
         return True
     wbytes = f.n * f.k * (1 if f.int8_weights else 2)
