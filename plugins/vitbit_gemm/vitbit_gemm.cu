@@ -1,0 +1,514 @@
+// VitBit INT8 GEMM for EdgeVitBitGemm: Y = epilogue(quantize(X) . W^T), exact int32 accumulation.
+//
+// Semantics: edgesdk/reference/vitbit_gemm.py (every step one IEEE fp32 op, no FMA contraction).
+// Layout:    edgesdk/formats/vitbit_gemm.py (W int8 [N, Kp], Kp = K rounded up to 16, pad = 0).
+//
+// Kernels (extern "C", instantiated below):
+//   vitbit_quantize_{f16,f32}:  X [M, K] -> Xq int8 [M, Kp] (workspace), q = clip(rint(x / s)), NaN -> 0.
+//   vitbit_gemm_<cfg>:          Xq . W^T for one block tile BM x (BN_TC + BN_INT + BN_FP) per CTA,
+//                               K split over gridDim.z when `partial` is given (int32 partials, no epilogue).
+//   vitbit_splitk_epilogue:     sums the int32 partials (exact) and applies the epilogue.
+//
+// One fused GEMM kernel whose warps take roles on columns of the block tile (VitBit's split):
+//   tensor-core warps: mma.sync.m16n8k32.s8 on BN_TC columns (ldmatrix from a swizzled smem tile);
+//   INT-core warps:    BN_INT columns, dp4a on 4 x int8 words (INT_MODE 0) or, for 4/5-bit weights, two
+//                      16-bit fields per 32-bit IMAD (INT_MODE 4/5), extracted every FIELD_FLUSH values of K;
+//   FP-core warps:     BN_FP columns, int8 -> fp32 (exact magic-number conversion) and FFMA, flushed to
+//                      int32 every 1024 values of K (8 k-tiles).
+// All roles read the same cp.async multistage pipeline (BK = 128 bytes, STAGES deep).
+//
+// Exactness bounds (proofs in edgesdk/formats/vitbit_gemm.py):
+//   int32: |acc| <= K * 2^14 <= 2^31 - 1 for K <= 131071 (checked by the launcher).
+//   fp32:  every FFMA partial sum is an integer of magnitude <= 1024 * 2^14 = 2^24: exact.
+//   fields: after T multiply-adds a field holds v in [-T*2^(b-1)*127, T*2^(b+6)]; v fits 16 signed bits
+//           for T <= 31 (b = 4) and T <= 15 (b = 5). We flush every 16 (b = 4) and 8 (b = 5) values.
+#include <cuda_fp16.h>
+
+typedef unsigned int u32;
+typedef signed char s8;
+
+template <bool B, class T, class F>
+struct Cond { typedef T type; };
+template <class T, class F>
+struct Cond<false, T, F> { typedef F type; };
+
+#define BK 128  // bytes (= int8 values of K) per pipeline stage
+
+enum { FLAG_HALF = 1, FLAG_BIAS = 2, FLAG_GELU = 4 };
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+  return static_cast<u32>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool pred) {
+  int n = pred ? 16 : 0;  // src-size 0: zero-fill, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+__device__ __forceinline__ void mma_s8(int* c, const u32* a, const u32* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Byte offset of 16-byte chunk `c` of tile row `r` (rows of 128 bytes): XOR swizzle so that the 8 rows an
+// ldmatrix (or 8 CUDA-core threads) read at one logical chunk fall in 8 different bank groups.
+__device__ __forceinline__ int swz(int r, int c) { return r * BK + ((c ^ (r & 7)) << 4); }
+
+// int8 byte `b` of word `v` -> exact fp32, without I2F: 2^23 + (byte ^ 0x80) - (2^23 + 128).
+__device__ __forceinline__ float s8_to_f32(u32 vx /* v ^ 0x80808080 */, int b) {
+  return __fsub_rn(__int_as_float(__byte_perm(vx, 0x4B000000u, 0x7650 + b)), 8388736.0f);
+}
+__device__ __forceinline__ int s8_at(u32 v, int b) { return (int)(s8)(v >> (8 * b)); }
+
+// Epilogue for one output element; every step rounds exactly like numpy (reference module).
+__device__ __forceinline__ float dequant(int acc, int col, const float* __restrict__ w_scale,
+                                        const float* __restrict__ bias, float x_scale, int flags) {
+  float alpha = __fmul_rn(x_scale, __ldg(w_scale + col));
+  float y = __fmul_rn(__int2float_rn(acc), alpha);
+  if (flags & FLAG_BIAS) y = __fadd_rn(y, __ldg(bias + col));
+  if (flags & FLAG_GELU) y = 0.5f * y * (1.0f + erff(y * 0.70710678118654752f));
+  return y;
+}
+
+struct Out {
+  void* y;
+  int* partial;  // split-K: int32 partials [gridDim.z, M, N], no epilogue
+  const float* w_scale;
+  const float* bias;
+  float x_scale;
+  int flags, M, N;
+
+  __device__ __forceinline__ void put(int row, int col, int acc) const {
+    if (row >= M || col >= N) return;
+    size_t i = (size_t)row * N + col;
+    if (partial) {
+      partial[(size_t)blockIdx.z * M * N + i] = acc;
+    } else if (flags & FLAG_HALF) {
+      reinterpret_cast<__half*>(y)[i] = __float2half_rn(dequant(acc, col, w_scale, bias, x_scale, flags));
+    } else {
+      reinterpret_cast<float*>(y)[i] = dequant(acc, col, w_scale, bias, x_scale, flags);
+    }
+  }
+  // Two adjacent columns (col even): one 4- or 8-byte store when both are in range and N is even.
+  __device__ __forceinline__ void put2(int row, int col, int a0, int a1) const {
+    if (row >= M) return;
+    if (col + 1 < N && !(N & 1)) {
+      size_t i = (size_t)row * N + col;
+      if (partial) {
+        *reinterpret_cast<int2*>(partial + (size_t)blockIdx.z * M * N + i) = make_int2(a0, a1);
+      } else {
+        float y0 = dequant(a0, col, w_scale, bias, x_scale, flags);
+        float y1 = dequant(a1, col + 1, w_scale, bias, x_scale, flags);
+        if (flags & FLAG_HALF)
+          *reinterpret_cast<__half2*>(reinterpret_cast<__half*>(y) + i) =
+              __halves2half2(__float2half_rn(y0), __float2half_rn(y1));
+        else
+          *reinterpret_cast<float2*>(reinterpret_cast<float*>(y) + i) = make_float2(y0, y1);
+      }
+    } else {
+      put(row, col, a0);
+      put(row, col + 1, a1);
+    }
+  }
+};
+
+// ------------------------------------------------------------------------------------------------
+// Activation quantization: X [M, K] (fp16/fp32) -> Xq int8 [M, Kp], pad columns 0.
+// ------------------------------------------------------------------------------------------------
+__device__ __forceinline__ int quant1(float x, float s) {
+  float v = __fdiv_rn(x, s);
+  int q = (v != v) ? 0 : __float2int_rn(v);  // NaN -> 0; +-inf saturate to INT_MAX/INT_MIN, then clip
+  return min(127, max(-128, q));
+}
+
+template <typename T>
+__device__ void quantize(const T* __restrict__ x, int* __restrict__ xq, float s, int M, int K, int Kp) {
+  const int kq = Kp >> 2;
+  const long total = (long)M * kq;
+  for (long g = blockIdx.x * (long)blockDim.x + threadIdx.x; g < total; g += (long)gridDim.x * blockDim.x) {
+    int row = (int)(g / kq), k = (int)(g % kq) * 4;
+    const T* xr = x + (size_t)row * K;
+    u32 packed = 0;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int q = (k + e < K) ? quant1((float)xr[k + e], s) : 0;
+      packed |= (u32)(q & 0xFF) << (8 * e);
+    }
+    xq[g] = (int)packed;
+  }
+}
+
+extern "C" __global__ void vitbit_quantize_f16(const __half* __restrict__ x, int* __restrict__ xq, float s,
+                                               int M, int K, int Kp) {
+  quantize<__half>(x, xq, s, M, K, Kp);
+}
+extern "C" __global__ void vitbit_quantize_f32(const float* __restrict__ x, int* __restrict__ xq, float s,
+                                               int M, int K, int Kp) {
+  quantize<float>(x, xq, s, M, K, Kp);
+}
+
+// Split-K: sum the int32 partials (exact: the total is within the int32 bound) and apply the epilogue.
+extern "C" __global__ void vitbit_splitk_epilogue(const int* __restrict__ partial, int splits, void* y,
+                                                  const float* __restrict__ w_scale,
+                                                  const float* __restrict__ bias, float x_scale, int flags,
+                                                  int M, int N) {
+  Out o{y, nullptr, w_scale, bias, x_scale, flags, M, N};
+  const long total = (long)M * N;
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total; i += (long)gridDim.x * blockDim.x) {
+    int acc = 0;
+    for (int z = 0; z < splits; z++) acc += partial[(size_t)z * total + i];
+    o.put((int)(i / N), (int)(i % N), acc);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The fused GEMM.
+// ------------------------------------------------------------------------------------------------
+template <int BM, int BN_TC, int WM, int WN, int STAGES, int BN_INT, int BN_FP, int TM, int INT_MODE>
+struct Cfg {
+  static constexpr int TN = 8;  // CUDA-core micro-tile: TM rows x TN columns per thread
+  static constexpr int BN = BN_TC + BN_INT + BN_FP;
+  static constexpr int TC_WARPS = (BM / WM) * (BN_TC / WN);
+  static constexpr int INT_THREADS = BM * BN_INT / (TM * TN);
+  static constexpr int FP_THREADS = BM * BN_FP / (TM * TN);
+  static constexpr int THREADS = TC_WARPS * 32 + INT_THREADS + FP_THREADS;
+  static constexpr int STAGE_BYTES = (BM + BN) * BK;
+  static constexpr int SMEM = STAGES * STAGE_BYTES;
+  static_assert(INT_THREADS % 32 == 0 && FP_THREADS % 32 == 0, "CUDA-core shares must fill whole warps");
+  static_assert(WM % 16 == 0 && WN % 16 == 0 && BM % WM == 0 && BN_TC % WN == 0, "bad warp tile");
+  static_assert(BN_INT % TN == 0 && BN_FP % TN == 0 && BM % TM == 0, "bad CUDA-core tile");
+};
+
+template <class C, int BM>
+__device__ __forceinline__ void load_stage(unsigned char* st, const s8* __restrict__ A, const s8* __restrict__ W,
+                                           int m0, int n0, int kt, int M, int N, int Kp) {
+  constexpr int ROWS = BM + C::BN;
+  const int kbyte0 = kt * BK;
+  const u32 base = smem_u32(st);
+  for (int i = threadIdx.x; i < ROWS * 8; i += C::THREADS) {
+    int r = i >> 3, c = i & 7;
+    int kb = kbyte0 + c * 16;
+    const s8* src;
+    bool ok;
+    if (r < BM) {
+      ok = (m0 + r < M) && (kb < Kp);
+      src = ok ? A + (size_t)(m0 + r) * Kp + kb : A;
+    } else {
+      ok = (n0 + r - BM < N) && (kb < Kp);
+      src = ok ? W + (size_t)(n0 + r - BM) * Kp + kb : W;
+    }
+    cp_async16(base + swz(r, c), src, ok);
+  }
+}
+
+// Tensor-core role: warp tile WM x WN of the first BN_TC columns.
+template <int BM, int WM, int WN>
+struct TcRole {
+  static constexpr int MI = WM / 16, NI = WN / 8;
+  int acc[MI][NI][4];
+
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+      for (int j = 0; j < NI; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
+  }
+
+  __device__ __forceinline__ void compute(const unsigned char* st, int wm0, int wn0, int lane) {
+    const u32 base = smem_u32(st);
+#pragma unroll
+    for (int ks = 0; ks < BK / 32; ks++) {
+      u32 a[MI][4], b[NI][2];
+#pragma unroll
+      for (int i = 0; i < MI; i++) {
+        int r = wm0 + i * 16 + (lane & 15);
+        ldmatrix_x4(base + swz(r, ks * 2 + (lane >> 4)), a[i][0], a[i][1], a[i][2], a[i][3]);
+      }
+#pragma unroll
+      for (int j = 0; j < NI; j += 2) {
+        int r = BM + wn0 + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+        ldmatrix_x4(base + swz(r, ks * 2 + ((lane >> 3) & 1)), b[j][0], b[j][1], b[j + 1][0], b[j + 1][1]);
+      }
+#pragma unroll
+      for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NI; j++) mma_s8(acc[i][j], a[i], b[j]);
+    }
+  }
+
+  __device__ __forceinline__ void store(const Out& o, int m0, int n0, int wm0, int wn0, int lane) const {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+      for (int j = 0; j < NI; j++) {
+        int row = m0 + wm0 + i * 16 + g, col = n0 + wn0 + j * 8 + t * 2;
+        o.put2(row, col, acc[i][j][0], acc[i][j][1]);
+        o.put2(row + 8, col, acc[i][j][2], acc[i][j][3]);
+      }
+  }
+};
+
+// CUDA-core roles: thread micro-tile TM x TN; rows rg + i * RG, columns c0 + cg + j * CG of the tile.
+template <int BM, int BN_X, int TM>
+struct CcMap {
+  static constexpr int TN = 8, RG = BM / TM, CG = BN_X / TN;
+  int rg, cg;
+  __device__ __forceinline__ CcMap(int t) : rg(t % RG), cg(t / RG) {}
+};
+
+// INT_MODE 0: dp4a.
+template <int BM, int BN_X, int TM>
+struct Dp4aRole {
+  static constexpr int TN = 8;
+  int acc[TM][TN];
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+      for (int j = 0; j < TN; j++) acc[i][j] = 0;
+  }
+  __device__ __forceinline__ void compute(const unsigned char* st, const CcMap<BM, BN_X, TM>& mp, int wrow0) {
+#pragma unroll 2
+    for (int c = 0; c < 8; c++) {
+      uint4 a[TM];
+#pragma unroll
+      for (int i = 0; i < TM; i++) {
+        int r = mp.rg + i * mp.RG;
+        a[i] = *reinterpret_cast<const uint4*>(st + swz(r, c));
+      }
+#pragma unroll
+      for (int j = 0; j < TN; j++) {
+        int r = BM + wrow0 + mp.cg + j * mp.CG;
+        uint4 w = *reinterpret_cast<const uint4*>(st + swz(r, c));
+#pragma unroll
+        for (int i = 0; i < TM; i++) {
+          acc[i][j] = __dp4a((int)a[i].x, (int)w.x, acc[i][j]);
+          acc[i][j] = __dp4a((int)a[i].y, (int)w.y, acc[i][j]);
+          acc[i][j] = __dp4a((int)a[i].z, (int)w.z, acc[i][j]);
+          acc[i][j] = __dp4a((int)a[i].w, (int)w.w, acc[i][j]);
+        }
+      }
+    }
+  }
+  __device__ __forceinline__ void flush() {}
+};
+
+// INT_MODE 4/5: two 16-bit fields per register, P = w[c0] + 2^16 w[c1] (columns cg + 2p*CG, cg + (2p+1)*CG).
+template <int BM, int BN_X, int TM, int BITS>
+struct FieldRole {
+  static constexpr int TN = 8, TP = TN / 2;
+  static constexpr int FLUSH = BITS == 4 ? 16 : 8;  // <= the proven bound (31 for 4-bit, 15 for 5-bit)
+  int acc[TM][TN];
+  u32 f[TM][TP];
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < TM; i++) {
+#pragma unroll
+      for (int j = 0; j < TN; j++) acc[i][j] = 0;
+#pragma unroll
+      for (int p = 0; p < TP; p++) f[i][p] = 0u;
+    }
+  }
+  __device__ __forceinline__ void extract() {
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+      for (int p = 0; p < TP; p++) {
+        int v0 = (int)(short)(f[i][p] & 0xFFFFu);
+        int v1 = ((int)(f[i][p] - (u32)v0)) >> 16;
+        acc[i][2 * p] += v0;
+        acc[i][2 * p + 1] += v1;
+        f[i][p] = 0u;
+      }
+  }
+  __device__ __forceinline__ void compute(const unsigned char* st, const CcMap<BM, BN_X, TM>& mp, int wrow0) {
+#pragma unroll 1
+    for (int c = 0; c < 8; c++) {
+#pragma unroll
+      for (int q4 = 0; q4 < 4; q4++) {  // one 32-bit word = 4 values of K per row
+        u32 a[TM], w[TN];
+#pragma unroll
+        for (int i = 0; i < TM; i++) a[i] = *reinterpret_cast<const u32*>(st + swz(mp.rg + i * mp.RG, c) + 4 * q4);
+#pragma unroll
+        for (int j = 0; j < TN; j++)
+          w[j] = *reinterpret_cast<const u32*>(st + swz(BM + wrow0 + mp.cg + j * mp.CG, c) + 4 * q4);
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+          u32 P[TP];
+#pragma unroll
+          for (int p = 0; p < TP; p++) P[p] = (u32)s8_at(w[2 * p], b) + ((u32)s8_at(w[2 * p + 1], b) << 16);
+#pragma unroll
+          for (int i = 0; i < TM; i++) {
+            u32 q = (u32)s8_at(a[i], b);
+#pragma unroll
+            for (int p = 0; p < TP; p++) f[i][p] += q * P[p];  // mod 2^32; fields exact within the bound
+          }
+          if ((q4 * 4 + b + 1) % FLUSH == 0) extract();
+        }
+      }
+    }
+  }
+  __device__ __forceinline__ void flush() {}
+};
+
+// FP role: int8 -> fp32, FFMA; flushed into int32 every 8 k-tiles (1024 values of K, the fp32 bound).
+template <int BM, int BN_X, int TM>
+struct FpRole {
+  static constexpr int TN = 8;
+  int acc[TM][TN];
+  float f[TM][TN];
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+      for (int j = 0; j < TN; j++) { acc[i][j] = 0; f[i][j] = 0.0f; }
+  }
+  __device__ __forceinline__ void flush() {
+#pragma unroll
+    for (int i = 0; i < TM; i++)
+#pragma unroll
+      for (int j = 0; j < TN; j++) { acc[i][j] += __float2int_rn(f[i][j]); f[i][j] = 0.0f; }
+  }
+  __device__ __forceinline__ void compute(const unsigned char* st, const CcMap<BM, BN_X, TM>& mp, int wrow0) {
+#pragma unroll 1
+    for (int c = 0; c < 8; c++) {
+#pragma unroll
+      for (int q4 = 0; q4 < 4; q4++) {  // one 32-bit word = 4 values of K per row
+        u32 a[TM], w[TN];
+#pragma unroll
+        for (int i = 0; i < TM; i++)
+          a[i] = *reinterpret_cast<const u32*>(st + swz(mp.rg + i * mp.RG, c) + 4 * q4) ^ 0x80808080u;
+#pragma unroll
+        for (int j = 0; j < TN; j++)
+          w[j] = *reinterpret_cast<const u32*>(st + swz(BM + wrow0 + mp.cg + j * mp.CG, c) + 4 * q4) ^ 0x80808080u;
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+          float av[TM], wv[TN];
+#pragma unroll
+          for (int i = 0; i < TM; i++) av[i] = s8_to_f32(a[i], b);
+#pragma unroll
+          for (int j = 0; j < TN; j++) wv[j] = s8_to_f32(w[j], b);
+#pragma unroll
+          for (int i = 0; i < TM; i++)
+#pragma unroll
+            for (int j = 0; j < TN; j++) f[i][j] = __fmaf_rn(av[i], wv[j], f[i][j]);  // exact (see header)
+        }
+      }
+    }
+  }
+};
+
+template <int BM, int BN_X, int TM, class Role>
+__device__ __forceinline__ void cc_store(const Role& role, const CcMap<BM, BN_X, TM>& mp, const Out& o, int m0,
+                                         int n0, int wrow0) {
+#pragma unroll
+  for (int i = 0; i < TM; i++)
+#pragma unroll
+    for (int j = 0; j < 8; j++) o.put(m0 + mp.rg + i * mp.RG, n0 + wrow0 + mp.cg + j * mp.CG, role.acc[i][j]);
+}
+
+// The cp.async multistage main loop, run by every warp of the block; `compute(stage, t)` is the role's work
+// on k-tile t. Each role runs its own copy (so only its own accumulators are live); all copies execute the
+// same number of block barriers, so the barriers match.
+template <class C, int BM, int STAGES, class F>
+__device__ __forceinline__ void pipeline(unsigned char* smem, const s8* __restrict__ A, const s8* __restrict__ W,
+                                         int m0, int n0, int kt0, int nkt, int M, int N, int Kp, F&& compute) {
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < nkt) load_stage<C, BM>(smem + s * C::STAGE_BYTES, A, W, m0, n0, kt0 + s, M, N, Kp);
+    cp_async_commit();
+  }
+#pragma unroll 1
+  for (int t = 0; t < nkt; t++) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    int nx = t + STAGES - 1;
+    if (nx < nkt) load_stage<C, BM>(smem + (nx % STAGES) * C::STAGE_BYTES, A, W, m0, n0, kt0 + nx, M, N, Kp);
+    cp_async_commit();
+    compute(smem + (t % STAGES) * C::STAGE_BYTES, t);
+  }
+  cp_async_wait<0>();
+}
+
+template <int BM, int BN_TC, int WM, int WN, int STAGES, int BN_INT, int BN_FP, int TM, int INT_MODE>
+__device__ __forceinline__ void gemm_body(const s8* __restrict__ A, const s8* __restrict__ W, Out o, int Kp,
+                                          int kt_per_split) {
+  typedef Cfg<BM, BN_TC, WM, WN, STAGES, BN_INT, BN_FP, TM, INT_MODE> C;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * C::BN;
+  const int KT = (Kp + BK - 1) / BK;
+  const int kt0 = blockIdx.z * kt_per_split;
+  const int nkt = max(0, min(KT, kt0 + kt_per_split) - kt0);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  if (warp < C::TC_WARPS) {  // tensor-core warps
+    const int wm0 = (warp % (BM / WM)) * WM, wn0 = (warp / (BM / WM)) * WN;
+    TcRole<BM, WM, WN> tc;
+    tc.zero();
+    pipeline<C, BM, STAGES>(smem, A, W, m0, n0, kt0, nkt, o.M, o.N, Kp,
+                            [&](const unsigned char* st, int) { tc.compute(st, wm0, wn0, lane); });
+    tc.store(o, m0, n0, wm0, wn0, lane);
+  } else if (BN_INT > 0 && threadIdx.x < C::TC_WARPS * 32 + C::INT_THREADS) {  // INT-core warps
+    constexpr int BI = BN_INT > 0 ? BN_INT : 8;
+    typedef typename Cond<INT_MODE == 0, Dp4aRole<BM, BI, TM>, FieldRole<BM, BI, TM, INT_MODE>>::type IntRole;
+    const CcMap<BM, BI, TM> mp(threadIdx.x - C::TC_WARPS * 32);
+    IntRole ir;
+    ir.zero();
+    pipeline<C, BM, STAGES>(smem, A, W, m0, n0, kt0, nkt, o.M, o.N, Kp,
+                            [&](const unsigned char* st, int) { ir.compute(st, mp, BN_TC); });
+    cc_store<BM, BI, TM>(ir, mp, o, m0, n0, BN_TC);
+  } else if (BN_FP > 0) {  // FP-core warps
+    constexpr int BF = BN_FP > 0 ? BN_FP : 8;
+    const CcMap<BM, BF, TM> mp(threadIdx.x - C::TC_WARPS * 32 - C::INT_THREADS);
+    FpRole<BM, BF, TM> fr;
+    fr.zero();
+    pipeline<C, BM, STAGES>(smem, A, W, m0, n0, kt0, nkt, o.M, o.N, Kp, [&](const unsigned char* st, int t) {
+      fr.compute(st, mp, BN_TC + BN_INT);
+      if ((t & 7) == 7) fr.flush();  // every 8 k-tiles = 1024 values of K: the fp32 exactness bound
+    });
+    fr.flush();
+    cc_store<BM, BF, TM>(fr, mp, o, m0, n0, BN_TC + BN_INT);
+  }
+}
+
+// name, BM, BN_TC, WM, WN, STAGES, BN_INT, BN_FP, TM, INT_MODE, min blocks per SM (register cap)
+#define VITBIT_GEMM(NAME, BM, BN_TC, WM, WN, ST, BNI, BNF, TM, MODE, MINB)                                     \
+  extern "C" __global__ void __launch_bounds__(Cfg<BM, BN_TC, WM, WN, ST, BNI, BNF, TM, MODE>::THREADS, MINB)    \
+      vitbit_gemm_##NAME(const s8* __restrict__ A, const s8* __restrict__ W, void* y, int* partial,           \
+                         const float* __restrict__ w_scale, const float* __restrict__ bias, float x_scale,     \
+                         int flags, int M, int N, int Kp, int kt_per_split) {                                  \
+    Out o{y, partial, w_scale, bias, x_scale, flags, M, N};                                                    \
+    gemm_body<BM, BN_TC, WM, WN, ST, BNI, BNF, TM, MODE>(A, W, o, Kp, kt_per_split);                           \
+  }
+
+// Tensor-core only.
+VITBIT_GEMM(tc_128x128, 128, 128, 64, 32, 3, 0, 0, 4, 0, 1)
+VITBIT_GEMM(tc_64x128, 64, 128, 32, 32, 4, 0, 0, 4, 0, 2)
+VITBIT_GEMM(tc_64x64, 64, 64, 32, 32, 4, 0, 0, 4, 0, 2)
+// Hybrids on the 128-row tile: tensor cores 96 columns (m = 3) or 128 (m = 4, the paper's), CUDA cores 32.
+VITBIT_GEMM(h128_tc96_i32, 128, 96, 64, 32, 3, 32, 0, 4, 0, 1)
+VITBIT_GEMM(h128_tc96_i16_f16, 128, 96, 64, 32, 3, 16, 16, 4, 0, 1)
+VITBIT_GEMM(h128_tc96_f32, 128, 96, 64, 32, 3, 0, 32, 4, 0, 1)
+VITBIT_GEMM(h128_tc128_i32, 128, 128, 64, 32, 3, 32, 0, 4, 0, 1)
+// Hybrids on the 64-row tile: tensor cores 64 columns, CUDA cores 16.
+VITBIT_GEMM(h64_tc64_i16, 64, 64, 32, 32, 4, 16, 0, 4, 0, 2)
+VITBIT_GEMM(h64_tc64_i8_f8, 64, 64, 32, 32, 4, 8, 8, 2, 0, 2)
+// Packed 16-bit fields for 4- and 5-bit weights on the INT share.
+VITBIT_GEMM(h128_tc96_i32_field4, 128, 96, 64, 32, 3, 32, 0, 4, 4, 1)
+VITBIT_GEMM(h128_tc96_i32_field5, 128, 96, 64, 32, 3, 32, 0, 4, 5, 1)
+VITBIT_GEMM(h64_tc64_i16_field4, 64, 64, 32, 32, 4, 16, 0, 4, 4, 2)
+VITBIT_GEMM(h64_tc64_i16_field5, 64, 64, 32, 32, 4, 16, 0, 4, 5, 2)
