@@ -219,3 +219,12 @@ def test_tensorrt_free_imports():
 
     # importing the plugin layer never imports TensorRT (it is imported lazily, where installed)
     assert importlib.util.find_spec("tensorrt") is not None or "tensorrt" not in sys.modules
+
+
+def test_forced_tactics_select_a_subset():
+    assert L.select_tactics([1, 2, 3], None) == [1, 2, 3]
+    assert L.select_tactics([1, 2, 3], [3]) == [3]
+    for bad in ([4], []):
+        with pytest.raises(EdgeSDKError, match="forced tactics"):
+            L.select_tactics([1, 2, 3], bad)
+    assert L.resolve_tactic(0) == 1 and L.resolve_tactic(5) == 5

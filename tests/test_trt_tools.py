@@ -68,3 +68,18 @@ def test_one_layer_models_run_and_match_the_reference(case, dtype, tmp_path):
     i = int(np.argmax(np.abs(y.astype(np.float64))))
     off.reshape(-1)[i] = off.reshape(-1)[i] * dtype(1.01) + dtype(0.01)
     assert not compare(layer, x, off)[0]
+
+
+def test_trt_smoke_cases_are_valid_models(tmp_path):
+    """tools/trt_smoke.py's weight variants and inputs run on ONNX Runtime (so on a Jetson only TensorRT is new)."""
+    import trt_smoke
+
+    for label, op, packed in trt_smoke.variants(np.random.default_rng(1)):
+        for dtype in (np.float16, np.float32):
+            model = one_layer_model(op, packed, dtype, ["batch", trt_smoke.TOKENS, packed.node_attributes()["k"]])
+            (layer,) = plugin_layers(model)
+            x = trt_smoke.make_x(op, packed, 2, dtype, RNG)
+            path = tmp_path / f"{op}.onnx"
+            onnx.save(model, path)
+            with Engine(path, backend="onnxruntime") as eng:
+                assert compare(layer, x, eng.infer({"X": x})["Y"])[0], label

@@ -285,6 +285,17 @@ def tactics(spec: OpSpec, attrs: dict, m: int | None = None) -> list[int]:
     return ts
 
 
+def select_tactics(valid: list[int], forced: Sequence[int] | None) -> list[int]:
+    """``valid``, or only the ``forced`` ones (to build one engine per tactic); refuses unknown ones."""
+    if forced is None:
+        return valid
+    bad = [t for t in forced if t not in valid]
+    if bad or not forced:
+        raise EdgeSDKError(f"forced tactics {list(forced)} are not among the valid ones {valid}",
+                           "pick tactics from get_valid_tactics()")
+    return [int(t) for t in forced]
+
+
 def resolve_tactic(tactic: int) -> int:
     """TensorRT passes 0 when it chose no custom tactic; the launcher's default is 1."""
     return int(tactic) if int(tactic) > 0 else 1

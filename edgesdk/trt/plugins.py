@@ -66,6 +66,7 @@ def plugin_classes(op: str):
             self.phase = phase
             self.tactic = 0
             self.m_max: int | None = None
+            self.forced_tactics: list[int] | None = None  # tools/trt_smoke.py builds one engine per tactic
             self._fields: list = []  # keeps serialized buffers alive while TensorRT reads them
 
         # IPluginV3
@@ -109,7 +110,7 @@ def plugin_classes(op: str):
             return _logic.workspace_bytes(spec, self.attrs, _logic.rows(tuple(input_desc[0].max)))
 
         def get_valid_tactics(self):
-            return _logic.tactics(spec, self.attrs, self.m_max)
+            return _logic.select_tactics(_logic.tactics(spec, self.attrs, self.m_max), self.forced_tactics)
 
         def get_fields_to_serialize(self):
             ftype = trt.PluginFieldType
