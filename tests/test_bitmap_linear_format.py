@@ -211,3 +211,29 @@ def test_reference_fp16_rounding_and_tolerance():
     w[4, 17] = w[4, 17] + 0.05 if w[4, 17] else 0.05
     wrong = x.astype(np.float64) @ w.astype(np.float64).T + p.bias
     assert (np.abs(wrong - exact) > tol).any()
+
+
+def test_launcher_config_is_valid_everywhere():
+    """Launch geometry (pure Python): block ≤ 512 threads, smem ≤ 227 KB, grid covers N and M."""
+    from edgesdk.kernels import bitmap_linear as kbl
+
+    attrs = {"n": 4096, "k": 4096, "value_dtype": "float16", "has_bias": 0}
+    assert kbl.valid_tactics(attrs)[0] == 1 and kbl.workspace_bytes(attrs, 16) == 0
+    for n, k in [(1, 1), (37, 203), (4096, 4096), (896, 4864), (11008, 4096)]:
+        s, g = fmt.geometry(n, k)
+        for m in (1, 7, 16, 17, 33, 64, 513):
+            for vd in fmt.VALUE_DTYPES:
+                for xd in ("float16", "float32"):
+                    for tac in kbl.valid_tactics(attrs):
+                        for sms in (16, 132):
+                            c = kbl.config(n, k, m, xd, vd, tac, sms)
+                            assert c["block"][0] <= 512 and c["block"][0] == 32 * c["ks"] * c["spb"]
+                            assert c["smem"] <= 227 * 1024
+                            assert c["grid"][0] * c["spb"] >= s
+                            mt = int(c["name"].split("_mt")[1].split("_")[0])
+                            assert c["grid"][1] * 16 * mt >= m
+                            assert c["name"].startswith(f"bitmap_linear_{'f16' if xd == 'float16' else 'f32'}")
+    with pytest.raises(EdgeSDKError, match="tactic"):
+        kbl.config(8, 8, 1, "float16", "float16", 99)
+    with pytest.raises(EdgeSDKError, match="dtype"):
+        kbl.config(8, 8, 1, "bfloat16", "float16", 1)

@@ -1,0 +1,143 @@
+"""Launcher for ``EdgeBitmapLinear`` (``plugins/bitmap_linear/bitmap_linear.cu``): the plugin launch API.
+
+One kernel serves every M: each warp streams one 8-channel strip's compressed groups through a
+cp.async ring and decodes them into ``mma.sync.m16n8k16`` B fragments; ``MT`` m16 blocks of X share
+each decoded fragment (MT = 1 for M ≤ 16, the decode path; 2 for M ≤ 32; 4 above, the prefill path,
+grid.y covering M in 64-row tiles). Warps of a block that share a strip split K (``KS``) and are
+reduced in shared memory: no workspace, no atomics, deterministic.
+
+Where the format cannot win (a build-time decision for the rewrite pass, not made here): at random
+sparsity below ~25 % (fp16 values) the compressed bytes approach dense fp16 and cuBLAS is as fast or
+faster; for prefill (M ≫ 16) the decode work per tile is repeated per 64-row tile of M and dense
+cuBLAS is faster (see ``bench/results/bitmap_linear.json``): keep such layers dense.
+
+Tactics (``valid_tactics``): 1 = heuristic (picks KS, SPB, STAGES from M, N, K and the SM count);
+2… = fixed (strips per block, K splits, stages) configurations for TensorRT's tactic timing. Stages
+8 exist for fp16 X at M ≤ 16 only; elsewhere those tactics use 4 stages.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+from edgesdk.errors import EdgeSDKError
+from edgesdk.formats import bitmap_linear as fmt
+from edgesdk.kernels import _cuda
+
+SOURCE = "bitmap_linear/bitmap_linear.cu"
+_X = {"float16": ("f16", 2), "float32": ("f32", 4)}
+_V = {"float16": ("f16", 2), "int8": ("i8", 1)}
+#: tactic → (strips per block, K splits per strip, stages); tactic 1 is the heuristic.
+TACTICS: dict[int, tuple[int, int, int]] = {
+    2: (4, 1, 8), 3: (2, 2, 8), 4: (2, 4, 8), 5: (1, 4, 8), 6: (1, 8, 8), 7: (4, 2, 4),
+    8: (2, 4, 4), 9: (8, 1, 4), 10: (1, 16, 4), 11: (4, 4, 8),
+}
+_MAX_WARPS = 16
+
+
+def _attrs(attrs: dict) -> tuple[int, int, str, int]:
+    n, k, vd = int(attrs["n"]), int(attrs["k"]), attrs["value_dtype"]
+    vd = vd.decode() if isinstance(vd, bytes) else vd
+    if vd not in _V or n < 1 or k < 1:
+        raise EdgeSDKError(f"EdgeBitmapLinear: bad attributes n={n}, k={k}, value_dtype={vd!r}",
+                           "rebuild the node from edgesdk.formats.bitmap_linear.BitmapLinearWeights")
+    return n, k, vd, int(attrs.get("has_bias", 0))
+
+
+def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
+    """Tactic ids valid for any M (1 = heuristic, then the fixed configurations)."""
+    _attrs(attrs)
+    return [1, *TACTICS]
+
+
+def workspace_bytes(attrs: dict, m: int) -> int:
+    """No workspace: K splits are reduced in shared memory."""
+    return 0
+
+
+def _current_ctx() -> int:
+    cu = _cuda._driver()
+    _cuda.init()
+    return int(_cuda.check(cu.cuCtxGetCurrent()))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(ctx: int) -> int:
+    """SMs of the current context (a green context has fewer than the device)."""
+    cu = _cuda._driver()
+    try:
+        res = _cuda.check(cu.cuCtxGetDevResource(cu.CUcontext(ctx), cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
+        return int(res.sm.smCount)
+    except Exception:  # older drivers / bindings without green-context resources
+        dev = _cuda.check(cu.cuCtxGetDevice())
+        return int(_cuda.check(cu.cuDeviceGetAttribute(
+            cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)))
+
+
+def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int = 1,
+           sm_count: int = 132) -> dict:
+    """Kernel name, grid, block and dynamic shared memory for one launch (pure function)."""
+    if x_dtype not in _X:
+        raise EdgeSDKError(f"EdgeBitmapLinear: X dtype {x_dtype!r} is not supported",
+                           "feed float16 or float32 activations")
+    s, g = fmt.geometry(n, k)
+    mt = 1 if m <= 16 else 2 if m <= 32 else 4
+    gy = -(-m // (16 * mt))
+    if tactic == 1:
+        target = sm_count * 32  # resident warps wanted across the GPU (bytes in flight)
+        ks = max(1, min(16, -(-target // (s * gy)), g // 2 if g >= 2 else 1))
+        ks = 1 << (ks.bit_length() - 1)  # power of two
+        spb = max(1, min(8 // ks if ks < 8 else 1, s))
+        stages = 8
+    elif tactic in TACTICS:
+        spb, ks, stages = TACTICS[tactic]
+    else:
+        raise EdgeSDKError(f"EdgeBitmapLinear: tactic {tactic} is not valid",
+                           f"use one of {valid_tactics({'n': n, 'k': k, 'value_dtype': value_dtype})}")
+    if mt != 1 or x_dtype != "float16":
+        stages = 4
+    warps = spb * ks
+    assert warps <= _MAX_WARPS
+    slot = fmt.TILES_PER_GROUP * 8 + fmt.GROUP_K * fmt.STRIP * _V[value_dtype][1]
+    smem = max(warps * stages * slot, warps * mt * 4 * 32 * 4)
+    name = f"bitmap_linear_{_X[x_dtype][0]}_{_V[value_dtype][0]}_mt{mt}_s{stages}"
+    return {"name": name, "grid": (-(-s // spb), gy, 1), "block": (32 * warps, 1, 1), "smem": smem,
+            "ks": ks, "spb": spb}
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(n: int, k: int, vd: str, x_dtype: str, m: int, tactic: int, ctx: int):
+    c = config(n, k, m, x_dtype, vd, tactic, _sm_count(ctx))
+    return c, (ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(c["ks"]), ctypes.c_int(c["spb"]))
+
+
+def launch(attrs: dict, x_dtype: str, m: int, inputs: list[int], outputs: list[int], stream: int,
+           tactic: int = 1, workspace: int = 0) -> None:
+    """Enqueue ``Y = X · Wᵀ · diag(scales) + bias`` on ``stream``.
+
+    Args:
+        attrs (dict): Node attributes (``n``, ``k``, ``value_dtype``, ``has_bias``).
+        x_dtype (str): ``"float16"`` or ``"float32"`` (Y has the same dtype).
+        m (int): Rows of X (product of its leading dims).
+        inputs (list[int]): Device pointers ``[X, bitmaps, values, offsets, scales, (bias)]``, all
+            16-byte aligned (TensorRT and torch allocations are).
+        outputs (list[int]): ``[Y]``.
+        stream (int): ``cudaStream_t``.
+        tactic (int): From :func:`valid_tactics`.
+        workspace (int): Unused (``workspace_bytes`` is 0).
+
+    No allocation, no host synchronisation; the module is compiled once and cached.
+    """
+    n, k, vd, has_bias = _attrs(attrs)
+    if m <= 0:
+        return
+    want = 6 if has_bias else 5
+    if len(inputs) != want or len(outputs) != 1:
+        raise EdgeSDKError(f"EdgeBitmapLinear: expected {want} inputs and 1 output, got {len(inputs)} and "
+                           f"{len(outputs)}", "pass [X, bitmaps, values, offsets, scales(, bias)] and [Y]")
+    c, ints = _plan(n, k, vd, x_dtype, int(m), int(tactic), _current_ctx())
+    kern = _cuda.get_kernel(SOURCE, c["name"])
+    bias = inputs[5] if has_bias else 0
+    args = [ctypes.c_void_p(p) for p in (*inputs[:5], bias, outputs[0])] + list(ints)
+    kern.launch(c["grid"], c["block"], args, stream, c["smem"])

@@ -1,0 +1,269 @@
+// EdgeBitmapLinear: Y[M, N] = X[M, K] · Wᵀ · diag(scales) + bias, W in the bitmap format of
+// edgesdk/formats/bitmap_linear.py (8-row strips, 64-column groups of eight 8×8 tiles, one uint64
+// bitmap per tile, packed fp16 or int8 values, int32 group offsets, 16-byte-aligned groups).
+//
+// "Load as compressed, compute as dense": each warp owns one strip (8 output channels) and a
+// contiguous range of its groups. It streams the compressed bytes of those groups (bitmaps + values,
+// one contiguous 16-byte-aligned range) into a private shared-memory ring with cp.async (STAGES
+// groups in flight), then decodes every 8×8 tile straight into an mma.sync.m16n8k16 B fragment:
+// lane l holds tile bits 2l and 2l+1, whose values sit at popcount(bitmap & ((1<<2l)-1)) after the
+// tile's start. X (A operand, M rows) is read from global memory (L1/L2 resident) per fragment with
+// bounds checks, so M is never padded in memory; MT m16 blocks per warp reuse one decoded B fragment.
+// Accumulation is fp32 on tensor cores; fp32 X is split into hi + lo fp16 halves (two mma).
+// Warps of a block that share a strip split K and are reduced through shared memory at the end.
+//
+// Ampere instructions only (mma.sync, cp.async, popc); compiled for sm_87 and sm_90.
+// Launch: grid (ceil(S / SPB), ceil(M / (16·MT))), block 32·SPB·KS threads (warp w: strip
+// blockIdx.x·SPB + w / KS, K split w % KS), dynamic smem = bitmap_linear_smem_bytes(...).
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kGroupK = 64;
+constexpr int kTiles = 8;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(__half lo, __half hi) {
+  return static_cast<uint32_t>(__half_as_ushort(lo)) | (static_cast<uint32_t>(__half_as_ushort(hi)) << 16);
+}
+
+// Stored value → fp16 (int8 values are exact in fp16).
+__device__ __forceinline__ __half to_half(__half v) { return v; }
+__device__ __forceinline__ __half to_half(int8_t v) { return __short2half_rn(static_cast<short>(v)); }
+
+// X[m, k], X[m, k+1] as fp16 pairs (hi part, and lo part for fp32 X); zero outside [M, K].
+// k is even; when K is even every pair is aligned and in bounds.
+struct XPair { uint32_t hi, lo; };
+
+__device__ __forceinline__ XPair load_x(const __half* __restrict__ X, int M, int K, bool k_even, int m, int k) {
+  XPair r{0u, 0u};
+  if (m < M && k < K) {
+    const __half* p = X + static_cast<size_t>(m) * K + k;
+    if (k_even) {
+      r.hi = __ldg(reinterpret_cast<const unsigned int*>(p));
+    } else {
+      __half a = p[0];
+      __half b = (k + 1 < K) ? p[1] : __ushort_as_half(0);
+      r.hi = pack_half2(a, b);
+    }
+  }
+  return r;
+}
+
+__device__ __forceinline__ XPair load_x(const float* __restrict__ X, int M, int K, bool k_even, int m, int k) {
+  XPair r{0u, 0u};
+  if (m < M && k < K) {
+    const float* p = X + static_cast<size_t>(m) * K + k;
+    float a, b;
+    if (k_even) {
+      float2 v = __ldg(reinterpret_cast<const float2*>(p));
+      a = v.x; b = v.y;
+    } else {
+      a = p[0];
+      b = (k + 1 < K) ? p[1] : 0.f;
+    }
+    __half ah = __float2half_rn(a), bh = __float2half_rn(b);
+    r.hi = pack_half2(ah, bh);
+    r.lo = pack_half2(__float2half_rn(a - __half2float(ah)), __float2half_rn(b - __half2float(bh)));
+  }
+  return r;
+}
+
+__device__ __forceinline__ void store_y(__half* Y, size_t i, float v) { Y[i] = __float2half_rn(v); }
+__device__ __forceinline__ void store_y(float* Y, size_t i, float v) { Y[i] = v; }
+
+// One 8×8 tile → this lane's two B-fragment values (bits 2·lane, 2·lane+1) as a half2.
+template <typename VT>
+__device__ __forceinline__ uint32_t decode_tile(uint64_t bm, const VT* vals, int lane) {
+  const int sh = 2 * lane;
+  const uint32_t two = static_cast<uint32_t>(bm >> sh) & 3u;
+  const int idx = __popcll(bm & ((1ull << sh) - 1ull));
+  __half v0 = __ushort_as_half(0), v1 = __ushort_as_half(0);
+  if (two & 1u) v0 = to_half(vals[idx]);
+  if (two & 2u) v1 = to_half(vals[idx + (two & 1u)]);
+  return pack_half2(v0, v1);
+}
+
+template <typename VT>
+__host__ __device__ constexpr int slot_bytes() {
+  return kTiles * 8 + kGroupK * 8 * static_cast<int>(sizeof(VT));
+}
+
+template <typename XT, typename VT, int MT, int STAGES>
+__device__ __forceinline__ void bitmap_linear_body(
+    const XT* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
+    const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,
+    XT* __restrict__ Y, int M, int N, int K, int KS, int SPB) {
+  constexpr bool kSplitX = sizeof(XT) == 4;
+  constexpr int kSlot = slot_bytes<VT>();
+  extern __shared__ __align__(16) uint8_t smem[];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int S = (N + 7) >> 3;
+  const int G = (K + kGroupK - 1) / kGroupK;
+  const int strip = blockIdx.x * SPB + warp / KS;
+  const int ks = warp % KS;
+  const bool active = strip < S;
+  const int g0 = static_cast<int>((static_cast<long long>(G) * ks) / KS);
+  const int g1 = static_cast<int>((static_cast<long long>(G) * (ks + 1)) / KS);
+  const int ng = active ? g1 - g0 : 0;
+  const int mbase = blockIdx.y * (16 * MT);
+  const bool k_even = (K & 1) == 0;
+  const int gid = lane >> 2, t4 = lane & 3;
+
+  uint8_t* ring = smem + static_cast<size_t>(warp) * STAGES * kSlot;
+  const size_t gbase = static_cast<size_t>(strip) * G + g0;  // first global group index of this warp
+  const size_t ngroups_total = static_cast<size_t>(S) * G;
+
+  // Offsets window: lane j holds offsets[gbase + wbase + j]; refreshed every 31 groups.
+  int wbase = 0;
+  int win = 0;
+  auto load_win = [&](int base) {
+    wbase = base;
+    const size_t i = gbase + base + lane;
+    win = (active && i <= ngroups_total) ? __ldg(offsets + i) : 0;
+  };
+  load_win(0);
+
+  auto issue = [&](int j) {  // cp.async group j of this warp into slot j % STAGES (warp-uniform j)
+    if (j < ng) {
+      if (j - wbase >= 31) load_win(j);
+      const int start = __shfl_sync(0xffffffffu, win, j - wbase);
+      const int end = __shfl_sync(0xffffffffu, win, j - wbase + 1);
+      const int nchunks = 4 + ((end - start) * static_cast<int>(sizeof(VT))) / 16;
+      uint8_t* slot = ring + (j % STAGES) * kSlot;
+      const uint8_t* bsrc = bitmaps + (gbase + j) * (kTiles * 8);
+      const uint8_t* vsrc = reinterpret_cast<const uint8_t*>(values + start);
+      for (int c = lane; c < nchunks; c += 32)
+        cp_async16(slot + 16 * c, c < 4 ? bsrc + 16 * c : vsrc + 16 * (c - 4));
+    }
+    cp_commit();
+  };
+
+  float acc[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[mt][r] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) issue(s);
+
+  for (int i = 0; i < ng; ++i) {
+    issue(i + STAGES - 1);
+    cp_wait<STAGES - 1>();
+    __syncwarp();
+    const uint8_t* slot = ring + (i % STAGES) * kSlot;
+    uint64_t bm[kTiles];
+#pragma unroll
+    for (int t = 0; t < kTiles; t += 2) {
+      const uint4 v = *reinterpret_cast<const uint4*>(slot + 8 * t);
+      bm[t] = (static_cast<uint64_t>(v.y) << 32) | v.x;
+      bm[t + 1] = (static_cast<uint64_t>(v.w) << 32) | v.z;
+    }
+    const VT* vals = reinterpret_cast<const VT*>(slot + kTiles * 8);
+    const int kg = (g0 + i) * kGroupK;
+    int voff = 0;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t m0 = bm[2 * kk], m1 = bm[2 * kk + 1];
+      const uint32_t b0 = decode_tile<VT>(m0, vals + voff, lane);
+      voff += __popcll(m0);
+      const uint32_t b1 = decode_tile<VT>(m1, vals + voff, lane);
+      voff += __popcll(m1);
+      const int k = kg + kk * 16 + 2 * t4;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int m = mbase + mt * 16 + gid;
+        if (mbase + mt * 16 >= M) break;  // warp-uniform
+        const XPair x0 = load_x(X, M, K, k_even, m, k);
+        const XPair x1 = load_x(X, M, K, k_even, m + 8, k);
+        const XPair x2 = load_x(X, M, K, k_even, m, k + 8);
+        const XPair x3 = load_x(X, M, K, k_even, m + 8, k + 8);
+        const uint32_t ahi[4] = {x0.hi, x1.hi, x2.hi, x3.hi};
+        mma16816(acc[mt], ahi, b0, b1);
+        if (kSplitX) {
+          const uint32_t alo[4] = {x0.lo, x1.lo, x2.lo, x3.lo};
+          mma16816(acc[mt], alo, b0, b1);
+        }
+      }
+    }
+    __syncwarp();
+  }
+  cp_wait<0>();
+
+  // Reduce the KS K-splits of each strip through shared memory (reusing the ring).
+  float* red = reinterpret_cast<float*>(smem);
+  if (KS > 1) {
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) red[((warp * MT + mt) * 4 + r) * 32 + lane] = acc[mt][r];
+    __syncthreads();
+    if (ks != 0) return;
+    for (int o = 1; o < KS; ++o)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[mt][r] += red[(((warp + o) * MT + mt) * 4 + r) * 32 + lane];
+  }
+  if (!active) return;
+  const int n0 = strip * 8 + 2 * t4;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int n = n0 + j;
+    if (n >= N) continue;
+    const float sc = scales[n];
+    const float bi = bias ? bias[n] : 0.f;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int m = mbase + mt * 16 + gid;
+      if (m < M) store_y(Y, static_cast<size_t>(m) * N + n, acc[mt][j] * sc + bi);
+      if (m + 8 < M) store_y(Y, static_cast<size_t>(m + 8) * N + n, acc[mt][2 + j] * sc + bi);
+    }
+  }
+}
+
+}  // namespace
+
+// extern "C" entry points: bitmap_linear_<x dtype>_<value dtype>_mt<MT>_s<STAGES>.
+#define EDGESDK_BITMAP_LINEAR(XT, XN, VT, VN, MT, ST)                                                   \
+  extern "C" __global__ void __launch_bounds__(512, 1) bitmap_linear_##XN##_##VN##_mt##MT##_s##ST(         \
+      const XT* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,     \
+      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias, \
+      XT* __restrict__ Y, int M, int N, int K, int KS, int SPB) {                                        \
+    bitmap_linear_body<XT, VT, MT, ST>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, SPB);  \
+  }
+
+#define EDGESDK_BITMAP_LINEAR_MT(XT, XN, VT, VN, ST) \
+  EDGESDK_BITMAP_LINEAR(XT, XN, VT, VN, 1, ST)       \
+  EDGESDK_BITMAP_LINEAR(XT, XN, VT, VN, 2, ST)       \
+  EDGESDK_BITMAP_LINEAR(XT, XN, VT, VN, 4, ST)
+
+EDGESDK_BITMAP_LINEAR_MT(__half, f16, __half, f16, 4)
+EDGESDK_BITMAP_LINEAR_MT(__half, f16, int8_t, i8, 4)
+EDGESDK_BITMAP_LINEAR_MT(float, f32, __half, f16, 4)
+EDGESDK_BITMAP_LINEAR_MT(float, f32, int8_t, i8, 4)
+EDGESDK_BITMAP_LINEAR(__half, f16, __half, f16, 1, 8)
+EDGESDK_BITMAP_LINEAR(__half, f16, int8_t, i8, 1, 8)
