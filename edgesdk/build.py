@@ -27,7 +27,7 @@ from edgesdk.devices import DeviceProfile, get_profile
 from edgesdk.errors import EdgeSDKError
 from edgesdk.inspect import find_linears, quant_state
 from edgesdk.manifest import MANIFEST_NAME, make_manifest, tensorrt_version
-from edgesdk.onnx_io import graph_inputs, input_specs, load_model, opset, save_model, sha256_file, tensor_dims
+from edgesdk.onnx_io import _umask, graph_inputs, input_specs, load_model, opset, save_model, sha256_file, tensor_dims
 from edgesdk.quantize import check_not_qoperator, quantize_int8, select_layers
 from edgesdk.report import REPORT_NAME, write_json
 
@@ -166,6 +166,7 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    os.chmod(tmp, 0o777 & ~_umask())
     try:
         with step("Write the build folder"):
             onnx_path = save_model(processed, tmp / MODEL_NAME)

@@ -24,6 +24,12 @@ EXTERNAL_DATA_BYTES = 1_800_000_000
 EXPORT_FIX = "re-export it with torch.onnx.export(..., opset_version=17) or check the file is complete."
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -120,6 +126,7 @@ def save_model(model: onnx.ModelProto, path: Path | str) -> Path:
             os.replace(Path(tmp).parent / data_name, path.parent / data_name)
         else:
             onnx.save_model(model, tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 
 from rich.console import Console
+
+from edgesdk.onnx_io import _umask
 from rich.table import Table
 
 REPORT_NAME = "report.json"
@@ -21,6 +23,7 @@ def write_json(path: Path, data: dict) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2, default=str)
             f.write("\n")
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -47,7 +50,9 @@ def print_summary(report: dict, console: Console | None = None) -> None:
     """Layers, verification and engine status of a build report, as rich tables."""
     console = console or Console()
     layers = report.get("layers", [])
-    if len(layers) > 24:
+    if not layers:
+        pass
+    elif len(layers) > 24:
         shown = layers[:12] + layers[-4:]
         console.print(layers_table(shown, f"Linear layers ({len(layers)}; first 12 and last 4 shown, all in report.json)"))
     else:

@@ -42,6 +42,8 @@ def verify(original: onnx.ModelProto, processed: onnx.ModelProto, feeds: list[di
     results = Comparator.run(runners, data_loader=feeds)
     compare = SimpleCompareFunc(atol=config.atol, rtol=config.rtol, check_error_stat="mean")
     accuracy = Comparator.compare_accuracy(results, compare_func=compare)
+    if not hasattr(accuracy, "values"):  # polygraphy >= 0.53: AccuracyResults, one AccuracyResult per compare func
+        accuracy = accuracy[0]
     verdicts: dict[str, bool] = {}
     for iteration in next(iter(accuracy.values())):
         for name, res in iteration.items():
