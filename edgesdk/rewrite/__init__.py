@@ -119,6 +119,39 @@ def _rows(dims: list | None, trans_a: bool) -> int:
     return int(np.prod([d if d else 1 for d in lead], dtype=np.int64)) if lead else 1
 
 
+def _probe_rows(model: onnx.ModelProto, tensors: Sequence[str]) -> dict[str, list[int]]:
+    """Shapes of ``tensors`` when the model runs once with every symbolic input dim set to 1.
+
+    Static shape inference loses dims behind Reshape/Shape arithmetic; one ONNX Runtime run on
+    zeros (batch 1, one token) gives the exact rows per call the ``auto`` rule reasons about.
+    Returns ``{}`` when the model cannot run that way (then shape inference is used).
+    """
+    from edgesdk.ort import make_session
+
+    dtypes = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.INT64: np.int64,
+              TensorProto.INT32: np.int32, TensorProto.BOOL: np.bool_, TensorProto.DOUBLE: np.float64}
+    inits = {t.name for t in model.graph.initializer}
+    feed = {}
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        t = i.type.tensor_type
+        if t.elem_type not in dtypes:
+            return {}
+        feed[i.name] = np.zeros([d.dim_value if d.dim_value > 0 else 1 for d in t.shape.dim], dtypes[t.elem_type])
+    m = _copy(model)
+    have = {o.name for o in m.graph.output}
+    wanted = [t for t in dict.fromkeys(tensors) if t not in feed]
+    m.graph.output.extend(onnx.ValueInfoProto(name=t) for t in wanted if t not in have)
+    try:
+        sess = make_session(m)
+        outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
+    except Exception:
+        return {}
+    outs.update(feed)
+    return {t: list(outs[t].shape) for t in tensors if t in outs}
+
+
 # ----------------------------------------------------------------------------------------- calibration
 def _feeds(calibration) -> list[dict[str, np.ndarray]]:
     if calibration is None:
@@ -284,6 +317,7 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None
                 qw[name] = (np.where(keep, q, 0).astype(np.int8), s, p)
 
     # 3. choose, pack, replace
+    probed = _probe_rows(model, [ix.nodes[li.node].input[0] for li in chosen]) if kernels == "auto" else {}
     report: list[dict] = []
     taken = {t.name for t in model.graph.initializer} | {o for n in model.graph.node for o in n.output} \
         | {i.name for i in model.graph.input}
@@ -307,7 +341,8 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None
         mm = ix.nodes[li.node]
         x_tensor = mm.input[0]
         x_type = types.get(x_tensor) or types.get(li.input)
-        facts = LayerFacts(li.name, li.k, li.n, _rows(x_type[1] if x_type else None, li.trans_a),
+        dims = probed.get(x_tensor) or (x_type[1] if x_type else None)
+        facts = LayerFacts(li.name, li.k, li.n, _rows(dims, li.trans_a),
                            q is not None, x_scale is not None, row["sparsity"], wproblem)
         kernel, reason = choose(facts, kernels, device)
         if kernel != "none" and (x_type is None or x_type[0] not in _FLOATS):
