@@ -200,3 +200,29 @@ def test_bits_range_checked():
         F.output_shape((16,), p.node_attributes())
     with pytest.raises(FormatError, match="last dim"):
         F.output_shape((2, 41), p.node_attributes())
+
+
+def test_launcher_tactics_and_workspace_without_gpu():
+    from edgesdk.errors import EdgeSDKError
+    from edgesdk.kernels import vitbit_gemm as K
+
+    a = {"n": 768, "k": 768, "bits": 8, "x_scale": 0.02, "has_bias": 1, "gelu": 0}
+    small, big = K.valid_tactics(a, 197), K.valid_tactics(a, 197 * 32)
+    assert small[0] == K.TC_ONLY == 1 and {4, 5, 10, 11, 12, 14, 15} <= set(small)
+    assert not {4, 5, 6, 7} & set(big) and not {20, 21} & set(small)
+    assert {20, 21} <= set(K.valid_tactics(dict(a, bits=4), 197))
+    assert K.workspace_bytes(a, 197) == 197 * 768 + 4 * 4 * 197 * 768
+    assert K.workspace_bytes(a, 197 * 32) == 197 * 32 * 768
+    for t in K.valid_tactics(dict(a, bits=5)):
+        cfg, _ = K.config(t, 5)
+        assert cfg.threads % 32 == 0 and cfg.smem <= 163 * 1024  # Orin's per-block shared memory
+    with pytest.raises(EdgeSDKError, match="needs 4- or 5-bit"):
+        K.config(20, 8)
+    with pytest.raises(EdgeSDKError, match="unknown tactic"):
+        K.config(99)
+    with pytest.raises(EdgeSDKError, match="workspace"):
+        K.launch(a, "float16", 4, [1, 2, 3, 4], [5], 0, 1)
+    with pytest.raises(EdgeSDKError, match="float16 or float32"):
+        K.launch(a, "bfloat16", 4, [1, 2, 3, 4], [5], 0, 1, workspace=8)
+    with pytest.raises(EdgeSDKError, match="expected 4 inputs"):
+        K.launch(a, "float16", 4, [1, 2, 3], [5], 0, 1, workspace=8)

@@ -1,0 +1,154 @@
+"""EdgeVitBitGemm kernels vs the numpy reference: every tactic bit-exact, at the exactness bounds (GPU)."""
+
+import numpy as np
+import pytest
+
+from edgesdk.formats import vitbit_gemm as F
+from edgesdk.kernels import vitbit_gemm as K
+from edgesdk.reference import vitbit_gemm as R
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+
+def run(p: F.VitBitWeights, x: np.ndarray, tactic: int, graph: bool = False) -> np.ndarray:
+    """Launch on the GPU with Y and the workspace poisoned; returns Y as numpy."""
+    dev = "cuda"
+    m = int(np.prod(x.shape[:-1]))
+    xt = torch.from_numpy(np.ascontiguousarray(x)).to(dev)
+    t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in p.to_tensors().items()}
+    y = torch.full(x.shape[:-1] + (p.n,), float("nan"), dtype=xt.dtype, device=dev)
+    ws = torch.full((max(K.workspace_bytes(p.node_attributes(), m), 1),), 0x7F, dtype=torch.uint8, device=dev)
+    ins = [xt.data_ptr()] + [t[n].data_ptr() for n in F.TENSOR_NAMES if n in t]
+    dtype = "float16" if x.dtype == np.float16 else "float32"
+    s = torch.cuda.current_stream()
+
+    def go():
+        K.launch(p.node_attributes(), dtype, m, ins, [y.data_ptr()], s.cuda_stream, tactic, workspace=ws.data_ptr())
+
+    if graph:
+        go()  # compile and load outside the capture
+        torch.cuda.synchronize()
+        y.fill_(float("nan"))
+        ws.fill_(0x7F)
+        g = torch.cuda.CUDAGraph()
+        cs = torch.cuda.Stream()
+        with torch.cuda.stream(cs):
+            s = cs
+            with torch.cuda.graph(g, stream=cs):
+                go()
+        g.replay()
+    else:
+        go()
+    torch.cuda.synchronize()
+    return y.cpu().numpy()
+
+
+def _layer(rng, n, k, bits=8, bias=True, gelu=False, x_scale=0.02):
+    lo, hi = F.weight_range(bits)
+    w = rng.integers(lo, hi + 1, (n, k)).astype(np.int8)
+    w.flat[rng.integers(0, w.size, max(1, w.size // 50))] = lo  # make sure the extreme value occurs
+    s = rng.uniform(0.002, 0.03, n).astype(np.float32)
+    b = rng.normal(0, 2, n).astype(np.float32) if bias else None
+    return F.VitBitWeights.pack(w, s, bits, bias=b, x_scale=x_scale, gelu=gelu)
+
+
+def _x_full_range(rng, shape, x_scale, dtype):
+    """Activations whose quantized values cover [-128, 127] (ends included) plus clipped outliers."""
+    q = rng.integers(-128, 128, shape).astype(np.float64)
+    x = q * x_scale + rng.uniform(-0.45, 0.45, shape) * x_scale
+    x.flat[rng.integers(0, x.size, max(1, x.size // 40))] = -1000 * x_scale
+    x.flat[rng.integers(0, x.size, max(1, x.size // 40))] = 1000 * x_scale
+    return x.astype(dtype)
+
+
+SHAPES = [((1, 37), 48, 40), ((3, 67), 200, 77), ((197,), 768, 257), ((300,), 1040, 130), ((2, 261), 1328, 96)]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("lead, k, n", SHAPES)
+def test_every_tactic_bit_exact(lead, k, n, dtype):
+    rng = np.random.default_rng(k * 7 + n)
+    p = _layer(rng, n, k, bias=(k % 2 == 0))
+    x = _x_full_range(rng, lead + (k,), p.x_scale, dtype)
+    q = R.quantize_activations(x.reshape(-1, k), p.x_scale)
+    assert q.min() == -128 and q.max() == 127
+    ref = R.vitbit_gemm(x, p)
+    m = int(np.prod(lead))
+    tactics = K.valid_tactics(p.node_attributes(), m)
+    assert 1 in tactics and len(tactics) >= 10
+    for t in tactics:
+        y = run(p, x, t)
+        bad = ~((y == ref) | (np.isnan(y) & np.isnan(ref)))
+        assert not bad.any(), f"tactic {t} ({K.config(t)[0].name}): {bad.sum()} of {bad.size} differ"
+
+
+@pytest.mark.parametrize("bits", [4, 5])
+def test_sub8bit_field_tactics_at_the_bound(bits):
+    """Worst case for the packed fields: all q = -128 times the most negative weight (largest positive
+    product) in every column of a pair, over a K that is not a multiple of the flush interval."""
+    rng = np.random.default_rng(bits)
+    n, k = 70, 1000
+    lo, _ = F.weight_range(bits)
+    w = np.full((n, k), lo, np.int8)
+    w[1::4] = -lo - 1  # neighbouring field at the negative extreme
+    p = F.VitBitWeights.pack(w, np.full(n, 0.01, np.float32), bits, x_scale=0.05)
+    x = np.full((133, k), -1000.0, np.float32)
+    x[::3] = 1000.0
+    ref = R.vitbit_gemm(x, p)
+    for t in K.valid_tactics(p.node_attributes(), 133):
+        assert np.array_equal(run(p, x, t), ref), f"tactic {t}"
+    p2 = _layer(rng, 93, 333, bits=bits)
+    x2 = _x_full_range(rng, (77, 333), p2.x_scale, np.float16)
+    ref2 = R.vitbit_gemm(x2, p2)
+    for t in (20, 21, 10, 1):
+        assert np.array_equal(run(p2, x2, t), ref2), f"tactic {t}"
+
+
+def test_fp_share_at_the_2pow24_bound():
+    """Partial sum exactly 2^24 over 1024 values of K, then +1: exact only because the FP warps flush
+    to int32 every 1024 values (an fp32 accumulator would stay at 2^24)."""
+    n, k = 64, 2048
+    w = np.full((n, k), -128, np.int8)
+    w[:, 1024:] = 1
+    p = F.VitBitWeights.pack(w, np.full(n, 1.0, np.float32), x_scale=1.0)
+    x = np.full((40, k), -128.0, np.float32)
+    x[:, 1024:] = 0.0
+    x[:, 1024] = 1.0
+    ref = R.vitbit_gemm(x, p)
+    assert R.int_gemm(R.quantize_activations(x, 1.0), p.w_q())[0, 0] == 2**24 + 1
+    for t in K.valid_tactics(p.node_attributes(), 40):
+        assert np.array_equal(run(p, x, t), ref), f"tactic {t}"
+
+
+def test_int32_bound_k_max():
+    """K = 131071 with every product (-128)(-128): acc = 2^31 - 16384, no overflow in any tactic."""
+    n, k = 40, F.K_MAX
+    p = F.VitBitWeights.pack(np.full((n, k), -128, np.int8), np.full(n, 1.0, np.float32), x_scale=1.0)
+    x = np.full((17, k), -200.0, np.float32)
+    ref = R.vitbit_gemm(x, p)
+    assert ref[0, 0] == np.float32(k * 16384)
+    for t in K.valid_tactics(p.node_attributes(), 17):
+        assert np.array_equal(run(p, x, t), ref), f"tactic {t}"
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_gelu_tight_tolerance(dtype):
+    """GELU uses erff in fp32 on the GPU: not bit-exact with numpy's float64 erf, so a tight tolerance."""
+    rng = np.random.default_rng(11)
+    p = _layer(rng, 136, 256, gelu=True, x_scale=0.05)
+    x = _x_full_range(rng, (150, 256), p.x_scale, dtype)
+    ref = R.vitbit_gemm(x, p).astype(np.float64)
+    tol = dict(rtol=2e-3, atol=1e-3) if dtype == np.float16 else dict(rtol=2e-6, atol=2e-6)
+    for t in (1, 3, 5, 11, 15):
+        np.testing.assert_allclose(run(p, x, t).astype(np.float64), ref, **tol)
+
+
+def test_cuda_graph_capture():
+    rng = np.random.default_rng(5)
+    p = _layer(rng, 96, 160)
+    x = _x_full_range(rng, (70, 160), p.x_scale, np.float16)
+    ref = R.vitbit_gemm(x, p)
+    for t in (1, 5, 11):
+        assert np.array_equal(run(p, x, t, graph=True), ref)
