@@ -112,6 +112,9 @@ class GraphIndex:
                 for a in n.attribute:
                     if a.name == "value":
                         self.constants[n.output[0]] = a.t
+            elif n.op_type == "Identity" and n.input[0] in self.constants:
+                # torch.onnx's legacy exporter dedups equal initializers (e.g. all-zero biases) this way
+                self.constants[n.output[0]] = self.constants[n.input[0]]
         self.graph_outputs = {o.name for o in g.output}
 
     def const(self, name: str) -> onnx.TensorProto | None:
@@ -204,10 +207,11 @@ def _find_bias(ix: GraphIndex, tensor: str, n: int) -> tuple[onnx.NodeProto, str
 
 
 def _clean_name(s: str) -> str:
-    s = s.strip("/")
-    s = re.sub(r"/(MatMul|Gemm|Add|MatMulAddFusion)(_\d+)?$", "", s)
-    s = s.replace("/", ".")
-    return s or "linear"
+    """``/blocks/blocks.0/attn/proj/MatMul`` → ``blocks.0.attn.proj`` (torch scope names repeat parents)."""
+    s = re.sub(r"/(MatMul|Gemm|Add|MatMulAddFusion)(_\d+)?$", "", s.strip("/"))
+    parts = [p for p in s.split("/") if p]
+    keep = [p for i, p in enumerate(parts) if not (i + 1 < len(parts) and parts[i + 1].startswith(p + "."))]
+    return ".".join(keep) or "linear"
 
 
 def _layer_name(node: onnx.NodeProto, weight: str, bias: str | None) -> str:

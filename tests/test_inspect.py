@@ -112,3 +112,20 @@ def test_quant_state_qoperator(op):
     m, _ = _model()
     m.graph.node.append(helper.make_node(op, ["x"], ["z"], name="q"))
     assert quant_state(m) == "qoperator"
+
+
+def test_identity_shared_bias_and_scope_names():
+    """torch.onnx legacy dedups equal initializers through Identity nodes; scope names repeat parents."""
+    w = RNG.standard_normal((K, N1)).astype(np.float32)
+    b = np.zeros(N1, np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Identity", ["shared.bias"], ["dup"], name="Identity_3"),
+         helper.make_node("MatMul", ["x", "onnx::MatMul_9"], ["m"], name="/blocks/blocks.0/attn/proj/MatMul"),
+         helper.make_node("Add", ["dup", "m"], ["y"], name="/blocks/blocks.0/attn/proj/Add")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, N1])],
+        [numpy_helper.from_array(w, "onnx::MatMul_9"), numpy_helper.from_array(b, "shared.bias")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    (li,) = find_linears(m)
+    assert li.name == "blocks.0.attn.proj" and li.bias == "dup" and li.output == "y"
+    np.testing.assert_array_equal(bias_values(m, li), b)
