@@ -1,6 +1,6 @@
 """Load, validate and save ONNX models; resolve input shapes.
 
-Saving is atomic (temp name + ``os.replace``) and writes IR version ≤ 10, which ONNX Runtime
+Saving is atomic (temp name + ``os.replace``) and writes IR version 10, which ONNX Runtime
 1.18+ and TensorRT 10.x read (onnx 1.23 would write IR 14 otherwise: ``../shared/TRT_NOTES.md`` §4).
 """
 
@@ -109,13 +109,13 @@ def ensure_node_names(model: onnx.ModelProto) -> None:
 
 
 def save_model(model: onnx.ModelProto, path: Path | str) -> Path:
-    """Write ``model`` to ``path`` atomically with IR version ≤ 10 (external data when > ~1.8 GB).
+    """Write ``model`` to ``path`` atomically with IR version 10 (external data when > ~1.8 GB).
 
     Returns:
         The path written.
     """
     path = Path(path)
-    model.ir_version = min(model.ir_version, IR_VERSION)
+    model.ir_version = IR_VERSION
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:

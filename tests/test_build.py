@@ -1,0 +1,136 @@
+"""The build pipeline on the bundled digits ViT: folder contents, report/manifest contracts, atomicity, check."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from edgesdk.build import build, check_build
+from edgesdk.config import BuildConfig
+from edgesdk.errors import EdgeSDKError
+from edgesdk.inspect import find_linears, quant_state
+from edgesdk.onnx_io import sha256_file
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS = ROOT / "models" / "digits_vit.onnx"
+CALIB = ROOT / "calibration" / "digits.npz"
+LAYER_KEYS = {"name", "kind", "shape", "quantized", "sparsity", "kernel", "bytes_dense", "bytes_packed", "reason"}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    out = tmp_path_factory.mktemp("b") / "digits"
+    cfg = BuildConfig(output=out, calibration=CALIB, kernels="none", calibration_count=32, verify_count=8)
+    return out, build(DIGITS, cfg)
+
+
+def test_build_folder_contents(built):
+    out, report = built
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model.onnx", "report.json"]
+    assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(report, default=str))
+    m = onnx.load(str(out / "model.onnx"))
+    assert m.ir_version == 10 and quant_state(m) == "qdq"
+    assert all(li.quantized for li in find_linears(m))
+    assert not list(out.parent.glob(".digits.*")), "temporary folders left behind"
+
+
+def test_report_contract(built):
+    out, r = built
+    assert r["device"]["name"] == "orin" and r["device"]["compute_capability"] == "8.7"
+    assert r["model"]["sha256"] == sha256_file(DIGITS) and r["model"]["path"] == str(DIGITS)
+    assert r["model"]["inputs"] == [{"name": "x", "dtype": "float", "shape": ["batch", 1, 8, 8]}]
+    assert r["model"]["outputs"][0]["name"] == "logits"
+    assert len(r["layers"]) == 9  # 2 blocks × (qkv, proj, fc1, fc2) + head
+    for row in r["layers"]:
+        assert set(row) == LAYER_KEYS
+        assert row["quantized"] and row["kernel"] == "none" and row["reason"] == "kernels=none"
+        k, n = row["shape"]
+        assert row["bytes_dense"] == k * n + 4 * n
+    assert {row["name"] for row in r["layers"]} >= {"blocks.0.qkv", "blocks.1.fc2", "head"}
+    (v,) = r["verify"]
+    assert v["output"] == "logits" and v["samples"] == 8 and v["runners"] == ["onnxrt-original", "onnxrt-processed"]
+    assert v["passed"] and v["cosine"] > 0.999 and v["top1_agreement"] >= 0.875 and 0 < v["max_abs"] < 1
+    assert r["verified"] is True
+    assert r["engine"]["built"] is False and "TensorRT" in r["engine"]["reason"]
+
+
+def test_manifest_hashes_every_file(built):
+    out, _ = built
+    man = json.loads((out / "manifest.json").read_text())
+    assert set(man["files"]) == {"model.onnx", "report.json"}
+    for name, digest in man["files"].items():
+        assert sha256_file(out / name) == digest
+    assert man["inputs"]["model"]["sha256"] == sha256_file(DIGITS)
+    assert man["inputs"]["calibration"]["sha256"] == sha256_file(CALIB)
+    v = man["versions"]
+    assert v["onnx"] == onnx.__version__ and v["tensorrt"] == "absent" and v["edgesdk"]
+    assert man["device"]["name"] == "orin" and man["engine"]["built"] is False
+
+
+def test_check_reverifies_and_detects_tampering(built, tmp_path):
+    out, report = built
+    rows = check_build(out)
+    assert rows[0]["max_abs"] == pytest.approx(report["verify"][0]["max_abs"]) and rows[0]["passed"]
+    failing = check_build(out, overrides={"min_cosine": 1.0, "atol": 0.0, "rtol": 0.0})
+    assert not failing[0]["passed"]
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for p in out.iterdir():
+        (copy / p.name).write_bytes(p.read_bytes())
+    data = bytearray((copy / "model.onnx").read_bytes())
+    data[-1] ^= 1
+    (copy / "model.onnx").write_bytes(bytes(data))
+    with pytest.raises(EdgeSDKError, match="changed since the build"):
+        check_build(copy)
+    other = onnx.load(str(DIGITS))
+    other.doc_string = "a different model"
+    onnx.save(other, str(tmp_path / "other.onnx"))
+    with pytest.raises(EdgeSDKError, match="not the model this folder was built from"):
+        check_build(out, model_path=tmp_path / "other.onnx")
+    with pytest.raises(EdgeSDKError, match="not there any more"):
+        check_build(out, model_path=tmp_path / "missing.onnx")
+    with pytest.raises(EdgeSDKError, match="not an edgesdk build folder"):
+        check_build(tmp_path)
+
+
+def test_force_replaces_atomically(tmp_path):
+    out = tmp_path / "o"
+    cfg = BuildConfig(output=out, kernels="none", quantize="none", verify=False, calibration_count=1)
+    build(DIGITS, cfg)
+    first = (out / "report.json").read_text()
+    with pytest.raises(EdgeSDKError, match="already exists"):
+        build(DIGITS, cfg)
+    assert (out / "report.json").read_text() == first
+    r = build(DIGITS, cfg.model_copy(update={"force": True, "seed": 3}))
+    assert r["config"]["seed"] == 3 and json.loads((out / "report.json").read_text())["config"]["seed"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o"]
+
+
+def test_float_build_is_exact_and_already_qdq_is_kept(tmp_path):
+    r = build(DIGITS, BuildConfig(output=tmp_path / "f", kernels="none", quantize="none", calibration_count=1))
+    assert r["verify"][0]["max_abs"] == 0.0 and not any(row["quantized"] for row in r["layers"])
+    q = tmp_path / "q" / "model.onnx"
+    build(DIGITS, BuildConfig(output=q.parent, kernels="none", calibration=CALIB, verify=False))
+    r2 = build(q, BuildConfig(output=tmp_path / "q2", kernels="none", calibration_count=2, verify_count=2))
+    assert r2["model"]["quant_state"] == "qdq" and "used as is" in r2["notes"][0]
+    assert r2["verify"][0]["max_abs"] == 0.0  # not quantized twice
+    m1, m2 = onnx.load(str(q)), onnx.load(str(tmp_path / "q2" / "model.onnx"))
+    assert len(m1.graph.node) == len(m2.graph.node)
+
+
+def test_exclude_keeps_layers_float(tmp_path):
+    r = build(DIGITS, BuildConfig(output=tmp_path / "e", kernels="none", exclude=["fc\\d", "^head$"],
+                                  calibration=CALIB, verify_count=2))
+    by = {row["name"]: row for row in r["layers"]}
+    assert not by["head"]["quantized"] and not by["blocks.0.fc1"]["quantized"] and by["blocks.0.qkv"]["quantized"]
+    assert "excluded by --exclude" in by["blocks.1.fc2"]["reason"]
+
+
+def test_default_kernels_use_the_rewrite(tmp_path):
+    """kernels=auto hands the Q/DQ model to edgesdk.rewrite.rewrite_model and reports its layer facts."""
+    r = build(DIGITS, BuildConfig(output=tmp_path / "a", calibration=CALIB, verify_count=4))
+    assert len(r["layers"]) == 9 and all(set(row) >= LAYER_KEYS for row in r["layers"])
+    assert r["verified"] is True
+    np.testing.assert_equal(r["config"]["kernels"], "auto")
