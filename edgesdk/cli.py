@@ -159,7 +159,7 @@ def inspect_cmd(
     console.print(io)
     t = Table(title="Linear layers", title_justify="left")
     for c in ("layer", "op", "K×N", "weight", "bias", "int8", "act scale", "build would"):
-        t.add_column(c, overflow="fold")
+        t.add_column(c, overflow="fold", no_wrap=c in ("layer", "K×N"))
     for li in linears:
         would = skipped.get(li.name) or ("rewrite (already Q/DQ)" if li.quantized else "quantize + rewrite")
         t.add_row(li.name, li.kind + (" (transA)" if li.trans_a else ""), f"{li.k}×{li.n}",

@@ -38,7 +38,7 @@ def layers_table(layers: list[dict], title: str = "Linear layers") -> Table:
     t = Table(title=title, title_justify="left")
     for c, j in [("layer", "left"), ("kind", "left"), ("K×N", "right"), ("int8", "center"), ("sparsity", "right"),
                  ("kernel", "left"), ("MB dense", "right"), ("MB packed", "right"), ("note", "left")]:
-        t.add_column(c, justify=j, overflow="fold")
+        t.add_column(c, justify=j, overflow="fold", no_wrap=c in ("layer", "K×N", "kernel"))
     for r in layers:
         k, n = r["shape"]
         t.add_row(r["name"], r["kind"], f"{k}×{n}", "yes" if r["quantized"] else "no", f"{r['sparsity']:.2f}",
@@ -60,7 +60,7 @@ def print_summary(report: dict, console: Console | None = None) -> None:
     if report.get("verify"):
         t = Table(title="Verification (ONNX Runtime: original vs processed, Polygraphy)", title_justify="left")
         for c in ("output", "samples", "max_abs", "mean_abs", "rel_l2", "cosine", "top1", "result"):
-            t.add_column(c, justify="left" if c == "output" else "right")
+            t.add_column(c, justify="left" if c == "output" else "right", no_wrap=True)
         for v in report["verify"]:
             top1 = "-" if v.get("top1_agreement") is None else f"{v['top1_agreement']:.4f}"
             t.add_row(v["output"], str(v["samples"]), f"{v['max_abs']:.3g}", f"{v['mean_abs']:.3g}",
