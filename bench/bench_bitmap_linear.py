@@ -34,6 +34,7 @@ SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096), (2048, 5632), (5632, 2048)
 MS = [1, 2, 4, 8, 16]
 SPARSITIES = [0.3, 0.5, 0.7]
 VDTYPES = ["float16", "int8"]
+GREEN_TACTICS = [1, 21, 22, 24, 27, 30]
 
 
 def _pack(job):
@@ -195,19 +196,23 @@ def summarize(rows):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="two shapes, M ∈ {1, 16}")
+    ap.add_argument("--quick", action="store_true", help="three shapes, M ∈ {1, 16}")
     ap.add_argument("--no-green", action="store_true", help="skip the 16-SM green context")
-    ap.add_argument("--tactics", default="all", help="'all' or comma-separated tactic ids")
+    ap.add_argument("--tactics", default="decode", help="'all', 'decode' or comma-separated tactic ids")
     args = ap.parse_args(argv)
     import torch
 
     from edgesdk.kernels import _cuda
     from edgesdk.kernels import bitmap_linear as kbl
 
-    shapes = SHAPES[:2] if args.quick else SHAPES
+    shapes = [SHAPES[0], SHAPES[1], SHAPES[6]] if args.quick else SHAPES
     ms = [1, 16] if args.quick else MS
-    tactics = kbl.valid_tactics({"n": 1, "k": 1, "value_dtype": "float16"}) if args.tactics == "all" \
-        else [int(t) for t in args.tactics.split(",")]
+    if args.tactics == "all":
+        tactics = kbl.valid_tactics({"n": 1, "k": 1, "value_dtype": "float16"})
+    elif args.tactics == "decode":  # heuristic, two generic-path configurations, every decode-path one
+        tactics = [1, 5, 6, *kbl.GEMV_TACTICS]
+    else:
+        tactics = [int(t) for t in args.tactics.split(",")]
     t0 = time.time()
     packed = _pack_all(shapes)
     print(f"packed {len(packed)} layers in {time.time() - t0:.1f} s", flush=True)
@@ -236,12 +241,12 @@ def main(argv=None):
     _cuda.check(cu.cuCtxSetCurrent(prim))
     # best full-GPU tactic per (shape, M, kind) would need a map; time heuristic + a few fixed tactics
     t0 = time.time()
-    grows = bench(shapes, ms, packed, l2, [1, 2, 6, 9], green=(gctx, prim, gstream), check_outputs=False)
+    grows = bench(shapes, ms, packed, l2, GREEN_TACTICS, green=(gctx, prim, gstream), check_outputs=False)
     print(f"green context ({sms} SMs): {time.time() - t0:.1f} s", flush=True)
     print_table([r for r in grows if not r["kernel"].endswith("default")], cols)
     gsum = summarize(grows)
     print_table(gsum, list(gsum[0]))
-    write_results("bitmap_linear_green16", grows, {**info, "green_context_sms": sms, "tactics": [1, 2, 6, 9],
+    write_results("bitmap_linear_green16", grows, {**info, "green_context_sms": sms, "tactics": GREEN_TACTICS,
                                                    "summary": gsum})
     return 0
 

@@ -163,7 +163,8 @@ class BitmapLinearWeights:
         if scales.shape != (n,) or not np.isfinite(scales).all() or (scales <= 0).any():
             raise FormatError(f"scales must be {n} finite positive numbers, got shape {scales.shape}",
                               "pass one positive scale per output channel, or none")
-        q = w.astype(np.float32) if (scales == 1).all() else w.astype(np.float32) / scales[:, None]
+        # Divide in w's own precision (at least fp32) and round once to the value dtype.
+        q = w if (scales == 1).all() else w / scales.astype(np.result_type(w.dtype, np.float32))[:, None]
         if value_dtype == "int8":
             vals = np.clip(np.rint(q), -127, 127).astype(np.int8)
         else:

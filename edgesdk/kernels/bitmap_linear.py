@@ -28,12 +28,19 @@ from edgesdk.kernels import _cuda
 SOURCE = "bitmap_linear/bitmap_linear.cu"
 _X = {"float16": ("f16", 2), "float32": ("f32", 4)}
 _V = {"float16": ("f16", 2), "int8": ("i8", 1)}
-#: tactic → (strips per block, K splits per strip, stages); tactic 1 is the heuristic.
+#: Generic path tactics → (strips per block, K splits per strip, stages); tactic 1 is the heuristic.
 TACTICS: dict[int, tuple[int, int, int]] = {
     2: (4, 1, 8), 3: (2, 2, 8), 4: (2, 4, 8), 5: (1, 4, 8), 6: (1, 8, 8), 7: (4, 2, 4),
     8: (2, 4, 4), 9: (8, 1, 4), 10: (1, 16, 4), 11: (4, 4, 8),
 }
+#: Decode path tactics → (strips per warp, strip blocks per block, K splits); 4 stages.
+GEMV_TACTICS: dict[int, tuple[int, int, int]] = {
+    20: (4, 1, 8), 21: (4, 2, 4), 22: (4, 1, 4), 23: (2, 1, 8), 24: (2, 2, 4), 25: (2, 1, 12),
+    26: (1, 1, 16), 27: (1, 4, 4), 28: (4, 4, 2), 29: (2, 4, 2), 30: (4, 1, 2), 31: (1, 2, 8),
+}
 _MAX_WARPS = 16
+_SMEM_LIMIT = 163 * 1024  # sm_87 (Orin) opt-in maximum per block; portable tactics
+_GEMV_STAGES = 4
 
 
 def _attrs(attrs: dict) -> tuple[int, int, str, int]:
@@ -48,7 +55,7 @@ def _attrs(attrs: dict) -> tuple[int, int, str, int]:
 def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
     """Tactic ids valid for any M (1 = heuristic, then the fixed configurations)."""
     _attrs(attrs)
-    return [1, *TACTICS]
+    return [1, *TACTICS, *GEMV_TACTICS]
 
 
 def workspace_bytes(attrs: dict, m: int) -> int:
@@ -75,26 +82,59 @@ def _sm_count(ctx: int) -> int:
             cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)))
 
 
+def _gemv_slot(value_dtype: str, spw: int) -> int:
+    return 16 * 128 + spw * (fmt.TILES_PER_GROUP * 8 + fmt.GROUP_K * fmt.STRIP * _V[value_dtype][1])
+
+
+def _gemv_config(n, k, m, value_dtype, tactic, sm_count):
+    s, g = fmt.geometry(n, k)
+    if tactic in GEMV_TACTICS:
+        spw, sbpb, ks = GEMV_TACTICS[tactic]
+    else:  # heuristic: ~8 resident warps per SM, widest strip block that still fills the GPU
+        target = sm_count * 8
+        for spw in (4, 2, 1):
+            sb = -(-s // spw)
+            ks = max(1, min(16, -(-target // sb), max(1, g // 3)))
+            if sb * ks >= 0.75 * target or spw == 1:
+                break
+        sbpb = max(1, min(4 // ks if ks < 4 else 1, -(-s // spw)))
+    slot = _gemv_slot(value_dtype, spw)
+    ks = max(1, min(ks, _SMEM_LIMIT // (_GEMV_STAGES * slot * sbpb)))
+    warps = sbpb * ks
+    smem = max(warps * _GEMV_STAGES * slot, warps * spw * 4 * 32 * 4)
+    return {"name": f"bitmap_gemv_{_V[value_dtype][0]}_w{spw}_s{_GEMV_STAGES}",
+            "grid": (-(-s // (spw * sbpb)), 1, 1), "block": (32 * warps, 1, 1), "smem": smem,
+            "ks": ks, "spb": sbpb, "spw": spw}
+
+
 def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int = 1,
-           sm_count: int = 132) -> dict:
-    """Kernel name, grid, block and dynamic shared memory for one launch (pure function)."""
+           sm_count: int = 132, x_aligned: bool = True) -> dict:
+    """Kernel name, grid, block and dynamic shared memory for one launch (pure function).
+
+    fp16 X with M ≤ 16 and K % 8 == 0 takes the decode path (``bitmap_gemv_*``) under tactic 1 and
+    tactics 20+ (X must be 16-byte aligned: cp.async); everything else (and tactics 2–11) takes the
+    generic ``bitmap_linear_*`` kernel.
+    """
     if x_dtype not in _X:
         raise EdgeSDKError(f"EdgeBitmapLinear: X dtype {x_dtype!r} is not supported",
                            "feed float16 or float32 activations")
+    if tactic != 1 and tactic not in TACTICS and tactic not in GEMV_TACTICS:
+        raise EdgeSDKError(f"EdgeBitmapLinear: tactic {tactic} is not valid",
+                           f"use one of {valid_tactics({'n': n, 'k': k, 'value_dtype': value_dtype})}")
+    gemv_ok = x_dtype == "float16" and m <= 16 and k % 8 == 0 and x_aligned
+    if gemv_ok and tactic not in TACTICS:
+        return _gemv_config(n, k, m, value_dtype, tactic, sm_count)
     s, g = fmt.geometry(n, k)
     mt = 1 if m <= 16 else 2 if m <= 32 else 4
     gy = -(-m // (16 * mt))
-    if tactic == 1:
+    if tactic in TACTICS:
+        spb, ks, stages = TACTICS[tactic]
+    else:
         target = sm_count * 32  # resident warps wanted across the GPU (bytes in flight)
         ks = max(1, min(16, -(-target // (s * gy)), g // 2 if g >= 2 else 1))
         ks = 1 << (ks.bit_length() - 1)  # power of two
         spb = max(1, min(8 // ks if ks < 8 else 1, s))
         stages = 8
-    elif tactic in TACTICS:
-        spb, ks, stages = TACTICS[tactic]
-    else:
-        raise EdgeSDKError(f"EdgeBitmapLinear: tactic {tactic} is not valid",
-                           f"use one of {valid_tactics({'n': n, 'k': k, 'value_dtype': value_dtype})}")
     if mt != 1 or x_dtype != "float16":
         stages = 4
     warps = spb * ks
@@ -107,8 +147,8 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(n: int, k: int, vd: str, x_dtype: str, m: int, tactic: int, ctx: int):
-    c = config(n, k, m, x_dtype, vd, tactic, _sm_count(ctx))
+def _plan(n: int, k: int, vd: str, x_dtype: str, m: int, tactic: int, ctx: int, x_aligned: bool):
+    c = config(n, k, m, x_dtype, vd, tactic, _sm_count(ctx), x_aligned)
     return c, (ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(c["ks"]), ctypes.c_int(c["spb"]))
 
 
@@ -120,8 +160,9 @@ def launch(attrs: dict, x_dtype: str, m: int, inputs: list[int], outputs: list[i
         attrs (dict): Node attributes (``n``, ``k``, ``value_dtype``, ``has_bias``).
         x_dtype (str): ``"float16"`` or ``"float32"`` (Y has the same dtype).
         m (int): Rows of X (product of its leading dims).
-        inputs (list[int]): Device pointers ``[X, bitmaps, values, offsets, scales, (bias)]``, all
-            16-byte aligned (TensorRT and torch allocations are).
+        inputs (list[int]): Device pointers ``[X, bitmaps, values, offsets, scales, (bias)]``; the
+            weight tensors 16-byte aligned (TensorRT and torch allocations are). An X that is not
+            16-byte aligned takes the generic path.
         outputs (list[int]): ``[Y]``.
         stream (int): ``cudaStream_t``.
         tactic (int): From :func:`valid_tactics`.
@@ -136,7 +177,7 @@ def launch(attrs: dict, x_dtype: str, m: int, inputs: list[int], outputs: list[i
     if len(inputs) != want or len(outputs) != 1:
         raise EdgeSDKError(f"EdgeBitmapLinear: expected {want} inputs and 1 output, got {len(inputs)} and "
                            f"{len(outputs)}", "pass [X, bitmaps, values, offsets, scales(, bias)] and [Y]")
-    c, ints = _plan(n, k, vd, x_dtype, int(m), int(tactic), _current_ctx())
+    c, ints = _plan(n, k, vd, x_dtype, int(m), int(tactic), _current_ctx(), int(inputs[0]) % 16 == 0)
     kern = _cuda.get_kernel(SOURCE, c["name"])
     bias = inputs[5] if has_bias else 0
     args = [ctypes.c_void_p(p) for p in (*inputs[:5], bias, outputs[0])] + list(ints)

@@ -128,7 +128,8 @@ __device__ __forceinline__ void bitmap_linear_body(
   const int g1 = static_cast<int>((static_cast<long long>(G) * (ks + 1)) / KS);
   const int ng = active ? g1 - g0 : 0;
   const int mbase = blockIdx.y * (16 * MT);
-  const bool k_even = (K & 1) == 0;
+  // Paired loads of X need an even K and an X aligned to one pair.
+  const bool k_even = (K & 1) == 0 && (reinterpret_cast<uintptr_t>(X) & (2 * sizeof(XT) - 1)) == 0;
   const int gid = lane >> 2, t4 = lane & 3;
 
   uint8_t* ring = smem + static_cast<size_t>(warp) * STAGES * kSlot;
@@ -245,6 +246,203 @@ __device__ __forceinline__ void bitmap_linear_body(
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Decode path (fp16 X, M <= 16, K % 8 == 0): X is staged through the same cp.async ring as the
+// weights (zero-filled past K), read with ldmatrix (XOR-swizzled 16-byte chunks, no bank
+// conflicts), rows >= M masked in registers. One warp decodes SPW strips per group and reuses each
+// A fragment SPW times, cutting X traffic by SPW. Decode uses 32-bit words of the tile bitmap.
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+
+// Lane constants for decoding one 8×8 tile given as two 32-bit words.
+struct LaneBits {
+  bool hi;         // this lane's bits live in the high word (lanes 16..31)
+  uint32_t sh;     // bit position of the lane's first bit inside its word
+  uint32_t below;  // mask of the word's bits below the lane's
+};
+
+__device__ __forceinline__ uint32_t decode_half(uint32_t lo, uint32_t hi, uint32_t plo, const LaneBits& lb,
+                                                const unsigned short* vals) {
+  const uint32_t w = lb.hi ? hi : lo;
+  const int idx = (lb.hi ? static_cast<int>(plo) : 0) + __popc(w & lb.below);
+  const uint32_t two = (w >> lb.sh) & 3u;
+  const uint32_t v0 = (two & 1u) ? vals[idx] : 0u;
+  const uint32_t v1 = (two & 2u) ? vals[idx + (two & 1u)] : 0u;
+  return v0 | (v1 << 16);
+}
+
+__device__ __forceinline__ uint32_t decode_half(uint32_t lo, uint32_t hi, uint32_t plo, const LaneBits& lb,
+                                                const uint8_t* vals) {
+  // int8 v -> fp16 exactly: bits 0x6400 + (v + 128) is 1024 + v + 128; subtract 1152 per half.
+  const uint32_t w = lb.hi ? hi : lo;
+  const int idx = (lb.hi ? static_cast<int>(plo) : 0) + __popc(w & lb.below);
+  const uint32_t two = (w >> lb.sh) & 3u;
+  const uint32_t u0 = (two & 1u) ? (vals[idx] ^ 0x80u) : 0x80u;
+  const uint32_t u1 = (two & 2u) ? (vals[idx + (two & 1u)] ^ 0x80u) : 0x80u;
+  const uint32_t bits = (u0 | (u1 << 16)) + 0x64006400u;
+  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&bits), __halves2half2(__ushort_as_half(0x6480),
+                                                                                      __ushort_as_half(0x6480)));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+template <typename VT> struct RawV { using T = unsigned short; };
+template <> struct RawV<int8_t> { using T = uint8_t; };
+
+template <typename VT, int SPW>
+__host__ __device__ constexpr int gemv_slot_bytes() {
+  return 16 * 128 + SPW * slot_bytes<VT>();
+}
+
+template <typename VT, int SPW, int STAGES>
+__device__ __forceinline__ void bitmap_gemv_body(
+    const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
+    const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,
+    __half* __restrict__ Y, int M, int N, int K, int KS, int SPB) {
+  using RV = typename RawV<VT>::T;
+  constexpr int kW = slot_bytes<VT>();  // one strip's bitmaps + values
+  constexpr int kSlot = gemv_slot_bytes<VT, SPW>();
+  extern __shared__ __align__(16) uint8_t smem[];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int S = (N + 7) >> 3;
+  const int G = (K + kGroupK - 1) / kGroupK;
+  const int sb = blockIdx.x * SPB + warp / KS;  // strip block: strips sb*SPW .. sb*SPW + SPW - 1
+  const int ks = warp % KS;
+  const int strip0 = sb * SPW;
+  const bool active = strip0 < S;
+  const int g0 = static_cast<int>((static_cast<long long>(G) * ks) / KS);
+  const int g1 = static_cast<int>((static_cast<long long>(G) * (ks + 1)) / KS);
+  const int ng = active ? g1 - g0 : 0;
+  const int gid = lane >> 2;
+
+  uint8_t* ring = smem + static_cast<size_t>(warp) * STAGES * kSlot;
+
+  // Offsets of the next group to issue: lane s (< SPW) holds its start, lane 16 + s its end.
+  const int os = lane & 15;
+  const bool ovalid = os < SPW && strip0 + os < S;
+  const int* optr = offsets + (static_cast<size_t>(strip0 + os) * G + g0 + (lane >> 4));
+  int pre = (ovalid && ng > 0) ? __ldg(optr) : 0;
+
+  auto issue = [&](int j) {
+    if (j < ng) {
+      const int cur = pre;
+      if (j + 1 < ng) pre = ovalid ? __ldg(optr + j + 1) : 0;  // prefetch for the next issue
+      uint8_t* slot = ring + (j % STAGES) * kSlot;
+      const int kg = (g0 + j) * kGroupK;
+      // X rows 0..M-1, 8 chunks of 16 bytes each, swizzled; zero past K.
+      for (int c = lane; c < M * 8; c += 32) {
+        const int r = c >> 3, q = c & 7;
+        const bool ok = kg + 8 * q < K;
+        cp_async16_zfill(slot + r * 128 + ((q ^ (r & 7)) << 4), X + static_cast<size_t>(r) * K + (ok ? kg + 8 * q : 0), ok);
+      }
+#pragma unroll
+      for (int s = 0; s < SPW; ++s) {
+        const int start = __shfl_sync(0xffffffffu, cur, s);
+        const int end = __shfl_sync(0xffffffffu, cur, 16 + s);
+        if (strip0 + s >= S) continue;  // warp-uniform
+        uint8_t* dst = slot + 16 * 128 + s * kW;
+        const uint8_t* bsrc = bitmaps + (static_cast<size_t>(strip0 + s) * G + g0 + j) * (kTiles * 8);
+        const uint8_t* vsrc = reinterpret_cast<const uint8_t*>(values + start);
+        const int nchunks = 4 + ((end - start) * static_cast<int>(sizeof(VT))) / 16;
+        for (int c = lane; c < nchunks; c += 32)
+          cp_async16(dst + 16 * c, c < 4 ? bsrc + 16 * c : vsrc + 16 * (c - 4));
+      }
+    }
+    cp_commit();
+  };
+
+  LaneBits lb;
+  lb.hi = lane >= 16;
+  lb.sh = 2u * static_cast<uint32_t>(lane & 15);
+  lb.below = (1u << lb.sh) - 1u;
+  const uint32_t mask0 = gid < M ? 0xffffffffu : 0u;      // A rows gid
+  const uint32_t mask1 = gid + 8 < M ? 0xffffffffu : 0u;  // A rows gid + 8
+  // ldmatrix.x4 row address of this lane: matrix q = lane / 8 -> (rows +8 if q odd, k chunk +1 if q >= 2)
+  const int lrow = (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int lchunk = lane >> 4;
+
+  float acc[SPW][4];
+#pragma unroll
+  for (int s = 0; s < SPW; ++s)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[s][r] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) issue(s);
+
+  for (int i = 0; i < ng; ++i) {
+    issue(i + STAGES - 1);
+    cp_wait<STAGES - 1>();
+    __syncwarp();
+    const uint8_t* slot = ring + (i % STAGES) * kSlot;
+    const uint32_t xbase = smem_u32(slot) + lrow * 128;
+    int voff[SPW];
+#pragma unroll
+    for (int s = 0; s < SPW; ++s) voff[s] = 0;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, xbase + (((2 * kk + lchunk) ^ (lrow & 7)) << 4));
+      a[0] &= mask0; a[2] &= mask0; a[1] &= mask1; a[3] &= mask1;
+#pragma unroll
+      for (int s = 0; s < SPW; ++s) {
+        if (strip0 + s >= S) break;  // warp-uniform: padding strips of the last strip block
+        const uint8_t* ws = slot + 16 * 128 + s * kW;
+        const uint4 bmv = *reinterpret_cast<const uint4*>(ws + 16 * kk);  // tiles 2kk, 2kk+1
+        const RV* vals = reinterpret_cast<const RV*>(ws + kTiles * 8);
+        const uint32_t p0 = __popc(bmv.x), p1 = __popc(bmv.z);
+        const uint32_t b0 = decode_half(bmv.x, bmv.y, p0, lb, vals + voff[s]);
+        voff[s] += p0 + __popc(bmv.y);
+        const uint32_t b1 = decode_half(bmv.z, bmv.w, p1, lb, vals + voff[s]);
+        voff[s] += p1 + __popc(bmv.w);
+        mma16816(acc[s], a, b0, b1);
+      }
+    }
+    __syncwarp();
+  }
+  cp_wait<0>();
+
+  float* red = reinterpret_cast<float*>(smem);
+  if (KS > 1) {
+    __syncthreads();
+#pragma unroll
+    for (int s = 0; s < SPW; ++s)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) red[((warp * SPW + s) * 4 + r) * 32 + lane] = acc[s][r];
+    __syncthreads();
+    if (ks != 0) return;
+    for (int o = 1; o < KS; ++o)
+#pragma unroll
+      for (int s = 0; s < SPW; ++s)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[s][r] += red[(((warp + o) * SPW + s) * 4 + r) * 32 + lane];
+  }
+  if (!active) return;
+#pragma unroll
+  for (int s = 0; s < SPW; ++s) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int n = (strip0 + s) * 8 + 2 * (lane & 3) + j;
+      if (n >= N) continue;
+      const float sc = scales[n];
+      const float bi = bias ? bias[n] : 0.f;
+      if (gid < M) Y[static_cast<size_t>(gid) * N + n] = __float2half_rn(acc[s][j] * sc + bi);
+      if (gid + 8 < M) Y[static_cast<size_t>(gid + 8) * N + n] = __float2half_rn(acc[s][2 + j] * sc + bi);
+    }
+  }
+}
+
 }  // namespace
 
 // extern "C" entry points: bitmap_linear_<x dtype>_<value dtype>_mt<MT>_s<STAGES>.
@@ -267,3 +465,19 @@ EDGESDK_BITMAP_LINEAR_MT(float, f32, __half, f16, 4)
 EDGESDK_BITMAP_LINEAR_MT(float, f32, int8_t, i8, 4)
 EDGESDK_BITMAP_LINEAR(__half, f16, __half, f16, 1, 8)
 EDGESDK_BITMAP_LINEAR(__half, f16, int8_t, i8, 1, 8)
+
+// Decode path entry points: bitmap_gemv_<value dtype>_w<SPW>_s<STAGES> (fp16 X and Y, M <= 16, K % 8 == 0).
+#define EDGESDK_BITMAP_GEMV(VT, VN, SPW, ST)                                                             \
+  extern "C" __global__ void __launch_bounds__(512, 1) bitmap_gemv_##VN##_w##SPW##_s##ST(               \
+      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
+      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
+      __half* __restrict__ Y, int M, int N, int K, int KS, int SPB) {                                      \
+    bitmap_gemv_body<VT, SPW, ST>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, SPB);         \
+  }
+
+EDGESDK_BITMAP_GEMV(__half, f16, 1, 4)
+EDGESDK_BITMAP_GEMV(__half, f16, 2, 4)
+EDGESDK_BITMAP_GEMV(__half, f16, 4, 4)
+EDGESDK_BITMAP_GEMV(int8_t, i8, 1, 4)
+EDGESDK_BITMAP_GEMV(int8_t, i8, 2, 4)
+EDGESDK_BITMAP_GEMV(int8_t, i8, 4, 4)

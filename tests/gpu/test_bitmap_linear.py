@@ -51,7 +51,9 @@ def check(x, p, y):
 
 
 SHAPES = [(1, 37, 203), (3, 203, 777), (8, 8, 64), (13, 1001, 130), (16, 96, 1000), (17, 45, 1025),
-          (40, 250, 333), (100, 129, 65), (513, 77, 1201), (5, 1, 1), (2, 9, 7)]
+          (40, 250, 333), (100, 129, 65), (513, 77, 1201), (5, 1, 1), (2, 9, 7),
+          # K % 8 == 0 with M <= 16: the decode path (bitmap_gemv_*) for fp16 X
+          (1, 1001, 520), (4, 77, 8), (11, 300, 1544), (16, 515, 4104), (9, 33, 136)]
 
 
 @pytest.mark.parametrize("sparsity", [0.0, 0.3, 0.5, 0.7, 0.9, 1.0])
@@ -65,11 +67,11 @@ def test_matches_reference(sparsity, vd, xd):
 
 
 @pytest.mark.parametrize("tactic", kbl.valid_tactics({"n": 1, "k": 1, "value_dtype": "float16"}))
-@pytest.mark.parametrize("m", [1, 7, 16, 33, 70])
+@pytest.mark.parametrize("m", [1, 7, 9, 16, 33, 70])
 def test_every_tactic(tactic, m):
     rng = np.random.default_rng(tactic * 100 + m)
     for vd in ("float16", "int8"):
-        x, p = make(rng, m, 299, 2113, 0.6, vd, np.float16, bias=True)
+        x, p = make(rng, m, 299, 2120, 0.6, vd, np.float16, bias=True)  # K % 8 == 0, K % 64 != 0
         check(x, p, run_kernel(x, p, tactic))
 
 
@@ -117,5 +119,18 @@ def test_memcheck_subset():
     for (m, n, k), s, vd, xd in [((1, 13, 77), 0.5, "float16", np.float16), ((17, 9, 130), 0.0, "int8", np.float32),
                                  ((3, 40, 1000), 1.0, "float16", np.float16), ((70, 33, 65), 0.7, "int8", np.float16)]:
         x, p = make(rng, m, n, k, s, vd, xd, bias=True)
-        for tactic in (1, 6, 9):
+        for tactic in (1, 6, 9, 21, 25):
             check(x, p, run_kernel(x, p, tactic))
+
+
+def test_unaligned_x_falls_back_to_generic_path():
+    rng = np.random.default_rng(9)
+    x, p = make(rng, 3, 70, 264, 0.5, "float16", np.float16, bias=True)
+    t = {k: _dev(v) for k, v in p.to_tensors().items()}
+    buf = torch.zeros(3 * 264 + 1, dtype=torch.float16, device="cuda")
+    buf[1:] = _dev(x).reshape(-1)  # X at a 2-byte offset: not 16-byte aligned
+    y = torch.full((3, 70), float("nan"), dtype=torch.float16, device="cuda")
+    kbl.launch(p.node_attributes(), "float16", 3, [buf.data_ptr() + 2, *[v.data_ptr() for v in t.values()]],
+               [y.data_ptr()], torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    check(x, p, y.cpu().numpy())
