@@ -1,0 +1,330 @@
+"""Bitmap-sparse KV cache (MUSTAFAR): per-token magnitude pruning, compressed records, dense window.
+
+The numpy twin of ``plugins/sparse_kv/sparse_kv.cu``: every byte the GPU kernels write is defined
+here, and :class:`SparseKVCache` reproduces the GPU's prefill/append exactly so tests compare bytes.
+
+Pruning
+-------
+Per token and per KV head, K and V rows (``head_dim`` channels) keep the ``keep`` channels of largest
+magnitude, ``keep = head_dim - round(sparsity · head_dim)`` (:func:`keep_count`). Magnitude is compared
+on the fp16 bit pattern with the sign cleared (``bits & 0x7fff``: monotone in ``|x|``, ``-0 == +0``);
+ties are kept in channel order (lower channel first), so exactly ``keep`` channels survive per token.
+The most recent tokens (the dense **window**, default 32, MUSTAFAR's setting) stay dense.
+
+Record layout (one token of one KV head, little-endian, ``R = head_dim / 8 + 2 · KP`` bytes)
+---------------------------------------------------------------------------------------------
+``uint64 bitmap[head_dim / 64]`` -- 64-element tiles along the channels of one token; bit ``c % 64`` of
+word ``c // 64`` is set iff channel ``c`` is kept; exactly ``keep`` bits are set.
+``fp16 values[KP]`` -- the kept values in channel order, then zeros up to ``KP = round_up(keep, 4)``.
+
+Layout choice (vs the paper's K tiles along tokens of one channel): per-token pruning makes every
+record the same size, so there is no per-tile offset array (MUSTAFAR's offsets + padding cost it ~15 %
+of dense), a record is found by ``token · R`` (the attention kernel splits tokens across blocks with
+no index), and appending a group of tokens is writing ``A`` records. K is then a sparse dot product per
+token (one thread per token walks the set bits, all query heads of the GQA group at once) and V is
+decompressed per 16-token tile into tensor-core fragments. Bytes per token and head at d = 64:
+70 % → 48 (0.375 of dense fp16), 50 % → 72 (0.5625), 0 % → 136 (1.0625).
+
+Cache of one sequence after ``L`` tokens (per KV head, for K and V alike)
+-------------------------------------------------------------------------
+tokens ``[0, n_comp)`` are records ``rec[t]`` (array ``[B, Hkv, capacity, R]`` uint8);
+tokens ``[n_comp, L)`` are dense fp16 rows in a ring of ``C = window + group`` slots, token ``t`` in
+slot ``t % C`` (array ``[B, Hkv, C, head_dim]``);
+``n_comp = ((L - window) // group) · group`` once ``L ≥ window + group``, else 0
+(:meth:`SparseKVConfig.n_compressed`): whenever the window reaches ``window + group`` tokens its
+oldest ``group`` tokens are pruned and appended as records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from edgesdk.errors import EdgeSDKError, FormatError
+
+TILE = 64  # channels per bitmap word
+HEAD_DIMS = (64, 128)
+MAX_GQA_GROUP = 8  # query heads per KV head the attention kernel serves (mma rows 0..7)
+_FIX = "rebuild the cache with edgesdk.formats.sparse_kv.SparseKVCache (prefill/append)"
+
+
+def keep_count(head_dim: int, sparsity: float) -> int:
+    """Channels kept per token: ``head_dim - round(sparsity · head_dim)`` (round half up).
+
+    Args:
+        head_dim (int): Channels per head.
+        sparsity (float): Fraction pruned, in ``[0, 1)``.
+
+    Returns:
+        int: Kept channels per token, ``1 … head_dim``.
+    """
+    if not 0.0 <= float(sparsity) < 1.0:
+        raise EdgeSDKError(f"KV sparsity {sparsity!r} is outside [0, 1)",
+                           "pass a fraction such as 0.5 or 0.7 (0 = dense)")
+    return max(1, head_dim - int(np.floor(float(sparsity) * head_dim + 0.5)))
+
+
+def padded_keep(keep: int) -> int:
+    """Stored value slots per record: ``round_up(keep, 4)`` (records stay 8-byte aligned)."""
+    return -(-keep // 4) * 4
+
+
+def record_bytes(head_dim: int, keep: int) -> int:
+    """Bytes of one compressed token: ``head_dim / 8`` (bitmap) ``+ 2 · round_up(keep, 4)``."""
+    return head_dim // 8 + 2 * padded_keep(keep)
+
+
+def magnitude_key(x: np.ndarray) -> np.ndarray:
+    """fp16 magnitude as an integer key (``bits & 0x7fff``), the order the GPU selects by."""
+    return (np.ascontiguousarray(x, dtype=np.float16).view(np.uint16) & 0x7FFF).astype(np.int32)
+
+
+def prune_mask(x: np.ndarray, keep: int) -> np.ndarray:
+    """Boolean mask ``[..., d]`` of the ``keep`` largest-magnitude channels of each row (ties: lower
+    channel first)."""
+    key = magnitude_key(x)
+    d = key.shape[-1]
+    order = np.argsort(-key, axis=-1, kind="stable")[..., :keep]
+    mask = np.zeros(key.shape, dtype=bool)
+    if keep > d:
+        raise EdgeSDKError(f"keep={keep} exceeds head_dim={d}", "use edgesdk.formats.sparse_kv.keep_count")
+    np.put_along_axis(mask, order, True, axis=-1)
+    return mask
+
+
+def prune(x: np.ndarray, keep: int) -> np.ndarray:
+    """``x`` (fp16 ``[..., d]``) with all but the ``keep`` largest-magnitude channels per row zeroed."""
+    x = np.asarray(x, dtype=np.float16)
+    return np.where(prune_mask(x, keep), x, np.float16(0))
+
+
+def compress(x: np.ndarray, keep: int) -> np.ndarray:
+    """Compress rows ``x`` (fp16 ``[..., d]``, d in 64/128) into records ``uint8 [..., R]``."""
+    x = np.asarray(x, dtype=np.float16)
+    d = x.shape[-1]
+    if d % TILE:
+        raise EdgeSDKError(f"head_dim {d} is not a multiple of {TILE}", "use head_dim 64 or 128")
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, d)
+    mask = prune_mask(rows, keep)
+    n = rows.shape[0]
+    kp = padded_keep(keep)
+    bits = np.packbits(mask, axis=-1, bitorder="little")  # [n, d/8]: byte j bit i = channel 8j + i
+    vals = np.zeros((n, kp), dtype=np.float16)
+    vals[:, :keep] = rows[mask].reshape(n, keep)  # row-major boolean indexing keeps channel order
+    out = np.concatenate([bits,
+                          vals.astype("<f2").view(np.uint8).reshape(n, 2 * kp)], axis=1)
+    return out.reshape(*lead, record_bytes(d, keep))
+
+
+def decompress(records: np.ndarray, head_dim: int, keep: int) -> np.ndarray:
+    """Records ``uint8 [..., R]`` → dense pruned rows fp16 ``[..., head_dim]``; validates every record.
+
+    Raises:
+        FormatError: wrong record size, a bitmap without exactly ``keep`` bits, nonzero padding.
+    """
+    records = np.asarray(records)
+    r = record_bytes(head_dim, keep)
+    if records.dtype not in (np.uint8, np.int8) or records.ndim < 1 or records.shape[-1] != r:
+        raise FormatError(f"sparse_kv records have shape {records.shape} / dtype {records.dtype}; expected "
+                          f"uint8 [..., {r}] for head_dim={head_dim}, keep={keep}", _FIX)
+    lead = records.shape[:-1]
+    raw = np.ascontiguousarray(records).view(np.uint8).reshape(-1, r)
+    n = raw.shape[0]
+    words = head_dim // TILE
+    mask = np.unpackbits(raw[:, : head_dim // 8], axis=-1, bitorder="little").astype(bool)
+    counts = mask.sum(axis=-1)
+    bad = np.nonzero(counts != keep)[0]
+    if bad.size:
+        raise FormatError(f"sparse_kv record {int(bad[0])} has {int(counts[bad[0]])} bitmap bits set; "
+                          f"every record keeps exactly {keep} of {head_dim} channels ({bad.size} bad records)",
+                          _FIX)
+    vals = raw[:, words * 8:].copy().view("<f2").astype(np.float16)
+    pad = vals[:, keep:]
+    if pad.size and np.any(pad.view(np.uint16) != 0):
+        row = int(np.nonzero(np.any(pad.view(np.uint16) != 0, axis=1))[0][0])
+        raise FormatError(f"sparse_kv record {row} has nonzero padding after its {keep} values", _FIX)
+    out = np.zeros((n, head_dim), dtype=np.float16)
+    out[mask] = vals[:, :keep].reshape(-1)
+    return out.reshape(*lead, head_dim)
+
+
+@dataclass(frozen=True)
+class SparseKVConfig:
+    """Geometry and policy of one attention layer's sparse KV cache.
+
+    Args:
+        head_dim (int): Channels per head, 64 or 128.
+        num_q_heads (int): Query heads.
+        num_kv_heads (int): KV heads; ``num_q_heads / num_kv_heads`` (GQA group) must be ≤ 8.
+        k_sparsity (float): Fraction of each K row pruned, ``[0, 1)``.
+        v_sparsity (float): Fraction of each V row pruned, ``[0, 1)``.
+        capacity (int): Maximum tokens per sequence.
+        window (int): Dense local window of the most recent tokens (≥ 1; MUSTAFAR: 32).
+        group (int): Tokens compressed at once when the window overflows (≥ 1).
+    """
+
+    head_dim: int
+    num_q_heads: int
+    num_kv_heads: int
+    k_sparsity: float
+    v_sparsity: float
+    capacity: int
+    window: int = 32
+    group: int = 32
+    keep_k: int = field(init=False)
+    keep_v: int = field(init=False)
+
+    def __post_init__(self):
+        if self.head_dim not in HEAD_DIMS:
+            raise EdgeSDKError(f"sparse_kv head_dim {self.head_dim} is not supported",
+                               f"use one of {HEAD_DIMS} (the kernels are instantiated for these)")
+        if self.num_kv_heads < 1 or self.num_q_heads % self.num_kv_heads:
+            raise EdgeSDKError(f"{self.num_q_heads} query heads are not a multiple of {self.num_kv_heads} KV heads",
+                               "pass the model's num_attention_heads and num_key_value_heads")
+        if self.num_q_heads // self.num_kv_heads > MAX_GQA_GROUP:
+            raise EdgeSDKError(f"GQA group {self.num_q_heads // self.num_kv_heads} > {MAX_GQA_GROUP} query heads "
+                               "per KV head", "split the heads into several calls of ≤ 8 query heads per KV head")
+        if self.window < 1 or self.group < 1 or self.capacity < 1:
+            raise EdgeSDKError(f"sparse_kv window={self.window}, group={self.group}, capacity={self.capacity}",
+                               "window, group and capacity must all be ≥ 1")
+        object.__setattr__(self, "keep_k", keep_count(self.head_dim, self.k_sparsity))
+        object.__setattr__(self, "keep_v", keep_count(self.head_dim, self.v_sparsity))
+
+    @property
+    def gqa(self) -> int:
+        """Query heads per KV head."""
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def ring(self) -> int:
+        """Dense ring slots per (sequence, KV head): ``window + group``."""
+        return self.window + self.group
+
+    @property
+    def rk(self) -> int:
+        """K record bytes."""
+        return record_bytes(self.head_dim, self.keep_k)
+
+    @property
+    def rv(self) -> int:
+        """V record bytes."""
+        return record_bytes(self.head_dim, self.keep_v)
+
+    @property
+    def record_capacity(self) -> int:
+        """Record slots per (sequence, KV head): ``n_compressed(capacity)``."""
+        return max(1, self.n_compressed(self.capacity))
+
+    def n_compressed(self, length: int) -> int:
+        """Tokens held as records after ``length`` tokens."""
+        w, a = self.window, self.group
+        return ((length - w) // a) * a if length >= w + a else 0
+
+    def kv_bytes(self, length: int) -> int:
+        """Bytes of K and V holding ``length`` tokens of one (sequence, KV head): records + window rows."""
+        nc = self.n_compressed(length)
+        return nc * (self.rk + self.rv) + (length - nc) * 2 * 2 * self.head_dim
+
+    def memory_ratio(self, length: int) -> float:
+        """:meth:`kv_bytes` over dense fp16 K and V of the same tokens."""
+        return self.kv_bytes(length) / (length * 2 * 2 * self.head_dim)
+
+    def check_lengths(self, lens: np.ndarray, what: str = "lens") -> np.ndarray:
+        """Validated int32 lengths (0 ≤ L ≤ capacity)."""
+        lens = np.asarray(lens)
+        if lens.ndim != 1 or not np.issubdtype(lens.dtype, np.integer):
+            raise EdgeSDKError(f"sparse_kv {what} must be a 1-D integer array, got {lens.dtype} {lens.shape}",
+                               "pass one length per sequence")
+        if lens.size and (lens.min() < 0 or lens.max() > self.capacity):
+            raise EdgeSDKError(f"sparse_kv {what} {lens.tolist()} outside [0, capacity={self.capacity}]",
+                               "raise SparseKVConfig.capacity or stop the sequence earlier")
+        return lens.astype(np.int32)
+
+
+@dataclass
+class SparseKVCache:
+    """Host (numpy) model of the GPU cache: the same arrays, bytes and update rules.
+
+    Attributes:
+        config (SparseKVConfig): Geometry.
+        k_rec, v_rec (np.ndarray): ``uint8 [B, Hkv, record_capacity, rk / rv]``.
+        k_ring, v_ring (np.ndarray): ``fp16 [B, Hkv, window + group, head_dim]``.
+        lens (np.ndarray): ``int32 [B]`` tokens per sequence.
+    """
+
+    config: SparseKVConfig
+    k_rec: np.ndarray
+    v_rec: np.ndarray
+    k_ring: np.ndarray
+    v_ring: np.ndarray
+    lens: np.ndarray
+
+    @classmethod
+    def empty(cls, config: SparseKVConfig, batch: int) -> "SparseKVCache":
+        """A cache of ``batch`` empty sequences (arrays zero-filled)."""
+        c, h = config, config.num_kv_heads
+        return cls(c, np.zeros((batch, h, c.record_capacity, c.rk), np.uint8),
+                   np.zeros((batch, h, c.record_capacity, c.rv), np.uint8),
+                   np.zeros((batch, h, c.ring, c.head_dim), np.float16),
+                   np.zeros((batch, h, c.ring, c.head_dim), np.float16), np.zeros(batch, np.int32))
+
+    @classmethod
+    def prefill(cls, config: SparseKVConfig, k: np.ndarray, v: np.ndarray, lens) -> "SparseKVCache":
+        """Cache of prompts: ``k``/``v`` fp16 ``[B, Hkv, S, head_dim]``, ``lens[b] ≤ S`` valid tokens."""
+        c = config
+        k = np.asarray(k, np.float16)
+        v = np.asarray(v, np.float16)
+        if k.shape != v.shape or k.ndim != 4 or k.shape[1] != c.num_kv_heads or k.shape[3] != c.head_dim:
+            raise EdgeSDKError(f"prefill K {k.shape} / V {v.shape} do not match [B, {c.num_kv_heads}, S, "
+                               f"{c.head_dim}]", "pass K and V as [batch, kv_heads, tokens, head_dim] fp16")
+        lens = c.check_lengths(lens)
+        if lens.shape[0] != k.shape[0] or (lens.size and lens.max() > k.shape[2]):
+            raise EdgeSDKError(f"prefill lens {lens.tolist()} do not fit K/V of {k.shape[2]} tokens, batch {k.shape[0]}",
+                               "one length per sequence, each ≤ the tokens given")
+        cache = cls.empty(c, k.shape[0])
+        for b, L in enumerate(lens.tolist()):
+            nc = c.n_compressed(L)
+            cache.k_rec[b, :, :nc] = compress(k[b, :, :nc], c.keep_k)
+            cache.v_rec[b, :, :nc] = compress(v[b, :, :nc], c.keep_v)
+            for t in range(nc, L):
+                cache.k_ring[b, :, t % c.ring] = k[b, :, t]
+                cache.v_ring[b, :, t % c.ring] = v[b, :, t]
+        cache.lens[:] = lens
+        return cache
+
+    def append(self, k_new: np.ndarray, v_new: np.ndarray) -> None:
+        """Append one token per sequence (``fp16 [B, Hkv, head_dim]``), compressing a group when the
+        window reaches ``window + group`` tokens (what ``sparse_kv_append`` does on the GPU)."""
+        c = self.config
+        if int(self.lens.max(initial=0)) + 1 > c.capacity:
+            raise EdgeSDKError(f"sparse_kv cache is full (capacity {c.capacity})", "raise SparseKVConfig.capacity")
+        self.lens += 1
+        for b, L in enumerate(self.lens.tolist()):
+            self.k_ring[b, :, (L - 1) % c.ring] = k_new[b]
+            self.v_ring[b, :, (L - 1) % c.ring] = v_new[b]
+            if L >= c.window + c.group and (L - c.window) % c.group == 0:
+                for t in range(L - c.window - c.group, L - c.window):
+                    self.k_rec[b, :, t] = compress(self.k_ring[b, :, t % c.ring], c.keep_k)
+                    self.v_rec[b, :, t] = compress(self.v_ring[b, :, t % c.ring], c.keep_v)
+
+    def dense(self) -> tuple[np.ndarray, np.ndarray]:
+        """Pruned dense K, V ``fp16 [B, Hkv, max(lens), head_dim]`` (zeros past each length); validates
+        every record in use."""
+        c = self.config
+        B, H = self.k_rec.shape[:2]
+        T = int(self.lens.max(initial=0))
+        k = np.zeros((B, H, T, c.head_dim), np.float16)
+        v = np.zeros_like(k)
+        for b, L in enumerate(self.lens.tolist()):
+            nc = c.n_compressed(L)
+            if nc > self.k_rec.shape[2]:
+                raise FormatError(f"sequence {b}: {nc} compressed tokens exceed the {self.k_rec.shape[2]} "
+                                  "record slots", _FIX)
+            k[b, :, :nc] = decompress(self.k_rec[b, :, :nc], c.head_dim, c.keep_k)
+            v[b, :, :nc] = decompress(self.v_rec[b, :, :nc], c.head_dim, c.keep_v)
+            for t in range(nc, L):
+                k[b, :, t] = self.k_ring[b, :, t % c.ring]
+                v[b, :, t] = self.v_ring[b, :, t % c.ring]
+        return k, v

@@ -1,0 +1,191 @@
+"""Launchers for the bitmap-sparse KV cache (``plugins/sparse_kv/sparse_kv.cu``): raw pointers + stream.
+
+API for the LLM runtime (no ONNX node yet). Every call launches on the caller's stream, allocates
+nothing, never synchronises and compiles only on the first use of a (kernel, context), so a decode
+step can be captured in a CUDA graph. Cache arrays (:class:`CachePtrs`) are laid out exactly as
+:class:`edgesdk.formats.sparse_kv.SparseKVCache` describes; the caller owns them and ``lens``
+(``int32 [B]`` on the device, tokens per sequence *including* the token being appended).
+
+- :func:`prefill` — prompts ``[B, Hkv, S, d]`` fp16 → records for ``[0, n_comp)`` + dense ring.
+- :func:`append` — one new K/V token per sequence (``[B, Hkv, d]``); compresses the window's oldest
+  ``group`` tokens when it reaches ``window + group``. Update ``lens`` (+1) *before* calling.
+- :func:`decode_attention` — one query per sequence ``[B, Hq, d]`` fp16 → ``out [B, Hq, d]`` fp16,
+  split over tokens (flash-decoding) into a caller-preallocated workspace
+  (:func:`workspace_bytes`), then merged.
+- :func:`dense_decode_attention` — the same kernels on a plain dense fp16 cache (the dense baseline).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import NamedTuple
+
+from edgesdk.errors import EdgeSDKError
+from edgesdk.formats.sparse_kv import SparseKVConfig
+from edgesdk.kernels import _cuda
+
+SOURCE = "sparse_kv/sparse_kv.cu"
+THREADS = 128
+WARPS = THREADS // 32
+_LOG2E = 1.4426950408889634
+_DENSE_WINDOW = 1 << 30  # window so large that nothing is ever compressed
+
+
+class CachePtrs(NamedTuple):
+    """Device pointers of one layer's cache (see :class:`~edgesdk.formats.sparse_kv.SparseKVCache`)."""
+
+    k_rec: int
+    v_rec: int
+    k_ring: int
+    v_ring: int
+    lens: int
+
+
+def gqa_pad(g: int) -> int:
+    """Query heads per KV head rounded up to a kernel instantiation (1, 2, 4 or 8)."""
+    for gp in (1, 2, 4, 8):
+        if g <= gp:
+            return gp
+    raise EdgeSDKError(f"GQA group {g} > 8 is not supported by sparse_kv", "use ≤ 8 query heads per KV head")
+
+
+def max_tokens_per_split(g: int) -> int:
+    """Largest split (multiple of 64) whose scores fit 16 KB of shared memory."""
+    gp = gqa_pad(g)
+    return min(1024, (4096 // gp - 8) // 64 * 64)
+
+
+def smem_bytes(head_dim: int, g: int, tokens_per_split: int, rv: int) -> int:
+    """Dynamic shared memory of the attention kernel (mirrors ``AttnSmem`` in the .cu)."""
+    gp = gqa_pad(g)
+    o = 4 * head_dim * gp + 4 * gp * (tokens_per_split + 8) + 4 * WARPS * gp + 4 * 2 * gp + 4 * WARPS * gp * head_dim
+    o = -(-o // 16) * 16
+    o += WARPS * (-(-16 * rv // 16) * 16)
+    return o + WARPS * 16 * (head_dim + 8) * 2
+
+
+def sm_count() -> int:
+    """SMs of the current device (a green context reports the whole device: pass its count yourself)."""
+    cu = _cuda._driver()
+    _cuda.init()
+    dev = _cuda.check(cu.cuCtxGetDevice())
+    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    return int(_cuda.check(cu.cuDeviceGetAttribute(attr, dev)))
+
+
+def plan(num_q_heads: int, num_kv_heads: int, batch: int, max_len: int, sms: int | None = None,
+         tokens_per_split: int | None = None) -> tuple[int, int]:
+    """(tokens per split, number of splits) for ``max_len`` tokens: about 4 blocks per SM in total,
+    at least 128 tokens per split, at most :func:`max_tokens_per_split`."""
+    g = num_q_heads // num_kv_heads
+    cap = max_tokens_per_split(g)
+    if tokens_per_split is None:
+        sms = sms or sm_count()
+        want = math.ceil(max(1, max_len) * batch * num_kv_heads / (4 * sms))
+        tokens_per_split = min(cap, max(128, -(-want // 64) * 64))
+    if tokens_per_split % 64 or not 64 <= tokens_per_split <= cap:
+        raise EdgeSDKError(f"tokens_per_split={tokens_per_split} must be a multiple of 64 in [64, {cap}]",
+                           "leave it None for the heuristic")
+    return tokens_per_split, max(1, math.ceil(max(1, max_len) / tokens_per_split))
+
+
+def workspace_bytes(num_q_heads: int, head_dim: int, batch: int, num_splits: int) -> int:
+    """Bytes of the split workspace: ``B · Hq · splits · (d + 2)`` float32."""
+    return 4 * batch * num_q_heads * num_splits * (head_dim + 2)
+
+
+def _kernel(name: str) -> _cuda.Kernel:
+    return _cuda.get_kernel(SOURCE, name)
+
+
+def _i(x: int) -> ctypes.c_int:
+    return ctypes.c_int(int(x))
+
+
+def _p(x: int) -> ctypes.c_void_p:
+    return ctypes.c_void_p(int(x))
+
+
+def _cache_args(cfg: SparseKVConfig, c: CachePtrs) -> list:
+    return [_p(c.lens), _p(c.k_rec), _p(c.v_rec), _p(c.k_ring), _p(c.v_ring), _i(cfg.num_kv_heads),
+            _i(cfg.record_capacity), _i(cfg.ring), _i(cfg.window), _i(cfg.group), _i(cfg.keep_k),
+            _i(cfg.keep_v), _i(cfg.rk), _i(cfg.rv)]
+
+
+def prefill(cfg: SparseKVConfig, batch: int, src_tokens: int, k_src: int, v_src: int, cache: CachePtrs,
+            stream: int) -> None:
+    """Compress prompts: ``k_src``/``v_src`` fp16 ``[B, Hkv, src_tokens, d]``, ``lens[b] ≤ src_tokens``
+    (device) → records of tokens ``[0, n_comp)`` and ring rows of ``[n_comp, lens[b])``."""
+    if batch < 1 or src_tokens < 1:
+        raise EdgeSDKError(f"sparse_kv prefill of batch {batch}, {src_tokens} tokens", "pass batch ≥ 1 and tokens ≥ 1")
+    k = _kernel(f"sparse_kv_prefill_d{cfg.head_dim}")
+    k.launch((math.ceil(src_tokens / WARPS), cfg.num_kv_heads, batch), (THREADS,),
+             [_p(k_src), _p(v_src), _i(src_tokens), *_cache_args(cfg, cache)], stream)
+
+
+def append(cfg: SparseKVConfig, batch: int, k_new: int, v_new: int, cache: CachePtrs, stream: int) -> None:
+    """Append token ``lens[b] - 1`` (``k_new``/``v_new`` fp16 ``[B, Hkv, d]``) of every sequence with
+    ``lens[b] > 0``; compress a group where the window is full. Raise ``lens`` first."""
+    k = _kernel(f"sparse_kv_append_d{cfg.head_dim}")
+    k.launch((math.ceil((cfg.group + 1) / WARPS), cfg.num_kv_heads, batch), (THREADS,),
+             [_p(k_new), _p(v_new), *_cache_args(cfg, cache)], stream)
+
+
+def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: int, out: int, workspace: int,
+               stream: int, tensors: list, geometry: list, rv: int, scale: float | None, sms: int | None,
+               tokens_per_split: int | None) -> None:
+    g = hq // hkv
+    ts, ns = plan(hq, hkv, batch, max_len, sms, tokens_per_split)
+    scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * _LOG2E
+    ka = _kernel(f"sparse_kv_attn_d{head_dim}_g{gqa_pad(g)}")
+    ka.launch((ns, hkv, batch), (THREADS,),
+              [_p(q), _p(workspace), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale)],
+              stream, smem_bytes(head_dim, g, ts, rv))
+    kc = _kernel(f"sparse_kv_combine_d{head_dim}")
+    kc.launch((batch * hq,), (head_dim,), [_p(workspace), tensors[0], _p(out), _i(hq), _i(ts), _i(ns)], stream)
+
+
+def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cache: CachePtrs, out: int,
+                     workspace: int, stream: int, scale: float | None = None, sms: int | None = None,
+                     tokens_per_split: int | None = None) -> None:
+    """``out[b, i] = softmax(q[b, i] · Kᵀ · scale) · V`` over the ``lens[b]`` cached tokens of sequence b.
+
+    Args:
+        cfg (SparseKVConfig): Cache geometry.
+        batch (int): Sequences.
+        max_len (int): Upper bound of ``lens`` (host-known, e.g. the capacity); fixes the split grid,
+            so one CUDA graph serves growing lengths.
+        q (int): fp16 ``[B, Hq, d]``; query head ``i`` uses KV head ``i // (Hq / Hkv)``.
+        cache (CachePtrs): The cache (records, rings, lens).
+        out (int): fp16 ``[B, Hq, d]``; sequences of length 0 get zeros.
+        workspace (int): ``workspace_bytes(Hq, d, B, plan(...)[1])`` bytes, preallocated.
+        stream (int): CUDA stream.
+        scale (float | None): Score scale, default ``1 / sqrt(d)``.
+        sms (int | None): SM count for the split heuristic (default: the device's).
+        tokens_per_split (int | None): Force the split size (multiple of 64).
+    """
+    if not 1 <= max_len <= cfg.capacity or batch < 1:
+        raise EdgeSDKError(f"sparse_kv decode_attention: max_len={max_len}, batch={batch}",
+                           f"max_len must be in [1, capacity={cfg.capacity}] and batch ≥ 1")
+    tensors = [_p(cache.lens), _p(cache.k_rec), _p(cache.v_rec), _p(cache.k_ring), _p(cache.v_ring)]
+    geometry = [_i(cfg.record_capacity), _i(cfg.ring), _i(cfg.window), _i(cfg.group), _i(cfg.keep_k),
+                _i(cfg.keep_v), _i(cfg.rk), _i(cfg.rv)]
+    _attention(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, batch, max_len, q, out, workspace, stream,
+               tensors, geometry, cfg.rv, scale, sms, tokens_per_split)
+
+
+def dense_decode_attention(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: int, capacity: int,
+                           max_len: int, q: int, k: int, v: int, lens: int, out: int, workspace: int,
+                           stream: int, scale: float | None = None, sms: int | None = None,
+                           tokens_per_split: int | None = None) -> None:
+    """Dense fp16 baseline on the same split kernels: ``k``/``v`` fp16 ``[B, Hkv, capacity, d]``."""
+    gqa_pad(num_q_heads // num_kv_heads)
+    if head_dim not in (64, 128) or not 1 <= max_len <= capacity:
+        raise EdgeSDKError(f"dense_decode_attention: head_dim={head_dim}, max_len={max_len}, capacity={capacity}",
+                           "head_dim 64 or 128, 1 ≤ max_len ≤ capacity")
+    tensors = [_p(lens), _p(0), _p(0), _p(k), _p(v)]
+    # No records: n_comp is always 0, so record sizes only size the (unused) staging buffers.
+    geometry = [_i(1), _i(capacity), _i(_DENSE_WINDOW), _i(1), _i(1), _i(1), _i(8), _i(8)]
+    _attention(head_dim, num_q_heads, num_kv_heads, batch, max_len, q, out, workspace, stream, tensors,
+               geometry, 8, scale, sms, tokens_per_split)

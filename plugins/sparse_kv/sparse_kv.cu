@@ -1,0 +1,520 @@
+// sparse_kv: bitmap-sparse KV cache (MUSTAFAR-style per-token magnitude pruning) and flash-decoding
+// attention over it. Format: edgesdk/formats/sparse_kv.py (the numpy twin of every kernel here).
+//
+// Cache of one (sequence b, KV head h), for K and V alike, after L tokens:
+//   tokens [0, n_comp)  compressed records, fixed size R bytes each, token-major:
+//                       uint64 bitmap[D/64] (bit c = channel c kept) | fp16 kept values in channel
+//                       order | zero padding to KP = round_up(keep, 4) values
+//   tokens [n_comp, L)  dense fp16 rows in a ring of C = W + A slots (token t lives in slot t % C)
+//   n_comp = L >= W + A ? ((L - W) / A) * A : 0       (W: dense window, A: append group)
+// Per-token pruning keeps exactly `keep` channels per token (largest |x|, ties to the lower channel),
+// so every record has the same size: no offsets, O(1) append, random access for the token split.
+//
+// Kernels (Ampere instructions only: mma.sync, ldmatrix, redux.sync, popc; sm_87 and sm_90):
+//   sparse_kv_attn_d{D}_g{GP}   grid (NS, Hkv, B), 128 threads. One block = one (b, h) and TS tokens.
+//       K: one thread per token, a sparse dot product over the record's set bits (GP query heads of
+//          the GQA group at once), scores in shared memory; block max/sum (fp32, exp2).
+//       V: each warp takes 16-token tiles, decompresses records (2 lanes per token) into a dense
+//          fp16 tile in shared memory and multiplies P[16 (heads) x 16] x V[16 x D] with
+//          mma.sync.m16n8k16 (fp32 accumulation; P rounded to fp16, l summed from the same values).
+//       Writes the split's (m, l, acc[D]) to the workspace.
+//   sparse_kv_combine_d{D}      grid (B * Hq), D threads: merges the splits, writes fp16 out.
+//   sparse_kv_prefill_d{D}      grid (ceil(S / 4), Hkv, B): compress tokens [0, n_comp), copy the
+//                               rest into the ring (one warp per token, K then V).
+//   sparse_kv_append_d{D}       grid (ceil((A + 1) / 4), Hkv, B): write token lens[b]-1 into the ring;
+//                               when the window reaches W + A, compress its oldest A tokens.
+// Top-k per token: a warp-wide radix select on the 15-bit magnitude |x| (fp16 bits & 0x7fff) with
+// __reduce_add_sync, then ballots give bitmap, tie ranks and value positions.
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTile = 16;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ int n_compressed(int L, int W, int A) {
+  return L >= W + A ? ((L - W) / A) * A : 0;
+}
+
+__device__ __forceinline__ int round_up(int x, int m) { return (x + m - 1) / m * m; }
+
+// Shared-memory carve-up of the attention kernel (the launcher computes the same total).
+template <int D, int GP>
+struct AttnSmem {
+  float* qs;      // [D][GP]  q * scale * log2(e)
+  float* sc;      // [GP][TS + 8] scores, then fp16-rounded probabilities
+  float* red;     // [kWarps][GP]
+  float* stat;    // [2][GP] block max, block sum
+  float* racc;    // [kWarps][GP][D] per-warp V accumulators
+  uint8_t* stage; // [kWarps][16 * R] compressed V records of the warp's tile
+  __half* tile;   // [kWarps][16][D + 8] dense V tile
+  __device__ AttnSmem(uint8_t* base, int TS, int rv) {
+    size_t o = 0;
+    qs = reinterpret_cast<float*>(base + o); o += sizeof(float) * D * GP;
+    sc = reinterpret_cast<float*>(base + o); o += sizeof(float) * GP * (TS + 8);
+    red = reinterpret_cast<float*>(base + o); o += sizeof(float) * kWarps * GP;
+    stat = reinterpret_cast<float*>(base + o); o += sizeof(float) * 2 * GP;
+    racc = reinterpret_cast<float*>(base + o); o += sizeof(float) * kWarps * GP * D;
+    o = (o + 15) / 16 * 16;
+    stage = base + o; o += static_cast<size_t>(kWarps) * round_up(kTile * rv, 16);
+    tile = reinterpret_cast<__half*>(base + o);
+  }
+};
+
+template <int GP>
+__device__ __forceinline__ void load_q(const float* qs, int c, float (&qv)[GP]) {
+  if constexpr (GP % 4 == 0) {
+#pragma unroll
+    for (int g = 0; g < GP; g += 4) {
+      float4 v = *reinterpret_cast<const float4*>(qs + c * GP + g);
+      qv[g] = v.x; qv[g + 1] = v.y; qv[g + 2] = v.z; qv[g + 3] = v.w;
+    }
+  } else if constexpr (GP == 2) {
+    float2 v = *reinterpret_cast<const float2*>(qs + c * 2);
+    qv[0] = v.x; qv[1] = v.y;
+  } else {
+    qv[0] = qs[c];
+  }
+}
+
+// Next kept channel of a D-bit bitmap (words w0, w1; cur = remaining bits of the current word).
+template <int D>
+struct BitIter {
+  uint64_t cur, w1;
+  int base;
+  __device__ __forceinline__ int next() {
+    if constexpr (D > 64) {
+      if (cur == 0ull && base == 0) { cur = w1; base = 64; }
+    }
+    const int c = __ffsll(static_cast<long long>(cur)) - 1 + base;
+    cur &= cur - 1ull;
+    return c;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Decode attention, one split.
+template <int D, int GP>
+__device__ __forceinline__ void attn_split(
+    const __half* __restrict__ q, float* __restrict__ ws, const int* __restrict__ lens,
+    const uint8_t* __restrict__ k_rec, const uint8_t* __restrict__ v_rec,
+    const __half* __restrict__ k_ring, const __half* __restrict__ v_ring,
+    int Hkv, int G, int cap, int C, int W, int A, int keep_k, int keep_v, int rk, int rv,
+    int TS, int NS, float scale_log2) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int L = lens[b];
+  const int t_begin = split * TS;
+  const int t_end = min(t_begin + TS, L);
+  const int n = t_end - t_begin;
+  if (n <= 0) return;  // the combine kernel reads only splits below ceil(L / TS)
+  const int n_comp = min(n_compressed(L, W, A), cap);
+  const int Hq = Hkv * G;
+  const size_t bh = static_cast<size_t>(b) * Hkv + h;
+  AttnSmem<D, GP> sm(smem_raw, TS, rv);
+  const int sstride = TS + 8;
+
+  for (int i = tid; i < GP * D; i += kThreads) {
+    const int g = i / D, c = i % D;
+    float v = 0.f;
+    if (g < G) v = __half2float(q[(static_cast<size_t>(b) * Hq + h * G + g) * D + c]) * scale_log2;
+    sm.qs[c * GP + g] = v;
+  }
+  __syncthreads();
+
+  // ---- K: scores, one thread per token -------------------------------------------------------
+  float mloc[GP];
+#pragma unroll
+  for (int g = 0; g < GP; ++g) mloc[g] = -INFINITY;
+  for (int t = t_begin + tid; t < t_end; t += kThreads) {
+    float s[GP];
+#pragma unroll
+    for (int g = 0; g < GP; ++g) s[g] = 0.f;
+    if (t < n_comp) {
+      const uint8_t* rec = k_rec + (bh * cap + t) * static_cast<size_t>(rk);
+      BitIter<D> it;
+      it.cur = reinterpret_cast<const uint64_t*>(rec)[0];
+      it.w1 = D > 64 ? reinterpret_cast<const uint64_t*>(rec)[D / 64 - 1] : 0ull;
+      it.base = 0;
+      const uint2* vals = reinterpret_cast<const uint2*>(rec + D / 8);
+      for (int j = 0; j < keep_k; j += 4) {
+        const uint2 raw = vals[j >> 2];
+        const __half2 h01 = *reinterpret_cast<const __half2*>(&raw.x);
+        const __half2 h23 = *reinterpret_cast<const __half2*>(&raw.y);
+        const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
+        const float fv[4] = {f01.x, f01.y, f23.x, f23.y};
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          if (j + u < keep_k) {
+            const int c = it.next();
+            float qv[GP];
+            load_q<GP>(sm.qs, c, qv);
+#pragma unroll
+            for (int g = 0; g < GP; ++g) s[g] = fmaf(fv[u], qv[g], s[g]);
+          }
+        }
+      }
+    } else {
+      const uint4* row = reinterpret_cast<const uint4*>(k_ring + (bh * C + (t % C)) * D);
+#pragma unroll 2
+      for (int c8 = 0; c8 < D / 8; ++c8) {
+        const uint4 raw = row[c8];
+        const __half2* hp = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const float2 f = __half22float2(hp[u]);
+          float qa[GP], qb[GP];
+          load_q<GP>(sm.qs, c8 * 8 + 2 * u, qa);
+          load_q<GP>(sm.qs, c8 * 8 + 2 * u + 1, qb);
+#pragma unroll
+          for (int g = 0; g < GP; ++g) s[g] = fmaf(f.y, qb[g], fmaf(f.x, qa[g], s[g]));
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < GP; ++g) {
+      sm.sc[g * sstride + (t - t_begin)] = s[g];
+      mloc[g] = fmaxf(mloc[g], s[g]);
+    }
+  }
+  const int n16 = round_up(n, kTile);
+  for (int i = n + tid; i < n16; i += kThreads) {
+#pragma unroll
+    for (int g = 0; g < GP; ++g) sm.sc[g * sstride + i] = -INFINITY;
+  }
+#pragma unroll
+  for (int g = 0; g < GP; ++g) {
+    float m = mloc[g];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (lane == 0) sm.red[warp * GP + g] = m;
+  }
+  __syncthreads();
+  if (tid < GP) {
+    float m = sm.red[tid];
+    for (int w = 1; w < kWarps; ++w) m = fmaxf(m, sm.red[w * GP + tid]);
+    sm.stat[tid] = m;
+  }
+  __syncthreads();
+  float mg[GP], lloc[GP];
+#pragma unroll
+  for (int g = 0; g < GP; ++g) { mg[g] = sm.stat[g]; lloc[g] = 0.f; }
+  for (int i = tid; i < n; i += kThreads) {
+#pragma unroll
+    for (int g = 0; g < GP; ++g) {
+      // Round to fp16 here: the same value feeds the mma (A operand) and the sum l.
+      const float p = __half2float(__float2half_rn(exp2f(sm.sc[g * sstride + i] - mg[g])));
+      sm.sc[g * sstride + i] = p;
+      lloc[g] += p;
+    }
+  }
+  for (int i = n + tid; i < n16; i += kThreads) {
+#pragma unroll
+    for (int g = 0; g < GP; ++g) sm.sc[g * sstride + i] = 0.f;
+  }
+#pragma unroll
+  for (int g = 0; g < GP; ++g) {
+    float l = lloc[g];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) sm.red[warp * GP + g] = l;
+  }
+  __syncthreads();
+  if (tid < GP) {
+    float l = 0.f;
+    for (int w = 0; w < kWarps; ++w) l += sm.red[w * GP + tid];
+    sm.stat[GP + tid] = l;
+  }
+
+  // ---- V: 16-token tiles per warp, decompress to smem, P x V on tensor cores -----------------
+  constexpr int NT = D / 8;     // n8 tiles over channels
+  constexpr int TR = D + 8;     // padded tile row (halfs): conflict-free ldmatrix
+  float acc[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  uint8_t* stage = sm.stage + warp * round_up(kTile * rv, 16);
+  __half* tile = sm.tile + warp * kTile * TR;
+  const int r = lane >> 1, half = lane & 1;   // decompression: 2 lanes per token
+  const int g_row = lane >> 2, kq = lane & 3; // mma fragment coordinates
+  const int ntiles = n16 / kTile;
+  for (int tt = warp; tt < ntiles; tt += kWarps) {
+    const int tb = t_begin + tt * kTile;
+    const int nrec = max(0, min(min(tb + kTile, t_end), n_comp) - tb);
+    {
+      const uint2* src = reinterpret_cast<const uint2*>(v_rec + (bh * cap + tb) * static_cast<size_t>(rv));
+      uint2* dst = reinterpret_cast<uint2*>(stage);
+      const int nw = nrec * rv / 8;
+      for (int i = lane; i < nw; i += 32) dst[i] = src[i];
+    }
+    __syncwarp();
+    {
+      const int t = tb + r;
+      __half* row = tile + r * TR + half * (D / 2);
+      if (t < t_end && t < n_comp) {
+        const uint8_t* rec = stage + r * rv;
+        const uint64_t* bm = reinterpret_cast<const uint64_t*>(rec);
+        uint64_t bits;
+        int idx;
+        if constexpr (D == 64) {
+          const uint64_t w0 = bm[0];
+          bits = half ? (w0 >> 32) : (w0 & 0xffffffffull);
+          idx = half ? __popc(static_cast<uint32_t>(w0)) : 0;
+        } else {
+          bits = bm[half];
+          idx = half ? __popcll(bm[0]) : 0;
+        }
+        uint4* row4 = reinterpret_cast<uint4*>(row);
+#pragma unroll
+        for (int i = 0; i < D / 16; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
+        const __half* vals = reinterpret_cast<const __half*>(rec + D / 8);
+        while (bits) {
+          const int c = __ffsll(static_cast<long long>(bits)) - 1;
+          bits &= bits - 1ull;
+          row[c] = vals[idx++];
+        }
+      } else if (t < t_end) {
+        const uint4* src = reinterpret_cast<const uint4*>(v_ring + (bh * C + (t % C)) * D + half * (D / 2));
+        uint4* row4 = reinterpret_cast<uint4*>(row);
+#pragma unroll
+        for (int i = 0; i < D / 16; ++i) row4[i] = src[i];
+      } else {
+        uint4* row4 = reinterpret_cast<uint4*>(row);
+#pragma unroll
+        for (int i = 0; i < D / 16; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+    __syncwarp();
+    uint32_t a[4] = {0u, 0u, 0u, 0u};
+    if (g_row < GP) {
+      const float* pr = sm.sc + g_row * sstride + tt * kTile + 2 * kq;
+      a[0] = pack_half2(pr[0], pr[1]);
+      a[2] = pack_half2(pr[8], pr[9]);
+    }
+    const int mi = lane >> 3, rr = lane & 7;
+    const __half* lrow = tile + ((mi & 1) * 8 + rr) * TR + (mi >> 1) * 8;
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t bfr[4];
+      ldmatrix_x4_trans(bfr, lrow + np * 16);
+      mma16816(acc[2 * np], a, bfr[0], bfr[1]);
+      mma16816(acc[2 * np + 1], a, bfr[2], bfr[3]);
+    }
+    __syncwarp();
+  }
+  if (g_row < GP) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      float* dst = sm.racc + (warp * GP + g_row) * D + nt * 8 + 2 * kq;
+      dst[0] = acc[nt][0];
+      dst[1] = acc[nt][1];
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < G * D; i += kThreads) {
+    const int g = i / D, c = i % D;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += sm.racc[(w * GP + g) * D + c];
+    float* part = ws + ((static_cast<size_t>(b) * Hq + h * G + g) * NS + split) * (D + 2);
+    part[2 + c] = v;
+    if (c == 0) {
+      part[0] = sm.stat[g];
+      part[1] = sm.stat[GP + g];
+    }
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void combine(const float* __restrict__ ws, const int* __restrict__ lens,
+                                        __half* __restrict__ out, int Hq, int TS, int NS) {
+  const int bq = blockIdx.x, b = bq / Hq, c = threadIdx.x;
+  const int L = lens[b];
+  const int ns = L > 0 ? min(NS, (L + TS - 1) / TS) : 0;
+  const float* part = ws + static_cast<size_t>(bq) * NS * (D + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < ns; ++s) M = fmaxf(M, part[s * (D + 2)]);
+  float num = 0.f, den = 0.f;
+  for (int s = 0; s < ns; ++s) {
+    const float w = exp2f(part[s * (D + 2)] - M);
+    den = fmaf(w, part[s * (D + 2) + 1], den);
+    num = fmaf(w, part[s * (D + 2) + 2 + c], num);
+  }
+  out[static_cast<size_t>(bq) * D + c] = __float2half_rn(den > 0.f ? num / den : 0.f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compression of one token by one warp: keep the `keep` largest |x| (ties: lower channel first).
+template <int D>
+__device__ __forceinline__ void compress_token(const __half* __restrict__ src, uint8_t* __restrict__ dst,
+                                               int keep, int kp) {
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x & 31;
+  const uint32_t lt = (1u << lane) - 1u;
+  __half x[E];
+  uint32_t key[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    x[e] = src[e * 32 + lane];
+    key[e] = __half_as_ushort(x[e]) & 0x7fffu;
+  }
+  uint32_t tau = 0;
+#pragma unroll 1
+  for (int bit = 14; bit >= 0; --bit) {
+    const uint32_t cand = tau | (1u << bit);
+    uint32_t cnt = 0;
+#pragma unroll
+    for (int e = 0; e < E; ++e) cnt += key[e] >= cand;
+    if (static_cast<int>(__reduce_add_sync(0xffffffffu, cnt)) >= keep) tau = cand;
+  }
+  uint32_t gt = 0;
+#pragma unroll
+  for (int e = 0; e < E; ++e) gt += key[e] > tau;
+  const int need = keep - static_cast<int>(__reduce_add_sync(0xffffffffu, gt));
+  bool kf[E];
+  uint32_t km[E];
+  int tie_before = 0;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const uint32_t tm = __ballot_sync(0xffffffffu, key[e] == tau);
+    kf[e] = key[e] > tau || (key[e] == tau && tie_before + __popc(tm & lt) < need);
+    tie_before += __popc(tm);
+    km[e] = __ballot_sync(0xffffffffu, kf[e]);
+  }
+  if (lane < D / 64) {
+    uint64_t w = 0;
+#pragma unroll
+    for (int j = 0; j < D / 64; ++j)
+      if (j == lane) w = static_cast<uint64_t>(km[2 * j]) | (static_cast<uint64_t>(km[2 * j + 1]) << 32);
+    reinterpret_cast<uint64_t*>(dst)[lane] = w;
+  }
+  __half* vals = reinterpret_cast<__half*>(dst + D / 8);
+  int before = 0;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    if (kf[e]) vals[before + __popc(km[e] & lt)] = x[e];
+    before += __popc(km[e]);
+  }
+  if (lane < kp - keep) vals[keep + lane] = __ushort_as_half(0);
+}
+
+template <int D>
+__device__ __forceinline__ void copy_row(const __half* __restrict__ src, __half* __restrict__ dst) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int e = 0; e < D / 32; ++e) dst[e * 32 + lane] = src[e * 32 + lane];
+}
+
+template <int D>
+__device__ __forceinline__ void prefill(
+    const __half* __restrict__ k_src, const __half* __restrict__ v_src, int S, const int* __restrict__ lens,
+    uint8_t* __restrict__ k_rec, uint8_t* __restrict__ v_rec, __half* __restrict__ k_ring,
+    __half* __restrict__ v_ring, int Hkv, int cap, int C, int W, int A, int keep_k, int keep_v, int rk, int rv) {
+  const int t = blockIdx.x * kWarps + (threadIdx.x >> 5), h = blockIdx.y, b = blockIdx.z;
+  const int L = min(lens[b], S);
+  if (t >= L) return;
+  const int n_comp = n_compressed(L, W, A);
+  const size_t bh = static_cast<size_t>(b) * Hkv + h;
+  const __half* ks = k_src + (bh * S + t) * D;
+  const __half* vs = v_src + (bh * S + t) * D;
+  if (t < n_comp) {
+    if (t >= cap) return;
+    compress_token<D>(ks, k_rec + (bh * cap + t) * static_cast<size_t>(rk), keep_k, (rk - D / 8) / 2);
+    compress_token<D>(vs, v_rec + (bh * cap + t) * static_cast<size_t>(rv), keep_v, (rv - D / 8) / 2);
+  } else {
+    copy_row<D>(ks, k_ring + (bh * C + t % C) * D);
+    copy_row<D>(vs, v_ring + (bh * C + t % C) * D);
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void append(
+    const __half* __restrict__ k_new, const __half* __restrict__ v_new, const int* __restrict__ lens,
+    uint8_t* __restrict__ k_rec, uint8_t* __restrict__ v_rec, __half* __restrict__ k_ring,
+    __half* __restrict__ v_ring, int Hkv, int cap, int C, int W, int A, int keep_k, int keep_v, int rk, int rv) {
+  const int i = blockIdx.x * kWarps + (threadIdx.x >> 5), h = blockIdx.y, b = blockIdx.z;
+  const int L = lens[b];
+  if (L <= 0 || i > A) return;
+  const size_t bh = static_cast<size_t>(b) * Hkv + h;
+  if (i == A) {
+    copy_row<D>(k_new + bh * D, k_ring + (bh * C + (L - 1) % C) * D);
+    copy_row<D>(v_new + bh * D, v_ring + (bh * C + (L - 1) % C) * D);
+    return;
+  }
+  // Compress the oldest A window tokens when this token fills the window to W + A. They are not the
+  // new token's slot (W >= 1), so the warps above run concurrently without a race.
+  if (L < W + A || (L - W) % A != 0) return;
+  const int t = L - W - A + i;
+  if (t >= cap) return;
+  compress_token<D>(k_ring + (bh * C + t % C) * D, k_rec + (bh * cap + t) * static_cast<size_t>(rk), keep_k,
+                    (rk - D / 8) / 2);
+  compress_token<D>(v_ring + (bh * C + t % C) * D, v_rec + (bh * cap + t) * static_cast<size_t>(rv), keep_v,
+                    (rv - D / 8) / 2);
+}
+
+}  // namespace
+
+#define ATTN_ARGS                                                                                      \
+  const __half *q, float *ws, const int *lens, const uint8_t *k_rec, const uint8_t *v_rec,            \
+      const __half *k_ring, const __half *v_ring, int Hkv, int G, int cap, int C, int W, int A,        \
+      int keep_k, int keep_v, int rk, int rv, int TS, int NS, float scale_log2
+#define ATTN_PASS q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, cap, C, W, A, keep_k, keep_v, rk, rv, TS, NS, scale_log2
+
+#define DEF_ATTN(D, GP)                                                                                \
+  extern "C" __global__ void __launch_bounds__(kThreads, 4) sparse_kv_attn_d##D##_g##GP(ATTN_ARGS) {     \
+    attn_split<D, GP>(ATTN_PASS);                                                                      \
+  }
+DEF_ATTN(64, 1)
+DEF_ATTN(64, 2)
+DEF_ATTN(64, 4)
+DEF_ATTN(64, 8)
+DEF_ATTN(128, 1)
+DEF_ATTN(128, 2)
+DEF_ATTN(128, 4)
+DEF_ATTN(128, 8)
+
+#define CACHE_ARGS                                                                                     \
+  const int *lens, uint8_t *k_rec, uint8_t *v_rec, __half *k_ring, __half *v_ring, int Hkv, int cap,  \
+      int C, int W, int A, int keep_k, int keep_v, int rk, int rv
+#define CACHE_PASS lens, k_rec, v_rec, k_ring, v_ring, Hkv, cap, C, W, A, keep_k, keep_v, rk, rv
+
+#define DEF_D(D)                                                                                       \
+  extern "C" __global__ void __launch_bounds__(D) sparse_kv_combine_d##D(const float* ws, const int* lens, \
+                                                                          __half* out, int Hq, int TS, int NS) { \
+    combine<D>(ws, lens, out, Hq, TS, NS);                                                             \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(kThreads) sparse_kv_prefill_d##D(                      \
+      const __half* k_src, const __half* v_src, int S, CACHE_ARGS) {                                  \
+    prefill<D>(k_src, v_src, S, CACHE_PASS);                                                           \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(kThreads) sparse_kv_append_d##D(                       \
+      const __half* k_new, const __half* v_new, CACHE_ARGS) {                                         \
+    append<D>(k_new, v_new, CACHE_PASS);                                                               \
+  }
+DEF_D(64)
+DEF_D(128)

@@ -1,0 +1,163 @@
+"""sparse_kv format, pruning, cache model and reference (CPU)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgesdk.errors import EdgeSDKError, FormatError
+from edgesdk.formats import sparse_kv as f
+from edgesdk.reference import sparse_kv as ref
+
+
+def test_keep_count_and_record_bytes():
+    assert [f.keep_count(64, s) for s in (0.0, 0.5, 0.7)] == [64, 32, 19]
+    assert [f.keep_count(128, s) for s in (0.0, 0.5, 0.7)] == [128, 64, 38]
+    assert f.record_bytes(64, 19) == 8 + 2 * 20 == 48
+    assert f.record_bytes(64, 32) == 72 and f.record_bytes(128, 38) == 16 + 80
+    with pytest.raises(EdgeSDKError, match="outside"):
+        f.keep_count(64, 1.0)
+
+
+def test_worked_example_d64():
+    # x[c] = ±(c + 1) / 64, + on even channels: magnitudes grow with c, so 70 % pruning (keep 19)
+    # keeps channels 45..63: bitmap bits 45..63 = 0xFFFFE00000000000, values x[45..63] then 1 zero pad.
+    c = np.arange(64)
+    x = ((c + 1) * np.where(c % 2, -1, 1) / 64).astype(np.float16)
+    rec = f.compress(x, 19)
+    assert rec.dtype == np.uint8 and rec.shape == (48,)
+    assert rec[:8].tobytes() == (0xFFFFE00000000000).to_bytes(8, "little")
+    vals = rec[8:].view("<f2")
+    assert vals[0] == np.float16(-46 / 64) and vals[1] == np.float16(47 / 64) and vals[18] == np.float16(-1.0)
+    assert vals[19] == 0
+    dense = f.decompress(rec, 64, 19)
+    assert np.array_equal(dense[:45], np.zeros(45, np.float16)) and np.array_equal(dense[45:], x[45:])
+
+
+def test_ties_keep_lower_channels_and_sign_ignored():
+    x = np.full(64, 0.5, np.float16)
+    x[7] = -0.5  # same magnitude
+    x[60] = -2.0  # largest
+    rec = f.compress(x, 3)
+    assert int.from_bytes(rec[:8].tobytes(), "little") == (1 << 60) | 0b11
+    assert list(rec[8:14].view("<f2")) == [0.5, 0.5, -2.0]
+    # -0 and +0 tie: lower channel wins.
+    z = np.zeros(64, np.float16)
+    z[3] = np.float16(-0.0)
+    assert int.from_bytes(f.compress(z, 2)[:8].tobytes(), "little") == 0b11
+
+
+def test_worked_example_d128_second_word():
+    x = np.zeros(128, np.float16) + np.float16(0.001)
+    x[[1, 64, 127]] = [3, -4, 5]
+    rec = f.compress(x, 3)
+    assert rec.shape == (16 + 8,)
+    w = np.frombuffer(rec[:16].tobytes(), "<u8")
+    assert w[0] == 1 << 1 and w[1] == (1 << 0) | (1 << 63)
+    assert list(rec[16:22].view("<f2")) == [3, -4, 5]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([64, 128]), st.floats(0.0, 0.95), st.integers(1, 9), st.integers(0, 2**31 - 1))
+def test_roundtrip_property(d, sparsity, rows, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, d)).astype(np.float16)
+    x[rng.random(x.shape) < 0.1] = x[0, 0]  # force ties
+    keep = f.keep_count(d, sparsity)
+    rec = f.compress(x, keep)
+    assert rec.shape == (rows, f.record_bytes(d, keep))
+    dense = f.decompress(rec, d, keep)
+    assert np.array_equal(dense.view(np.uint16), f.prune(x, keep).view(np.uint16))
+    mask = f.prune_mask(x, keep)
+    assert (mask.sum(-1) == keep).all()
+    mag = np.abs(x.astype(np.float32))
+    for r in range(rows):  # every kept magnitude ≥ every dropped one
+        if keep < d:
+            assert mag[r][mask[r]].min() >= mag[r][~mask[r]].max()
+
+
+def test_corrupted_records_raise_format_error():
+    rng = np.random.default_rng(1)
+    rec = f.compress(rng.standard_normal((5, 64)).astype(np.float16), 19)
+    bad = rec.copy()
+    bad[2, 0] ^= 0xFF  # bitmap popcount changes
+    with pytest.raises(FormatError, match="record 2 has"):
+        f.decompress(bad, 64, 19)
+    bad = rec.copy()
+    bad[4, -1] = 0x3C  # padding value nonzero
+    with pytest.raises(FormatError, match="padding"):
+        f.decompress(bad, 64, 19)
+    with pytest.raises(FormatError, match="expected"):
+        f.decompress(rec[:, :40], 64, 19)
+    with pytest.raises(FormatError, match="expected"):
+        f.decompress(rec.astype(np.float32), 64, 19)
+
+
+def test_config_validation_and_memory():
+    c = f.SparseKVConfig(64, 32, 8, 0.7, 0.7, 4096)
+    assert c.gqa == 4 and c.ring == 64 and c.keep_k == 19 and c.rk == 48
+    assert c.n_compressed(63) == 0 and c.n_compressed(64) == 32 and c.n_compressed(95) == 32
+    assert c.n_compressed(96) == 64
+    assert c.memory_ratio(4096) <= 0.46  # issue target (records + dense window)
+    assert f.SparseKVConfig(64, 9, 3, 0.5, 0.5, 100).memory_ratio(100) < 1
+    for kw in ({"head_dim": 96}, {"num_q_heads": 30}, {"num_q_heads": 72}, {"window": 0}, {"k_sparsity": 1.5}):
+        args = dict(head_dim=64, num_q_heads=32, num_kv_heads=8, k_sparsity=0.5, v_sparsity=0.5, capacity=64)
+        args.update(kw)
+        with pytest.raises(EdgeSDKError):
+            f.SparseKVConfig(**args)
+    with pytest.raises(EdgeSDKError, match="capacity"):
+        c.check_lengths(np.array([5000]))
+
+
+def _kv(rng, b, h, s, d):
+    return (rng.standard_normal((b, h, s, d)) * 0.7).astype(np.float16), rng.standard_normal((b, h, s, d)).astype(np.float16)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 13), st.integers(0, 2**31 - 1))
+def test_append_matches_prefill(window, group, seed):
+    """Appending token by token gives the same records and window as compressing the prompt at once."""
+    rng = np.random.default_rng(seed)
+    cfg = f.SparseKVConfig(64, 4, 2, 0.7, 0.5, 80, window=window, group=group)
+    lens = np.array([int(rng.integers(0, 80)), 80, int(rng.integers(1, 80))], np.int32)
+    k, v = _kv(rng, 3, 2, 80, 64)
+    full = f.SparseKVCache.prefill(cfg, k, v, lens)
+    step = f.SparseKVCache.prefill(cfg, k, v, np.zeros(3, np.int32))
+    for t in range(80):
+        step.append(k[:, :, t], v[:, :, t])
+    for b, L in enumerate(lens):
+        nc = cfg.n_compressed(int(L))
+        assert np.array_equal(full.k_rec[b, :, :nc], step.k_rec[b, :, :nc])
+        assert np.array_equal(full.v_rec[b, :, :nc], step.v_rec[b, :, :nc])
+    kd, vd = full.dense()
+    for b, L in enumerate(lens):
+        nc = cfg.n_compressed(int(L))
+        assert np.array_equal(kd[b, :, :nc], f.prune(k[b, :, :nc], cfg.keep_k))
+        assert np.array_equal(vd[b, :, nc:L], v[b, :, nc:L])  # dense window
+
+
+def test_reference_matches_torch_sdpa_gqa():
+    import torch
+
+    rng = np.random.default_rng(3)
+    B, Hq, Hkv, T, d = 3, 9, 3, 77, 64
+    q = rng.standard_normal((B, Hq, d)).astype(np.float16)
+    k, v = _kv(rng, B, Hkv, T, d)
+    lens = np.array([77, 1, 40])
+    out = ref.decode_attention(q, k, v, lens)
+    for b, L in enumerate(lens):
+        kt = torch.from_numpy(k[b, :, :L].astype(np.float64)).repeat_interleave(3, 0)
+        vt = torch.from_numpy(v[b, :, :L].astype(np.float64)).repeat_interleave(3, 0)
+        o = torch.nn.functional.scaled_dot_product_attention(torch.from_numpy(q[b].astype(np.float64))[:, None], kt, vt)
+        np.testing.assert_allclose(out[b], o[:, 0].numpy(), rtol=1e-10, atol=1e-12)
+    assert np.array_equal(ref.decode_attention(q, k, v, [0, 0, 0]), np.zeros((B, Hq, d)))
+
+
+def test_sparsity_zero_cache_is_dense():
+    rng = np.random.default_rng(4)
+    cfg = f.SparseKVConfig(128, 8, 2, 0.0, 0.0, 300)
+    k, v = _kv(rng, 2, 2, 300, 128)
+    lens = np.array([300, 157], np.int32)
+    cache = f.SparseKVCache.prefill(cfg, k, v, lens)
+    q = rng.standard_normal((2, 8, 128)).astype(np.float16)
+    np.testing.assert_array_equal(ref.cache_attention(cache, q), ref.decode_attention(q, k, v, lens))
