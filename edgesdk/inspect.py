@@ -16,6 +16,7 @@ The rewrite passes (``edgesdk/rewrite``) and ``edgesdk inspect`` both build on t
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -215,7 +216,20 @@ def _clean_name(s: str) -> str:
 
 
 def _layer_name(node: onnx.NodeProto, weight: str, bias: str | None) -> str:
-    """Prefer the module path in parameter names (``blocks.0.fc1.weight``), else the node name."""
+    """The module path: from parameter names (``blocks.0.fc1.weight``), torch dynamo's name-scope
+    metadata, else the node name."""
+    for p in node.metadata_props:
+        if p.key == "pkg.torch.onnx.name_scopes":
+            try:
+                scopes = ast.literal_eval(p.value)
+            except (ValueError, SyntaxError):
+                break
+            path = ""  # scopes: ['', 'lm', 'lm.model', ..., 'lm.model.layers.0.mlp.up_proj', 'linear']
+            for sc in scopes:
+                if isinstance(sc, str) and sc and (not path or sc.startswith(path + ".")):
+                    path = sc
+            if path:
+                return path
     for param, suffix in ((weight, ".weight"), (bias or "", ".bias")):
         for tag in ("_quantized", "_transposed", "_DequantizeLinear", "_scale"):
             param = param.replace(tag, "")

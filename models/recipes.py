@@ -207,7 +207,9 @@ class _Logits:
                 self.lm = lm
 
             def forward(self, input_ids):
-                return self.lm(input_ids=input_ids, use_cache=False).logits
+                # an explicit all-ones mask keeps transformers off its packed-sequence detection (aten::diff)
+                mask = torch.ones_like(input_ids)
+                return self.lm(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
 
         return LogitsOnly()
 
@@ -248,13 +250,15 @@ def smollm2_gguf() -> Path:
 
 def load_smollm2():
     """(model, tokenizer) of SmolLM2-135M-Instruct from the package's GGUF, offline, float32."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     g = smollm2_gguf()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tok = AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)
-    lm = AutoModelForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name, attn_implementation="eager")
-    return lm.float().eval(), tok
+    lm = AutoModelForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name, attn_implementation="eager",
+                                              torch_dtype=torch.float32)
+    return lm.eval(), tok
 
 
 def make_smollm2(path: Path | str, seq: int = 64, dynamo: bool = False) -> Path:
