@@ -295,8 +295,8 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None
                                     bool(getattr(config, "include_lm_head", False)))
     chosen_names = {li.name for li in chosen}
 
-    # 1. weights [N, K] (float64 dequantized) and int8 views
-    dense = {li.name: weight_kn(model, li, ix).T.astype(np.float64) for li in chosen}
+    # 1. weights [N, K] (float32, dequantized) and int8 views
+    dense = {li.name: weight_kn(model, li, ix).T for li in chosen}
     qw = {li.name: _int8_weights(ix, li) for li in chosen}
 
     # 2. pruning
