@@ -314,6 +314,11 @@ class _Buffer:
 
 class _TrtBackend:
     def __init__(self, plan: Path, manifest: dict | None, cuda_graph: bool):
+        from edgesdk.trt.engine import check_plan_compatible, engine_record
+
+        record = engine_record(manifest) if manifest else None
+        if record is not None:  # refuse another TensorRT version / GPU before touching the plan
+            check_plan_compatible(record)
         try:
             import tensorrt as trt
         except ImportError as e:
@@ -321,12 +326,7 @@ class _TrtBackend:
                                "install TensorRT >= 10.3 (JetPack 6.1+ ships it), or ask for "
                                "Engine(path, backend='onnxruntime') explicitly") from e
         from edgesdk.kernels._cuda import _driver, check, init
-        from edgesdk.trt.engine import check_plan_compatible, engine_record
         from edgesdk.trt.registry import register_plugins
-
-        record = engine_record(manifest) if manifest else None
-        if record is not None:
-            check_plan_compatible(record)
         register_plugins()  # before deserializing: Python plugin creators live in this process
         self.trt, self.cu, self.check = trt, _driver(), check
         cu = self.cu

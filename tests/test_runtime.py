@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from edgesdk.runtime import Engine, find_build
 from edgesdk.runtime_cli import benchmark, random_inputs, register
 
 RNG = np.random.default_rng(60)
+HAVE_TRT = importlib.util.find_spec("tensorrt") is not None
 W = RNG.standard_normal((13, 7)).astype(np.float32)
 B = RNG.standard_normal(7).astype(np.float32)
 
@@ -77,9 +79,10 @@ def test_tensorrt_is_never_a_silent_fallback(build_dir):
         Engine(build_dir)
     assert "backend='onnxruntime'" in e.value.fix
     (build_dir / "model.plan").write_bytes(b"\0" * 64)
-    try:
-        import tensorrt  # noqa: F401
-    except ImportError:
+    with pytest.raises(EdgeSDKError, match="built without TensorRT"):  # the manifest says so
+        Engine(build_dir)
+    (build_dir / "manifest.json").unlink()
+    if not HAVE_TRT:
         with pytest.raises(EdgeSDKError, match="needs TensorRT"):
             Engine(build_dir)
     with pytest.raises(EdgeSDKError, match="unknown backend"):
@@ -169,6 +172,19 @@ def test_onnxruntime_backend_on_the_bundled_demo(kernels, tmp_path):
         logits = eng.infer({"x": x_test})["logits"]
         with pytest.raises(EdgeSDKError, match="no model.plan"):
             Engine(tmp_path / "demo")  # the TensorRT backend is never chosen silently
+    # plan checks against the manifest the build wrote
+    manifest_path = tmp_path / "demo" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["engine"]["tensorrt"] == "absent"
+    (tmp_path / "demo" / "model.plan").write_bytes(b"\0" * 256)  # a plan that appeared without a TensorRT build
+    with pytest.raises(EdgeSDKError, match="built without TensorRT") as e:
+        Engine(tmp_path / "demo")
+    assert "rebuild" in e.value.fix
+    manifest["engine"].update(built=True, tensorrt="10.3.0.30", cuda="12.6", compute_capability="8.7")
+    manifest_path.write_text(json.dumps(manifest))
+    if not HAVE_TRT:
+        with pytest.raises(EdgeSDKError, match=r"needs TensorRT 10\.3\.0\.30, which is not installed"):
+            Engine(tmp_path / "demo")
     ref = make_session(DEMO).run(None, {"x": x_test})[0]
     assert logits.shape == (len(x_test), 10) and np.all(np.isfinite(logits))
     agree = np.mean(logits.argmax(1) == ref.argmax(1))
