@@ -8,9 +8,10 @@ A launch is two or three kernels on the caller's stream, with no allocation and 
    split-K it writes int32 partials to the workspace instead of Y;
 3. ``vitbit_splitk_epilogue`` (split-K only): exact int32 sum of the partials, then the epilogue.
 
-Tactics (``valid_tactics``): 1 = tensor cores only, 128x128 tiles (default); 2-3 smaller tiles; 4-7
-split-K for small M; 10-15 hybrids (several TC : INT : FP column ratios); 20-21 hybrids whose INT share
-uses packed 16-bit fields (4- and 5-bit weights only). Every tactic gives bit-identical results.
+Tactics (``valid_tactics``): 1 = tensor cores only, 128x128 tiles (default); 2, 3, 8 other tile sizes;
+4-7 split-K for small M; 10-19 hybrids (TC : INT : FP column ratios from 128:8:0 to 96:0:32); 22-23
+hybrids with split-K; 20-21 hybrids whose INT share uses packed 16-bit fields (4- and 5-bit weights
+only). Every tactic gives bit-identical results.
 """
 
 from __future__ import annotations
@@ -58,6 +59,11 @@ _C = {c.name: c for c in [
     Config("tc_128x128", 128, CoreSplit(128), 64, 32, 3),
     Config("tc_64x128", 64, CoreSplit(128), 32, 32, 4),
     Config("tc_64x64", 64, CoreSplit(64), 32, 32, 4),
+    Config("tc_128x256", 128, CoreSplit(256), 64, 64, 3),
+    Config("h128_tc128_i8", 128, CoreSplit(128, 8), 64, 32, 3),
+    Config("h128_tc128_i8_f8", 128, CoreSplit(128, 8, 8), 64, 32, 3, tm=2),
+    Config("h64_tc64_i8", 64, CoreSplit(64, 8), 32, 32, 4, tm=2),
+    Config("h64_tc128_i8", 64, CoreSplit(128, 8), 32, 32, 4, tm=2),
     Config("h128_tc96_i32", 128, CoreSplit(96, 32), 64, 32, 3),
     Config("h128_tc96_i16_f16", 128, CoreSplit(96, 16, 16), 64, 32, 3),
     Config("h128_tc96_f32", 128, CoreSplit(96, 0, 32), 64, 32, 3),
@@ -79,12 +85,19 @@ TACTICS: dict[int, tuple[str, int]] = {
     5: ("tc_64x64", 4),
     6: ("tc_64x128", 2),
     7: ("tc_128x128", 2),
+    8: ("tc_128x256", 1),
     10: ("h128_tc96_i32", 1),
     11: ("h128_tc96_i16_f16", 1),
     12: ("h128_tc96_f32", 1),
     13: ("h128_tc128_i32", 1),
     14: ("h64_tc64_i16", 1),
     15: ("h64_tc64_i8_f8", 1),
+    16: ("h128_tc128_i8", 1),
+    17: ("h128_tc128_i8_f8", 1),
+    18: ("h64_tc64_i8", 1),
+    19: ("h64_tc128_i8", 1),
+    22: ("h64_tc64_i8", 4),
+    23: ("h64_tc128_i8", 2),
     20: ("field:h128_tc96_i32", 1),
     21: ("field:h64_tc64_i16", 1),
 }

@@ -100,16 +100,27 @@ struct Out {
       reinterpret_cast<float*>(y)[i] = dequant(acc, col, w_scale, bias, x_scale, flags);
     }
   }
+  // Per-column epilogue constants, loaded once per column by the tensor-core warps.
+  __device__ __forceinline__ float2 colc(int col) const {
+    if (partial || col >= N) return make_float2(0.f, 0.f);
+    return make_float2(__fmul_rn(x_scale, __ldg(w_scale + col)), (flags & FLAG_BIAS) ? __ldg(bias + col) : 0.f);
+  }
+  __device__ __forceinline__ float deq(int acc, float2 cc) const {
+    float y = __fmul_rn(__int2float_rn(acc), cc.x);
+    if (flags & FLAG_BIAS) y = __fadd_rn(y, cc.y);
+    if (flags & FLAG_GELU) y = 0.5f * y * (1.0f + erff(y * 0.70710678118654752f));
+    return y;
+  }
   // Two adjacent columns (col even): one 4- or 8-byte store when both are in range and N is even.
-  __device__ __forceinline__ void put2(int row, int col, int a0, int a1) const {
+  __device__ __forceinline__ void put2(int row, int col, int a0, int a1, float2 c0, float2 c1) const {
     if (row >= M) return;
     if (col + 1 < N && !(N & 1)) {
       size_t i = (size_t)row * N + col;
       if (partial) {
         *reinterpret_cast<int2*>(partial + (size_t)blockIdx.z * M * N + i) = make_int2(a0, a1);
       } else {
-        float y0 = dequant(a0, col, w_scale, bias, x_scale, flags);
-        float y1 = dequant(a1, col + 1, w_scale, bias, x_scale, flags);
+        float y0 = deq(a0, c0);
+        float y1 = deq(a1, c1);
         if (flags & FLAG_HALF)
           *reinterpret_cast<__half2*>(reinterpret_cast<__half*>(y) + i) =
               __halves2half2(__float2half_rn(y0), __float2half_rn(y1));
@@ -140,10 +151,27 @@ __device__ void quantize(const T* __restrict__ x, int* __restrict__ xq, float s,
     int row = (int)(g / kq), k = (int)(g % kq) * 4;
     const T* xr = x + (size_t)row * K;
     u32 packed = 0;
+    if ((K & 3) == 0) {  // 4 aligned elements: one 8- or 16-byte load
+      if (k < K) {
+        float v[4];
+        if (sizeof(T) == 2) {
+          uint2 r = *reinterpret_cast<const uint2*>(xr + k);
+          float2 lo = __half22float2(*reinterpret_cast<__half2*>(&r.x));
+          float2 hi = __half22float2(*reinterpret_cast<__half2*>(&r.y));
+          v[0] = lo.x; v[1] = lo.y; v[2] = hi.x; v[3] = hi.y;
+        } else {
+          float4 r = *reinterpret_cast<const float4*>(xr + k);
+          v[0] = r.x; v[1] = r.y; v[2] = r.z; v[3] = r.w;
+        }
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-      int q = (k + e < K) ? quant1((float)xr[k + e], s) : 0;
-      packed |= (u32)(q & 0xFF) << (8 * e);
+        for (int e = 0; e < 4; e++) packed |= (u32)(quant1(v[e], s) & 0xFF) << (8 * e);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int q = (k + e < K) ? quant1((float)xr[k + e], s) : 0;
+        packed |= (u32)(q & 0xFF) << (8 * e);
+      }
     }
     xq[g] = (int)packed;
   }
@@ -252,13 +280,16 @@ struct TcRole {
   __device__ __forceinline__ void store(const Out& o, int m0, int n0, int wm0, int wn0, int lane) const {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int i = 0; i < MI; i++)
+    for (int j = 0; j < NI; j++) {
+      const int col = n0 + wn0 + j * 8 + t * 2;
+      const float2 c0 = o.colc(col), c1 = o.colc(col + 1);
 #pragma unroll
-      for (int j = 0; j < NI; j++) {
-        int row = m0 + wm0 + i * 16 + g, col = n0 + wn0 + j * 8 + t * 2;
-        o.put2(row, col, acc[i][j][0], acc[i][j][1]);
-        o.put2(row + 8, col, acc[i][j][2], acc[i][j][3]);
+      for (int i = 0; i < MI; i++) {
+        int row = m0 + wm0 + i * 16 + g;
+        o.put2(row, col, acc[i][j][0], acc[i][j][1], c0, c1);
+        o.put2(row + 8, col, acc[i][j][2], acc[i][j][3], c0, c1);
       }
+    }
   }
 };
 
@@ -499,11 +530,17 @@ __device__ __forceinline__ void gemm_body(const s8* __restrict__ A, const s8* __
 VITBIT_GEMM(tc_128x128, 128, 128, 64, 32, 3, 0, 0, 4, 0, 1)
 VITBIT_GEMM(tc_64x128, 64, 128, 32, 32, 4, 0, 0, 4, 0, 2)
 VITBIT_GEMM(tc_64x64, 64, 64, 32, 32, 4, 0, 0, 4, 0, 2)
+VITBIT_GEMM(tc_128x256, 128, 256, 64, 64, 3, 0, 0, 4, 0, 1)
 // Hybrids on the 128-row tile: tensor cores 96 columns (m = 3) or 128 (m = 4, the paper's), CUDA cores 32.
 VITBIT_GEMM(h128_tc96_i32, 128, 96, 64, 32, 3, 32, 0, 4, 0, 1)
 VITBIT_GEMM(h128_tc96_i16_f16, 128, 96, 64, 32, 3, 16, 16, 4, 0, 1)
 VITBIT_GEMM(h128_tc96_f32, 128, 96, 64, 32, 3, 0, 32, 4, 0, 1)
 VITBIT_GEMM(h128_tc128_i32, 128, 128, 64, 32, 3, 32, 0, 4, 0, 1)
+// Small CUDA-core shares (~6 % of the columns: about what dp4a/FFMA issue rates can add beside mma.sync).
+VITBIT_GEMM(h128_tc128_i8, 128, 128, 64, 32, 3, 8, 0, 4, 0, 1)
+VITBIT_GEMM(h128_tc128_i8_f8, 128, 128, 64, 32, 3, 8, 8, 2, 0, 1)
+VITBIT_GEMM(h64_tc64_i8, 64, 64, 32, 32, 4, 8, 0, 2, 0, 2)
+VITBIT_GEMM(h64_tc128_i8, 64, 128, 32, 32, 4, 8, 0, 2, 0, 2)
 // Hybrids on the 64-row tile: tensor cores 64 columns, CUDA cores 16.
 VITBIT_GEMM(h64_tc64_i16, 64, 64, 32, 32, 4, 16, 0, 4, 0, 2)
 VITBIT_GEMM(h64_tc64_i8_f8, 64, 64, 32, 32, 4, 8, 8, 2, 0, 2)

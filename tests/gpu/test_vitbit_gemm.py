@@ -77,7 +77,7 @@ def test_every_tactic_bit_exact(lead, k, n, dtype):
     ref = R.vitbit_gemm(x, p)
     m = int(np.prod(lead))
     tactics = K.valid_tactics(p.node_attributes(), m)
-    assert 1 in tactics and len(tactics) >= 10
+    assert 1 in tactics and len(tactics) >= 10 + 5 * (k > 128)  # split-K needs >= 2 k-tiles
     for t in tactics:
         y = run(p, x, t)
         bad = ~((y == ref) | (np.isnan(y) & np.isnan(ref)))
@@ -141,7 +141,7 @@ def test_gelu_tight_tolerance(dtype):
     x = _x_full_range(rng, (150, 256), p.x_scale, dtype)
     ref = R.vitbit_gemm(x, p).astype(np.float64)
     tol = dict(rtol=2e-3, atol=1e-3) if dtype == np.float16 else dict(rtol=2e-6, atol=2e-6)
-    for t in (1, 3, 5, 11, 15):
+    for t in (1, 3, 5, 8, 11, 15, 17, 22):
         np.testing.assert_allclose(run(p, x, t).astype(np.float64), ref, **tol)
 
 
