@@ -1,0 +1,179 @@
+"""GPU tests of the sparse_kv kernels vs the numpy cache model and the float64 reference.
+
+Every output, workspace, record and ring buffer is poisoned (NaN / 0xAB bytes) before the kernels run.
+Compression (prefill and append) must reproduce the numpy bytes exactly; attention is checked against
+float64 attention on the pruned cache; sparsity 0 against dense attention on the raw K/V.
+"""
+
+import numpy as np
+import pytest
+
+from edgesdk.formats import sparse_kv as f
+from edgesdk.kernels import sparse_kv as ks
+from edgesdk.reference import sparse_kv as ref
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+
+def _dev(a):
+    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
+
+
+class GpuCache:
+    """Device arrays of one cache, poisoned."""
+
+    def __init__(self, cfg: f.SparseKVConfig, batch: int):
+        h, nr = cfg.num_kv_heads, cfg.record_capacity
+        self.cfg = cfg
+        self.k_rec = torch.full((batch, h, nr, cfg.rk), 0xAB, dtype=torch.uint8, device="cuda")
+        self.v_rec = torch.full((batch, h, nr, cfg.rv), 0xAB, dtype=torch.uint8, device="cuda")
+        self.k_ring = torch.full((batch, h, cfg.ring, cfg.head_dim), float("nan"), dtype=torch.float16, device="cuda")
+        self.v_ring = torch.full_like(self.k_ring, float("nan"))
+        self.lens = torch.zeros(batch, dtype=torch.int32, device="cuda")
+
+    def ptrs(self) -> ks.CachePtrs:
+        return ks.CachePtrs(self.k_rec.data_ptr(), self.v_rec.data_ptr(), self.k_ring.data_ptr(),
+                            self.v_ring.data_ptr(), self.lens.data_ptr())
+
+
+def _stream():
+    return torch.cuda.current_stream().cuda_stream
+
+
+def gpu_prefill(cfg, k, v, lens):
+    g = GpuCache(cfg, k.shape[0])
+    g.lens.copy_(torch.from_numpy(np.asarray(lens, np.int32)))
+    kd, vd = _dev(k), _dev(v)
+    ks.prefill(cfg, k.shape[0], k.shape[2], kd.data_ptr(), vd.data_ptr(), g.ptrs(), _stream())
+    torch.cuda.synchronize()
+    return g
+
+
+def assert_same_cache(cfg, g: GpuCache, host: f.SparseKVCache):
+    lens = g.lens.cpu().numpy()
+    assert np.array_equal(lens, host.lens)
+    k_rec, v_rec = g.k_rec.cpu().numpy(), g.v_rec.cpu().numpy()
+    k_ring, v_ring = g.k_ring.cpu().numpy(), g.v_ring.cpu().numpy()
+    for b, L in enumerate(lens.tolist()):
+        nc = cfg.n_compressed(L)
+        assert np.array_equal(k_rec[b, :, :nc], host.k_rec[b, :, :nc]), f"K records of sequence {b} differ"
+        assert np.array_equal(v_rec[b, :, :nc], host.v_rec[b, :, :nc]), f"V records of sequence {b} differ"
+        slots = [t % cfg.ring for t in range(nc, L)]
+        assert np.array_equal(k_ring[b, :, slots].view(np.uint16), host.k_ring[b, :, slots].view(np.uint16))
+        assert np.array_equal(v_ring[b, :, slots].view(np.uint16), host.v_ring[b, :, slots].view(np.uint16))
+
+
+def gpu_attention(cfg, g: GpuCache, q, max_len, tokens_per_split=None):
+    B = q.shape[0]
+    ts, ns = ks.plan(cfg.num_q_heads, cfg.num_kv_heads, B, max_len, tokens_per_split=tokens_per_split)
+    ws = torch.full((ks.workspace_bytes(cfg.num_q_heads, cfg.head_dim, B, ns) // 4,), float("nan"), device="cuda")
+    out = torch.full((B, cfg.num_q_heads, cfg.head_dim), float("nan"), dtype=torch.float16, device="cuda")
+    qd = _dev(q)
+    ks.decode_attention(cfg, B, max_len, qd.data_ptr(), g.ptrs(), out.data_ptr(), ws.data_ptr(), _stream(),
+                        tokens_per_split=tokens_per_split)
+    torch.cuda.synchronize()
+    return out.cpu().numpy()
+
+
+def check_attention(out, expect):
+    assert np.isfinite(out).all(), "NaN left in out: some output was never written"
+    err = np.abs(out.astype(np.float64) - expect)
+    tol = 2e-3 + 4e-3 * np.abs(expect)
+    assert (err <= tol).all(), f"{(err > tol).sum()} of {err.size} outside tolerance, worst {err.max():.3g}"
+
+
+def make(rng, B, hkv, S, d):
+    k = (rng.standard_normal((B, hkv, S, d)) * 1.5).astype(np.float16)
+    v = rng.standard_normal((B, hkv, S, d)).astype(np.float16)
+    k[rng.random(k.shape) < 0.02] = np.float16(0.25)  # magnitude ties
+    return k, v
+
+
+CASES = [  # (d, hq, hkv, k_sparsity, v_sparsity, lens)
+    (64, 32, 8, 0.7, 0.7, [1001, 37, 1]),
+    (64, 9, 3, 0.5, 0.7, [777, 2049]),
+    (128, 8, 2, 0.7, 0.5, [333, 95, 1500]),
+    (128, 4, 4, 0.0, 0.0, [129]),
+    (64, 8, 1, 0.3, 0.9, [63, 64, 65, 3001]),
+    (128, 14, 2, 0.7, 0.7, [517]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"d{c[0]}-{c[1]}q{c[2]}kv-{c[3]}-{c[4]}")
+def test_prefill_bytes_and_attention(case):
+    d, hq, hkv, sk, sv, lens = case
+    rng = np.random.default_rng(len(lens) * 1000 + d + hq)
+    S = max(lens) + 6
+    cfg = f.SparseKVConfig(d, hq, hkv, sk, sv, S)
+    k, v = make(rng, len(lens), hkv, S, d)
+    host = f.SparseKVCache.prefill(cfg, k, v, lens)
+    g = gpu_prefill(cfg, k, v, lens)
+    assert_same_cache(cfg, g, host)
+    q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
+    expect = ref.cache_attention(host, q)
+    for tps in (None, 64):
+        check_attention(gpu_attention(cfg, g, q, S, tps), expect)
+    if sk == 0.0 and sv == 0.0:  # sparsity 0 == dense attention on the raw cache
+        check_attention(gpu_attention(cfg, g, q, S), ref.decode_attention(q, k, v, lens))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_append_steps_match_host(d):
+    """Decode 150 steps from ragged prompts: bytes after every compression and attention at the end."""
+    rng = np.random.default_rng(d)
+    hq, hkv, B, steps = 6, 2, 3, 150
+    cfg = f.SparseKVConfig(d, hq, hkv, 0.7, 0.6, 400, window=5, group=7)
+    lens0 = np.array([0, 31, 100], np.int32)
+    k, v = make(rng, B, hkv, 100, d)
+    host = f.SparseKVCache.prefill(cfg, k, v, lens0)
+    g = gpu_prefill(cfg, k, v, lens0)
+    for step in range(steps):
+        kn = rng.standard_normal((B, hkv, d)).astype(np.float16)
+        vn = rng.standard_normal((B, hkv, d)).astype(np.float16)
+        host.append(kn, vn)
+        g.lens += 1
+        ks.append(cfg, B, _dev(kn).data_ptr(), _dev(vn).data_ptr(), g.ptrs(), _stream())
+        if step % 37 == 0 or step == steps - 1:
+            torch.cuda.synchronize()
+            assert_same_cache(cfg, g, host)
+    q = rng.standard_normal((B, hq, d)).astype(np.float16)
+    check_attention(gpu_attention(cfg, g, q, cfg.capacity), ref.cache_attention(host, q))
+
+
+def test_empty_sequence_gives_zeros_and_dense_kernel():
+    rng = np.random.default_rng(7)
+    d, hq, hkv, cap = 64, 8, 2, 700
+    lens = np.array([0, 699, 45], np.int32)
+    k, v = make(rng, 3, hkv, cap, d)
+    q = rng.standard_normal((3, hq, d)).astype(np.float16)
+    kd, vd, ld, qd = _dev(k), _dev(v), _dev(lens), _dev(q)
+    ts, ns = ks.plan(hq, hkv, 3, cap)
+    ws = torch.full((ks.workspace_bytes(hq, d, 3, ns) // 4,), float("nan"), device="cuda")
+    out = torch.full((3, hq, d), float("nan"), dtype=torch.float16, device="cuda")
+    ks.dense_decode_attention(d, hq, hkv, 3, cap, cap, qd.data_ptr(), kd.data_ptr(), vd.data_ptr(), ld.data_ptr(),
+                              out.data_ptr(), ws.data_ptr(), _stream())
+    torch.cuda.synchronize()
+    o = out.cpu().numpy()
+    check_attention(o, ref.decode_attention(q, k, v, lens))
+    assert np.array_equal(o[0], np.zeros((hq, d), np.float16))
+
+
+def test_small_for_sanitizer():
+    """Small ragged prefill + append + attention (the case run under compute-sanitizer memcheck)."""
+    rng = np.random.default_rng(11)
+    cfg = f.SparseKVConfig(128, 6, 3, 0.7, 0.7, 201, window=8, group=8)
+    lens = [0, 17, 199]
+    k, v = make(rng, 3, 3, 200, 128)
+    host = f.SparseKVCache.prefill(cfg, k, v, lens)
+    g = gpu_prefill(cfg, k, v, lens)
+    kn = rng.standard_normal((3, 3, 128)).astype(np.float16)
+    vn = rng.standard_normal((3, 3, 128)).astype(np.float16)
+    host.append(kn, vn)
+    g.lens += 1
+    ks.append(cfg, 3, _dev(kn).data_ptr(), _dev(vn).data_ptr(), g.ptrs(), _stream())
+    torch.cuda.synchronize()
+    assert_same_cache(cfg, g, host)
+    q = rng.standard_normal((3, 6, 128)).astype(np.float16)
+    check_attention(gpu_attention(cfg, g, q, 200), ref.cache_attention(host, q))
