@@ -17,6 +17,8 @@ Prints JSON; every figure is measured by this run.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import resource
 import sys
@@ -57,7 +59,9 @@ def smollm2(path: Path, sparsity: float, window: int) -> dict:
 
     g = smollm2_gguf()
     tok = AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)
-    ids = np.array(tok(english_text())["input_ids"], dtype=np.int64)
+    with contextlib.redirect_stdout(io.StringIO()):  # `import this` prints the Zen of Python once
+        text = english_text()
+    ids = np.array(tok(text)["input_ids"], dtype=np.int64)
     windows = [ids[None, i:i + window] for i in range(0, len(ids) - window + 1, window)]
     n_cal = max(1, len(windows) // 4)
     calib = [{"input_ids": w} for w in windows[:n_cal]]

@@ -381,7 +381,7 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None
         nodes.append(helper.make_node(fmt.OP_TYPE, inputs, [li.output], name=_unique(f"{li.name}/{fmt.OP_TYPE}", taken),
                                       domain=PLUGIN_DOMAIN, **attrs))
         new_nodes[node_pos[li.node]] = nodes
-        drop.update(li.nodes)
+        drop.update(n for n in (li.node, li.bias_node) if n)  # weight DQ/Transpose: removed once unused
         dims = x_type[1]
         y_dims = (([dims[1]] if li.trans_a else list(dims[:-1])) + [li.n]) if dims else None
         new_vi.append(helper.make_tensor_value_info(
