@@ -149,10 +149,10 @@ def bench_shape(timers, model, hq, hkv, d, B, ctx, rows, quick):
         res.setdefault("sdpa", {})[tag] = us
         res["sdpa"]["timing_" + tag] = how
         # our dense split kernel
-        ts0, _ = ks.plan(hq, hkv, B, ctx, sms=t.sms)
+        ts0, _ = ks.plan_dense(d, hq, hkv, B, ctx, sms=t.sms)
         best = None
-        for ts in sorted({ts0, min(ks.max_tokens_per_split(G), 2 * ts0)}):
-            _, ns = ks.plan(hq, hkv, B, ctx, tokens_per_split=ts)
+        for ts in sorted({ts0, min(ks.max_tokens_per_split(d, G, 0, 0), 2 * ts0)}):
+            _, ns = ks.plan_dense(d, hq, hkv, B, ctx, tokens_per_split=ts)
             ws = torch.empty(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
 
             def dense(i, stream, ts=ts, ws=ws):
@@ -186,10 +186,10 @@ def bench_shape(timers, model, hq, hkv, d, B, ctx, rows, quick):
         row["kv_ratio_allocated"] = (sum(x.numel() for x in caches[0]) * 1.0) / (2 * B * hkv * ctx * d * 2)
         for t in timers:
             tag = "green16" if t.green else "full"
-            ts0, _ = ks.plan(hq, hkv, B, ctx, sms=t.sms)
+            ts0, _ = ks.plan_cache(cfg, B, ctx, sms=t.sms)
             best = None
-            for ts in sorted({ts0, min(ks.max_tokens_per_split(G), 2 * ts0)}):
-                _, ns = ks.plan(hq, hkv, B, ctx, tokens_per_split=ts)
+            for ts in sorted({ts0, min(ks.max_tokens_per_split(d, G, cfg.rk, cfg.rv), 2 * ts0)}):
+                _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts)
                 ws = torch.empty(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
 
                 def sparse(i, stream, ts=ts, ws=ws):

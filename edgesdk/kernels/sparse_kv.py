@@ -50,19 +50,26 @@ def gqa_pad(g: int) -> int:
     raise EdgeSDKError(f"GQA group {g} > 8 is not supported by sparse_kv", "use ≤ 8 query heads per KV head")
 
 
-def max_tokens_per_split(g: int) -> int:
-    """Largest split (multiple of 64) whose scores fit 16 KB of shared memory."""
-    gp = gqa_pad(g)
-    return min(1024, (4096 // gp - 8) // 64 * 64)
+#: Shared memory one attention block may use: ≥ 2 blocks per SM on Orin (164 KB), 3 on H100/H200.
+SMEM_BUDGET = 64 * 1024
+MAX_TOKENS_PER_SPLIT = 1024
 
 
-def smem_bytes(head_dim: int, g: int, tokens_per_split: int, rv: int) -> int:
+def smem_bytes(head_dim: int, g: int, tokens_per_split: int, rk: int, rv: int) -> int:
     """Dynamic shared memory of the attention kernel (mirrors ``AttnSmem`` in the .cu)."""
     gp = gqa_pad(g)
     o = 4 * head_dim * gp + 4 * gp * (tokens_per_split + 8) + 4 * WARPS * gp + 4 * 2 * gp + 4 * WARPS * gp * head_dim
     o = -(-o // 16) * 16
-    o += WARPS * (-(-16 * rv // 16) * 16)
+    o += -(-tokens_per_split * rk // 16) * 16 + -(-tokens_per_split * rv // 16) * 16
     return o + WARPS * 16 * (head_dim + 8) * 2
+
+
+def max_tokens_per_split(head_dim: int, g: int, rk: int, rv: int) -> int:
+    """Largest split (multiple of 64, ≤ 1024) whose shared memory fits :data:`SMEM_BUDGET` (at least 64)."""
+    ts = MAX_TOKENS_PER_SPLIT
+    while ts > 64 and smem_bytes(head_dim, g, ts, rk, rv) > SMEM_BUDGET:
+        ts -= 64
+    return ts
 
 
 def sm_count() -> int:
@@ -74,12 +81,13 @@ def sm_count() -> int:
     return int(_cuda.check(cu.cuDeviceGetAttribute(attr, dev)))
 
 
-def plan(num_q_heads: int, num_kv_heads: int, batch: int, max_len: int, sms: int | None = None,
-         tokens_per_split: int | None = None) -> tuple[int, int]:
+def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, batch: int, max_len: int,
+         sms: int | None = None, tokens_per_split: int | None = None) -> tuple[int, int]:
     """(tokens per split, number of splits) for ``max_len`` tokens: about 4 blocks per SM in total,
-    at least 128 tokens per split, at most :func:`max_tokens_per_split`."""
+    at least 128 tokens per split, at most :func:`max_tokens_per_split`. ``rk``/``rv``: record bytes
+    (0 for a dense cache)."""
     g = num_q_heads // num_kv_heads
-    cap = max_tokens_per_split(g)
+    cap = max_tokens_per_split(head_dim, g, rk, rv)
     if tokens_per_split is None:
         sms = sms or sm_count()
         want = math.ceil(max(1, max_len) * batch * num_kv_heads / (4 * sms))
@@ -88,6 +96,18 @@ def plan(num_q_heads: int, num_kv_heads: int, batch: int, max_len: int, sms: int
         raise EdgeSDKError(f"tokens_per_split={tokens_per_split} must be a multiple of 64 in [64, {cap}]",
                            "leave it None for the heuristic")
     return tokens_per_split, max(1, math.ceil(max(1, max_len) / tokens_per_split))
+
+
+def plan_cache(cfg: SparseKVConfig, batch: int, max_len: int, sms: int | None = None,
+               tokens_per_split: int | None = None) -> tuple[int, int]:
+    """:func:`plan` for a sparse cache (what :func:`decode_attention` uses)."""
+    return plan(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, cfg.rk, cfg.rv, batch, max_len, sms, tokens_per_split)
+
+
+def plan_dense(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: int, max_len: int, sms: int | None = None,
+               tokens_per_split: int | None = None) -> tuple[int, int]:
+    """:func:`plan` for a dense cache (what :func:`dense_decode_attention` uses)."""
+    return plan(head_dim, num_q_heads, num_kv_heads, 0, 0, batch, max_len, sms, tokens_per_split)
 
 
 def workspace_bytes(num_q_heads: int, head_dim: int, batch: int, num_splits: int) -> int:
@@ -133,15 +153,15 @@ def append(cfg: SparseKVConfig, batch: int, k_new: int, v_new: int, cache: Cache
 
 
 def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: int, out: int, workspace: int,
-               stream: int, tensors: list, geometry: list, rv: int, scale: float | None, sms: int | None,
+               stream: int, tensors: list, geometry: list, rk: int, rv: int, scale: float | None, sms: int | None,
                tokens_per_split: int | None) -> None:
     g = hq // hkv
-    ts, ns = plan(hq, hkv, batch, max_len, sms, tokens_per_split)
+    ts, ns = plan(head_dim, hq, hkv, rk, rv, batch, max_len, sms, tokens_per_split)
     scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * _LOG2E
     ka = _kernel(f"sparse_kv_attn_d{head_dim}_g{gqa_pad(g)}")
     ka.launch((ns, hkv, batch), (THREADS,),
               [_p(q), _p(workspace), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale)],
-              stream, smem_bytes(head_dim, g, ts, rv))
+              stream, smem_bytes(head_dim, g, ts, rk, rv))
     kc = _kernel(f"sparse_kv_combine_d{head_dim}")
     kc.launch((batch * hq,), (head_dim,), [_p(workspace), tensors[0], _p(out), _i(hq), _i(ts), _i(ns)], stream)
 
@@ -172,7 +192,7 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
     geometry = [_i(cfg.record_capacity), _i(cfg.ring), _i(cfg.window), _i(cfg.group), _i(cfg.keep_k),
                 _i(cfg.keep_v), _i(cfg.rk), _i(cfg.rv)]
     _attention(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, batch, max_len, q, out, workspace, stream,
-               tensors, geometry, cfg.rv, scale, sms, tokens_per_split)
+               tensors, geometry, cfg.rk, cfg.rv, scale, sms, tokens_per_split)
 
 
 def dense_decode_attention(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: int, capacity: int,
@@ -185,7 +205,7 @@ def dense_decode_attention(head_dim: int, num_q_heads: int, num_kv_heads: int, b
         raise EdgeSDKError(f"dense_decode_attention: head_dim={head_dim}, max_len={max_len}, capacity={capacity}",
                            "head_dim 64 or 128, 1 ≤ max_len ≤ capacity")
     tensors = [_p(lens), _p(0), _p(0), _p(k), _p(v)]
-    # No records: n_comp is always 0, so record sizes only size the (unused) staging buffers.
-    geometry = [_i(1), _i(capacity), _i(_DENSE_WINDOW), _i(1), _i(1), _i(1), _i(8), _i(8)]
+    # No records (n_comp is always 0): record sizes 0, no staging memory.
+    geometry = [_i(1), _i(capacity), _i(_DENSE_WINDOW), _i(1), _i(1), _i(1), _i(0), _i(0)]
     _attention(head_dim, num_q_heads, num_kv_heads, batch, max_len, q, out, workspace, stream, tensors,
-               geometry, 8, scale, sms, tokens_per_split)
+               geometry, 0, 0, scale, sms, tokens_per_split)

@@ -46,6 +46,13 @@ __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -71,9 +78,10 @@ struct AttnSmem {
   float* red;     // [kWarps][GP]
   float* stat;    // [2][GP] block max, block sum
   float* racc;    // [kWarps][GP][D] per-warp V accumulators
-  uint8_t* stage; // [kWarps][16 * R] compressed V records of the warp's tile
+  uint8_t* kst;   // [TS * rk] the split's compressed K records (cp.async at kernel start)
+  uint8_t* vst;   // [TS * rv] the split's compressed V records (cp.async at kernel start)
   __half* tile;   // [kWarps][16][D + 8] dense V tile
-  __device__ AttnSmem(uint8_t* base, int TS, int rv) {
+  __device__ AttnSmem(uint8_t* base, int TS, int rk, int rv) {
     size_t o = 0;
     qs = reinterpret_cast<float*>(base + o); o += sizeof(float) * D * GP;
     sc = reinterpret_cast<float*>(base + o); o += sizeof(float) * GP * (TS + 8);
@@ -81,7 +89,8 @@ struct AttnSmem {
     stat = reinterpret_cast<float*>(base + o); o += sizeof(float) * 2 * GP;
     racc = reinterpret_cast<float*>(base + o); o += sizeof(float) * kWarps * GP * D;
     o = (o + 15) / 16 * 16;
-    stage = base + o; o += static_cast<size_t>(kWarps) * round_up(kTile * rv, 16);
+    kst = base + o; o += round_up(TS * rk, 16);
+    vst = base + o; o += round_up(TS * rv, 16);
     tile = reinterpret_cast<__half*>(base + o);
   }
 };
@@ -137,8 +146,20 @@ __device__ __forceinline__ void attn_split(
   const int n_comp = min(n_compressed(L, W, A), cap);
   const int Hq = Hkv * G;
   const size_t bh = static_cast<size_t>(b) * Hkv + h;
-  AttnSmem<D, GP> sm(smem_raw, TS, rv);
+  AttnSmem<D, GP> sm(smem_raw, TS, rk, rv);
   const int sstride = TS + 8;
+
+  // Issue every compressed byte of this split at once (K group, then V group): the V records land
+  // while the K scores are computed, and no warp waits on DRAM once per tile.
+  const int nrec_all = max(0, min(t_end, n_comp) - t_begin);
+  {
+    const uint8_t* ksrc = k_rec + (bh * cap + t_begin) * static_cast<size_t>(rk);
+    for (int i = tid; i < nrec_all * rk / 8; i += kThreads) cp_async8(sm.kst + 8 * i, ksrc + 8 * i);
+    cp_commit();
+    const uint8_t* vsrc = v_rec + (bh * cap + t_begin) * static_cast<size_t>(rv);
+    for (int i = tid; i < nrec_all * rv / 8; i += kThreads) cp_async8(sm.vst + 8 * i, vsrc + 8 * i);
+    cp_commit();
+  }
 
   for (int i = tid; i < GP * D; i += kThreads) {
     const int g = i / D, c = i % D;
@@ -146,6 +167,7 @@ __device__ __forceinline__ void attn_split(
     if (g < G) v = __half2float(q[(static_cast<size_t>(b) * Hq + h * G + g) * D + c]) * scale_log2;
     sm.qs[c * GP + g] = v;
   }
+  cp_wait<1>();
   __syncthreads();
 
   // ---- K: scores, one thread per token -------------------------------------------------------
@@ -157,7 +179,7 @@ __device__ __forceinline__ void attn_split(
 #pragma unroll
     for (int g = 0; g < GP; ++g) s[g] = 0.f;
     if (t < n_comp) {
-      const uint8_t* rec = k_rec + (bh * cap + t) * static_cast<size_t>(rk);
+      const uint8_t* rec = sm.kst + (t - t_begin) * rk;
       BitIter<D> it;
       it.cur = reinterpret_cast<const uint64_t*>(rec)[0];
       it.w1 = D > 64 ? reinterpret_cast<const uint64_t*>(rec)[D / 64 - 1] : 0ull;
@@ -245,6 +267,7 @@ __device__ __forceinline__ void attn_split(
     for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
     if (lane == 0) sm.red[warp * GP + g] = l;
   }
+  cp_wait<0>();
   __syncthreads();
   if (tid < GP) {
     float l = 0.f;
@@ -258,26 +281,17 @@ __device__ __forceinline__ void attn_split(
   float acc[NT][4];
 #pragma unroll
   for (int i = 0; i < NT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  uint8_t* stage = sm.stage + warp * round_up(kTile * rv, 16);
   __half* tile = sm.tile + warp * kTile * TR;
   const int r = lane >> 1, half = lane & 1;   // decompression: 2 lanes per token
   const int g_row = lane >> 2, kq = lane & 3; // mma fragment coordinates
   const int ntiles = n16 / kTile;
   for (int tt = warp; tt < ntiles; tt += kWarps) {
     const int tb = t_begin + tt * kTile;
-    const int nrec = max(0, min(min(tb + kTile, t_end), n_comp) - tb);
-    {
-      const uint2* src = reinterpret_cast<const uint2*>(v_rec + (bh * cap + tb) * static_cast<size_t>(rv));
-      uint2* dst = reinterpret_cast<uint2*>(stage);
-      const int nw = nrec * rv / 8;
-      for (int i = lane; i < nw; i += 32) dst[i] = src[i];
-    }
-    __syncwarp();
     {
       const int t = tb + r;
       __half* row = tile + r * TR + half * (D / 2);
       if (t < t_end && t < n_comp) {
-        const uint8_t* rec = stage + r * rv;
+        const uint8_t* rec = sm.vst + (t - t_begin) * rv;
         const uint64_t* bm = reinterpret_cast<const uint64_t*>(rec);
         uint64_t bits;
         int idx;

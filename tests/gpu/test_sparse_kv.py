@@ -67,7 +67,7 @@ def assert_same_cache(cfg, g: GpuCache, host: f.SparseKVCache):
 
 def gpu_attention(cfg, g: GpuCache, q, max_len, tokens_per_split=None):
     B = q.shape[0]
-    ts, ns = ks.plan(cfg.num_q_heads, cfg.num_kv_heads, B, max_len, tokens_per_split=tokens_per_split)
+    ts, ns = ks.plan_cache(cfg, B, max_len, tokens_per_split=tokens_per_split)
     ws = torch.full((ks.workspace_bytes(cfg.num_q_heads, cfg.head_dim, B, ns) // 4,), float("nan"), device="cuda")
     out = torch.full((B, cfg.num_q_heads, cfg.head_dim), float("nan"), dtype=torch.float16, device="cuda")
     qd = _dev(q)
@@ -134,7 +134,8 @@ def test_append_steps_match_host(d):
         vn = rng.standard_normal((B, hkv, d)).astype(np.float16)
         host.append(kn, vn)
         g.lens += 1
-        ks.append(cfg, B, _dev(kn).data_ptr(), _dev(vn).data_ptr(), g.ptrs(), _stream())
+        knd, vnd = _dev(kn), _dev(vn)  # keep both alive until the kernel has run
+        ks.append(cfg, B, knd.data_ptr(), vnd.data_ptr(), g.ptrs(), _stream())
         if step % 37 == 0 or step == steps - 1:
             torch.cuda.synchronize()
             assert_same_cache(cfg, g, host)
@@ -149,7 +150,7 @@ def test_empty_sequence_gives_zeros_and_dense_kernel():
     k, v = make(rng, 3, hkv, cap, d)
     q = rng.standard_normal((3, hq, d)).astype(np.float16)
     kd, vd, ld, qd = _dev(k), _dev(v), _dev(lens), _dev(q)
-    ts, ns = ks.plan(hq, hkv, 3, cap)
+    ts, ns = ks.plan_dense(d, hq, hkv, 3, cap)
     ws = torch.full((ks.workspace_bytes(hq, d, 3, ns) // 4,), float("nan"), device="cuda")
     out = torch.full((3, hq, d), float("nan"), dtype=torch.float16, device="cuda")
     ks.dense_decode_attention(d, hq, hkv, 3, cap, cap, qd.data_ptr(), kd.data_ptr(), vd.data_ptr(), ld.data_ptr(),
@@ -172,7 +173,8 @@ def test_small_for_sanitizer():
     vn = rng.standard_normal((3, 3, 128)).astype(np.float16)
     host.append(kn, vn)
     g.lens += 1
-    ks.append(cfg, 3, _dev(kn).data_ptr(), _dev(vn).data_ptr(), g.ptrs(), _stream())
+    knd, vnd = _dev(kn), _dev(vn)  # keep both alive until the kernel has run
+    ks.append(cfg, 3, knd.data_ptr(), vnd.data_ptr(), g.ptrs(), _stream())
     torch.cuda.synchronize()
     assert_same_cache(cfg, g, host)
     q = rng.standard_normal((3, 6, 128)).astype(np.float16)
