@@ -144,7 +144,8 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
     elif config.quantize == "int8":
         chosen, skipped = select_layers(model, linears, config.exclude, config.include_lm_head)
         with step(f"Quantize {len(chosen)} linears to INT8 (calibrating on {len(calib)} samples)") as advance:
-            processed = quantize_int8(model, calib, chosen, config.calibrate_method, progress=advance)
+            processed = quantize_int8(model, calib, chosen, config.calibrate_method, progress=advance,
+                                      smooth=config.smooth_quant)
 
     if config.kernels == "none":
         layers = plain_layers(processed, "kernels=none", skipped)

@@ -77,6 +77,7 @@ def build(
     calibration: Annotated[Optional[Path], typer.Option("--calibration", help=".npz/.npy, folder of .npy/.npz/images, or .txt of token ids. [default: seeded random data]")] = None,
     calibration_count: Annotated[Optional[int], typer.Option("--calibration-count", help="Calibration samples. [default: 16]")] = None,
     calibrate_method: Annotated[Optional[str], typer.Option("--calibrate-method", help="minmax | percentile activation ranges. [default: minmax]")] = None,
+    smooth_quant: Annotated[Optional[float], typer.Option("--smooth-quant", help="SmoothQuant alpha in (0, 1), e.g. 0.5 for LLMs: move activation outliers into the weights before INT8. [default: off]")] = None,
     shape: Annotated[Optional[list[str]], typer.Option("--shape", help="Shape of an input with dynamic dims, NAME:1x3x224x224 (repeatable).")] = None,
     sparsity: Annotated[Optional[float], typer.Option("--sparsity", help="Fraction of weights to prune in rewritten layers. [default: 0]")] = None,
     prune: Annotated[Optional[str], typer.Option("--prune", help="magnitude | wanda. [default: wanda]")] = None,
@@ -105,7 +106,7 @@ def build(
     from edgesdk.report import print_summary
 
     flags = dict(device=device, output=output, force=force, quantize=quantize, calibration=calibration,
-                 calibration_count=calibration_count, calibrate_method=calibrate_method, shape_hints=shape or None,
+                 calibration_count=calibration_count, calibrate_method=calibrate_method, smooth_quant=smooth_quant, shape_hints=shape or None,
                  sparsity=sparsity, prune=prune, kernels=kernels, exclude=_exclude(exclude),
                  include_lm_head=include_lm_head, atol=atol, rtol=rtol, min_cosine=min_cosine, verify=verify,
                  verify_count=verify_count, workspace_mb=workspace_mb, seed=seed)

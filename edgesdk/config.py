@@ -40,6 +40,7 @@ class BuildConfig(BaseModel):
         calibration: ``.npz``, ``.npy``, folder of ``.npy``/images, or token-id file; None → seeded random.
         calibration_count: Calibration samples to use.
         calibrate_method: Activation range estimator (``minmax`` or ``percentile``).
+        smooth_quant: SmoothQuant alpha (activation outliers moved into weights before INT8), or None.
         shape_hints: Input name → full shape, for dynamic dims (``--shape input:1x3x224x224``).
         image_mean: Per-channel mean for image calibration (default: ImageNet for 3 channels).
         image_std: Per-channel std for image calibration.
@@ -66,6 +67,7 @@ class BuildConfig(BaseModel):
     calibration: Path | None = None
     calibration_count: int = Field(16, ge=1)
     calibrate_method: Literal["minmax", "percentile"] = "minmax"
+    smooth_quant: float | None = Field(None, gt=0, lt=1)
     shape_hints: dict[str, list[int]] = Field(default_factory=dict)
     image_mean: list[float] | None = None
     image_std: list[float] | None = None

@@ -74,7 +74,7 @@ class _Reader:
 
 
 def quantize_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], layers: list[LinearInfo],
-                  method: str = "minmax", progress=None) -> onnx.ModelProto:
+                  method: str = "minmax", progress=None, smooth: float | None = None) -> onnx.ModelProto:
     """Quantize ``layers`` of a float model to symmetric INT8 Q/DQ with ``quantize_static``.
 
     Args:
@@ -83,6 +83,7 @@ def quantize_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], la
         layers: Linears to quantize (from :func:`edgesdk.inspect.find_linears`).
         method: ``"minmax"`` or ``"percentile"`` (99.999th percentile of |x|) activation ranges.
         progress: Optional ``callback(done, total)`` called per calibration sample.
+        smooth: SmoothQuant migration strength alpha (see :func:`smooth_activations`); None = off.
 
     Returns:
         The Q/DQ model (weights int8 per output channel, activations int8 per tensor, zero points 0).
@@ -93,6 +94,8 @@ def quantize_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], la
     if not layers:
         return model
     model = fold_weight_transposes(model, layers)
+    if smooth:
+        model, _ = smooth_activations(model, feeds, layers, smooth)
     if not feeds:
         raise EdgeSDKError("INT8 quantization needs at least one calibration sample.",
                            "pass --calibration DATA or raise --calibration-count.")
@@ -125,6 +128,123 @@ def quantize_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], la
     out.ir_version = min(out.ir_version, 10)
     _check_placement(out, {li.node for li in layers})
     return out
+
+
+def smooth_activations(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], layers: list[LinearInfo],
+                       alpha: float = 0.5) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """SmoothQuant (Xiao et al., 2023): move activation outliers into the weights before INT8.
+
+    For the linears reading one activation X (e.g. q/k/v), per input channel j:
+    ``s_j = max|X_j|^alpha / max|W_j,:|^(1-alpha)``; X is divided by s where it is produced and
+    the weight rows are multiplied by s, so the float function is unchanged. X / s is folded into
+    the producer: a LayerNormalization (scale and bias), an RMSNorm's final ``Mul`` by a
+    constant gamma, or a ``Mul(a, up_proj(x))`` (the SwiGLU gate feeding a down projection, folded
+    into up_proj's output columns). Groups with any other producer are left alone.
+
+    Args:
+        model: Float model.
+        feeds: Calibration inputs (for max|X_j|).
+        layers: Linears to be quantized.
+        alpha: Migration strength in (0, 1).
+
+    Returns:
+        The smoothed model and, per smoothed layer name, where its input scale went.
+    """
+    from onnx import helper, numpy_helper
+
+    from edgesdk.inspect import GraphIndex, bias_values, weight_kn
+    from edgesdk.ort import make_session
+
+    model = fold_weight_transposes(model, [li for li in layers if not li.quantized])
+    ix = GraphIndex(model)
+    lin = {li.name: li for li in find_linears(model)}
+    groups: dict[str, list[LinearInfo]] = {}
+    for li in layers:
+        li = lin.get(li.name)
+        if li is not None and not li.quantized and not li.trans_a:
+            groups.setdefault(li.input, []).append(li)
+
+    def only_for(tensor: str, allowed: set[str]) -> bool:
+        return tensor not in ix.graph_outputs and all(
+            c.name in allowed or c.op_type == "Shape" for c in ix.consumers.get(tensor, []))
+
+    plans = {}  # activation tensor -> (kind, producer node, gamma name | up-proj LinearInfo)
+    by_output = {li.output: li for li in lin.values()}
+    for x, group in groups.items():
+        node = ix.producer.get(x)
+        k = group[0].k
+        if node is None or not only_for(x, {li.node for li in group}) or any(li.k != k for li in group):
+            continue
+        if node.op_type == "LayerNormalization" and ix.const(node.input[1]) is not None:
+            plans[x] = ("layernorm", node, None)
+        elif node.op_type == "Mul":
+            consts = [i for i in node.input if ix.const(i) is not None and int(np.prod(ix.const(i).dims)) == k]
+            ups = [by_output[i] for i in node.input if i in by_output and not by_output[i].trans_a]
+            if consts:
+                plans[x] = ("gamma", node, consts[0])
+            elif ups and only_for(ups[0].output, {node.name}) and ups[0].n == k:
+                plans[x] = ("up", node, ups[0])
+    if not plans:
+        return model, {}
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend([helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, None) for x in plans])
+    sess = make_session(probe)
+    names = [o.name for o in sess.get_outputs()]
+    amax = {x: np.zeros(groups[x][0].k) for x in plans}
+    for f in feeds:
+        for n, v in zip(names, sess.run(None, f)):
+            if n in amax:
+                amax[n] = np.maximum(amax[n], np.abs(v.astype(np.float64)).reshape(-1, v.shape[-1]).max(0))
+    del sess, probe
+
+    taken = {t.name for t in model.graph.initializer} | {o for n in model.graph.node for o in n.output}
+
+    def put(array: np.ndarray, base: str) -> str:
+        name = base
+        while name in taken:
+            name += "_s"
+        taken.add(name)
+        model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array, np.float32), name))
+        return name
+
+    done = {}
+    row_scale: dict[str, np.ndarray] = {}  # linear name -> s over K (weight rows multiplied)
+    col_scale: dict[str, np.ndarray] = {}  # linear name -> s over N (weight columns and bias divided)
+    for x, (kind, node, extra) in plans.items():
+        group = groups[x]
+        wmax = np.max([np.abs(weight_kn(model, li, ix)).max(1) for li in group], axis=0).astype(np.float64)
+        ok = (amax[x] > 0) & (wmax > 0)
+        sc = np.ones_like(wmax)
+        sc[ok] = np.clip(amax[x][ok] ** alpha / wmax[ok] ** (1 - alpha), 1e-5, 1e5)
+        for li in group:
+            row_scale[li.name] = sc
+            done[li.name] = kind
+        if kind == "layernorm":
+            node.input[1] = put(ix.array(node.input[1]).astype(np.float64) / sc, f"{node.input[1]}_smooth")
+            if len(node.input) > 2 and node.input[2]:
+                node.input[2] = put(ix.array(node.input[2]).astype(np.float64) / sc, f"{node.input[2]}_smooth")
+        elif kind == "gamma":
+            i = list(node.input).index(extra)
+            g = ix.array(extra).astype(np.float64)
+            node.input[i] = put((g.reshape(-1) / sc).reshape(g.shape), f"{extra}_smooth")
+        else:  # 1/s goes into up_proj's output columns (and bias)
+            col_scale[extra.name] = sc
+    for name in set(row_scale) | set(col_scale):
+        li = lin[name]
+        w = weight_kn(model, li, ix).astype(np.float64)
+        w = w * row_scale.get(name, np.ones(li.k))[:, None] / col_scale.get(name, np.ones(li.n))[None, :]
+        ix.nodes[li.node].input[1] = put(w.T if li.weight_layout == "NK" else w, f"{li.weight}_smooth")
+        b = bias_values(model, li, ix)
+        if name in col_scale and b is not None:
+            holder = ix.nodes[li.bias_node] if li.bias_node else ix.nodes[li.node]
+            j = list(holder.input).index(li.bias)
+            holder.input[j] = put(b.astype(np.float64) / col_scale[name], f"{li.bias}_smooth")
+    used = {i for n in model.graph.node for i in n.input}
+    keep = [t for t in model.graph.initializer if t.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+    return model, done
 
 
 def fold_weight_transposes(model: onnx.ModelProto, layers: list[LinearInfo]) -> onnx.ModelProto:

@@ -125,3 +125,63 @@ def test_qoperator_refused_and_no_feeds_refused():
     assert "quantize_static" in e.value.fix
     with pytest.raises(EdgeSDKError, match="calibration sample"):
         quantize_int8(model, [], find_linears(model))
+
+
+def _llama_like_block():
+    """x → RMSNorm (…·γ) → q/k/v MatMuls ; x → RMSNorm → gate/up → SiLU(gate)·up → down; outliers in x."""
+    rng = np.random.default_rng(5)
+    k, f = 12, 20
+    inits = {"g1": rng.uniform(0.5, 1.5, k), "wq": rng.standard_normal((k, 9)), "wk": rng.standard_normal((k, 9)),
+             "g2": rng.uniform(0.5, 1.5, k), "wg": rng.standard_normal((k, f)), "wu": rng.standard_normal((f, k)),
+             "wd": rng.standard_normal((f, k)), "bu": rng.standard_normal(f)}
+    nodes = [
+        helper.make_node("ReduceMean", ["sq"], ["ms"], keepdims=1, axes=[-1], name="rm"),
+        helper.make_node("Mul", ["x", "x"], ["sq"], name="square"),
+        helper.make_node("Add", ["ms", "eps"], ["mse"], name="addeps"),
+        helper.make_node("Sqrt", ["mse"], ["rms"], name="sqrt"),
+        helper.make_node("Div", ["x", "rms"], ["xn"], name="div"),
+        helper.make_node("Mul", ["g1", "xn"], ["h1"], name="gamma1"),
+        helper.make_node("MatMul", ["h1", "wq"], ["q"], name="q_proj"),
+        helper.make_node("MatMul", ["h1", "wk"], ["kk"], name="k_proj"),
+        helper.make_node("Mul", ["xn", "g2"], ["h2"], name="gamma2"),
+        helper.make_node("MatMul", ["h2", "wg"], ["gt"], name="gate_proj"),
+        helper.make_node("Gemm", ["h2", "wu", "bu"], ["up"], transB=1, name="up_proj"),
+        helper.make_node("Sigmoid", ["gt"], ["sg"], name="sig"),
+        helper.make_node("Mul", ["gt", "sg"], ["silu"], name="silu"),
+        helper.make_node("Mul", ["silu", "up"], ["act"], name="glu"),
+        helper.make_node("MatMul", ["act", "wd"], ["down"], name="down_proj"),
+    ]
+    g = helper.make_graph(nodes, "blk", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, k])],
+                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("q", "kk", "down")],
+                          [onnx.numpy_helper.from_array(v.astype(np.float32), n) for n, v in inits.items()]
+                          + [onnx.numpy_helper.from_array(np.array(1e-6, np.float32), "eps")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    feeds = []
+    for _ in range(6):
+        x = rng.standard_normal((6, k)).astype(np.float32)
+        x[:, 3] *= 40.0  # an outlier channel, as in LLM hidden states
+        feeds.append({"x": x})
+    return m, feeds
+
+
+def test_smoothquant_keeps_the_float_function_and_helps_int8():
+    from edgesdk.quantize import smooth_activations
+
+    m, feeds = _llama_like_block()
+    layers = find_linears(m)
+    sm, done = smooth_activations(m, feeds[:4], layers, 0.5)
+    assert done == {"q_proj": "gamma", "k_proj": "gamma", "gate_proj": "gamma", "up_proj": "gamma", "down_proj": "up"}
+    a, b = make_session(m), make_session(sm)
+    for f in feeds:
+        for ra, rb in zip(a.run(None, f), b.run(None, f)):
+            np.testing.assert_allclose(rb, ra, rtol=2e-5, atol=2e-5 * np.abs(ra).max())
+    # original gamma/weights untouched in the input model
+    assert {t.name for t in m.graph.initializer} >= {"g1", "wq", "wu"}
+
+    def err(q):
+        s = make_session(q)
+        return max(float(np.abs(x - y).max() / np.abs(x).max()) for f in feeds[4:]
+                   for x, y in zip(a.run(None, f), s.run(None, f)))
+
+    plain, smooth = err(quantize_int8(m, feeds[:4], layers)), err(quantize_int8(m, feeds[:4], layers, smooth=0.5))
+    assert smooth < plain, (smooth, plain)
