@@ -194,10 +194,31 @@ def summarize(rows):
     return out
 
 
+def published_rows(path: Path, rows: list[dict]) -> list[dict]:
+    """Rows of a published kernel timed by an external driver (CSV ``NAME,K,N,M,sparsity,splitk,us,
+    bytes,GBps,relerr``, same method: CUDA graphs over rotated copies, median of 10), with the speed-up
+    vs our cuBLAS row and vs our best fp16 kernel at the same (K, N, M, sparsity)."""
+    out = []
+    for line in path.read_text().splitlines():
+        f = line.strip().split(",")
+        if len(f) != 10 or not f[1].isdigit():
+            continue
+        k, n, m, s, us = int(f[1]), int(f[2]), int(f[3]), float(f[4]), float(f[6])
+        dense = [r["us"] for r in rows if r["kernel"] == "cublas_fp16" and (r["K"], r["N"], r["M"]) == (k, n, m)]
+        ours = [r["us"] for r in rows if r["kernel"] == "bitmap_float16_best" and (r["K"], r["N"], r["M"], r["sparsity"])
+                == (k, n, m, s)]
+        out.append({"K": k, "N": n, "M": m, "kernel": f"{f[0].lower()}_fp16", "sparsity": s, "tactic": f"splitk{f[5]}",
+                    "us": us, "bytes": int(f[7]), "GBps": float(f[8]), "relerr": float(f[9]),
+                    "speedup": dense[0] / us if dense else None,
+                    "ours_fp16_vs_published": us / ours[0] if ours else None})
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="three shapes, M ∈ {1, 16}")
     ap.add_argument("--no-green", action="store_true", help="skip the 16-SM green context")
+    ap.add_argument("--published", type=Path, help="CSV from an external published-kernel driver to merge")
     ap.add_argument("--tactics", default="decode", help="'all', 'decode' or comma-separated tactic ids")
     args = ap.parse_args(argv)
     import torch
@@ -230,6 +251,13 @@ def main(argv=None):
     print_table([r for r in rows if not r["kernel"].endswith("default")], cols)
     summ = summarize(rows)
     print_table(summ, list(summ[0]))
+    if args.published and args.published.exists():
+        pub = published_rows(args.published, rows)
+        print_table(pub, cols + ["ours_fp16_vs_published"])
+        rows += pub
+        info["published"] = ("Coruscant SpMM (github.com/dhjoo98/coruscant, built outside this repository for "
+                             "sm_90), timed by a separate driver with the same method; its batch must be 1, 4, 8 "
+                             "or 16 (padded to 16 columns in memory) and N a multiple of 256")
     write_results("bitmap_linear", rows, {**info, "summary": summ})
     if args.no_green:
         return 0

@@ -82,23 +82,29 @@ def _sm_count(ctx: int) -> int:
             cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)))
 
 
-def _gemv_slot(value_dtype: str, spw: int) -> int:
-    return 16 * 128 + spw * (fmt.TILES_PER_GROUP * 8 + fmt.GROUP_K * fmt.STRIP * _V[value_dtype][1])
+def _gemv_slot(value_dtype: str, spw: int, m: int) -> int:
+    """Bytes of one pipeline stage: X rows (8 or 16 × 128 B) + per strip bitmaps, values, 16 B slack."""
+    return (8 if m <= 8 else 16) * 128 + spw * (fmt.TILES_PER_GROUP * 8 + fmt.GROUP_K * fmt.STRIP
+                                                * _V[value_dtype][1] + 16)
 
 
 def _gemv_config(n, k, m, value_dtype, tactic, sm_count):
     s, g = fmt.geometry(n, k)
     if tactic in GEMV_TACTICS:
         spw, sbpb, ks = GEMV_TACTICS[tactic]
-    else:  # heuristic: ~8 resident warps per SM, widest strip block that still fills the GPU
-        target = sm_count * 8
-        for spw in (4, 2, 1):
-            sb = -(-s // spw)
-            ks = max(1, min(16, -(-target // sb), max(1, g // 3)))
-            if sb * ks >= 0.75 * target or spw == 1:
-                break
-        sbpb = max(1, min(4 // ks if ks < 4 else 1, -(-s // spw)))
-    slot = _gemv_slot(value_dtype, spw)
+    else:
+        # Heuristic. Decoding costs ~20 instructions per 8×8 tile whatever M is, so the kernel wants
+        # many resident warps (~24 per SM); X is staged per warp, so larger M shares it over more
+        # strips per warp (X bytes per group = 128·M vs ~600 B of weights per strip at 50 %).
+        spw = 1 if m <= 4 else 2 if m <= 8 else 4
+        slot = _gemv_slot(value_dtype, spw, m)
+        per_sm = max(1, min(24, (228 * 1024) // (_GEMV_STAGES * slot)))  # smem-resident warps per SM
+        target = sm_count * per_sm
+        sb = -(-s // spw)
+        ks = max(1, min(16, -(-target // sb), max(1, g // 3)))
+        sbpb = max(1, min(max(1, 8 // ks), sb))
+    slot = _gemv_slot(value_dtype, spw, m)
+    sbpb = max(1, min(sbpb, _SMEM_LIMIT // (_GEMV_STAGES * slot)))
     ks = max(1, min(ks, _SMEM_LIMIT // (_GEMV_STAGES * slot * sbpb)))
     warps = sbpb * ks
     smem = max(warps * _GEMV_STAGES * slot, warps * spw * 4 * 32 * 4)

@@ -271,24 +271,26 @@ struct LaneBits {
   uint32_t below;  // mask of the word's bits below the lane's
 };
 
+// Branch-free: both values are always loaded (an index past the group's values lands in the slot's
+// 16-byte slack, so stays in shared memory) and zeroed by select when their bit is clear.
 __device__ __forceinline__ uint32_t decode_half(uint32_t lo, uint32_t hi, uint32_t plo, const LaneBits& lb,
-                                                const unsigned short* vals) {
+                                                const unsigned short* vals, int voff) {
   const uint32_t w = lb.hi ? hi : lo;
-  const int idx = (lb.hi ? static_cast<int>(plo) : 0) + __popc(w & lb.below);
+  const int idx = voff + (lb.hi ? static_cast<int>(plo) : 0) + __popc(w & lb.below);
   const uint32_t two = (w >> lb.sh) & 3u;
-  const uint32_t v0 = (two & 1u) ? vals[idx] : 0u;
-  const uint32_t v1 = (two & 2u) ? vals[idx + (two & 1u)] : 0u;
-  return v0 | (v1 << 16);
+  const uint32_t v0 = vals[idx];  // idx <= 512 (< 512 when the bit is set): inside the slack
+  const uint32_t v1 = vals[idx + static_cast<int>(two & 1u)];
+  return ((two & 1u) ? v0 : 0u) | ((two & 2u) ? (v1 << 16) : 0u);
 }
 
 __device__ __forceinline__ uint32_t decode_half(uint32_t lo, uint32_t hi, uint32_t plo, const LaneBits& lb,
-                                                const uint8_t* vals) {
+                                                const uint8_t* vals, int voff) {
   // int8 v -> fp16 exactly: bits 0x6400 + (v + 128) is 1024 + v + 128; subtract 1152 per half.
   const uint32_t w = lb.hi ? hi : lo;
-  const int idx = (lb.hi ? static_cast<int>(plo) : 0) + __popc(w & lb.below);
+  const int idx = voff + (lb.hi ? static_cast<int>(plo) : 0) + __popc(w & lb.below);
   const uint32_t two = (w >> lb.sh) & 3u;
-  const uint32_t u0 = (two & 1u) ? (vals[idx] ^ 0x80u) : 0x80u;
-  const uint32_t u1 = (two & 2u) ? (vals[idx + (two & 1u)] ^ 0x80u) : 0x80u;
+  const uint32_t u0 = (two & 1u) ? (vals[idx] ^ 0x80u) : 0x80u;  // idx <= 512: inside the slack
+  const uint32_t u1 = (two & 2u) ? (vals[idx + static_cast<int>(two & 1u)] ^ 0x80u) : 0x80u;
   const uint32_t bits = (u0 | (u1 << 16)) + 0x64006400u;
   const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&bits), __halves2half2(__ushort_as_half(0x6480),
                                                                                       __ushort_as_half(0x6480)));
@@ -298,19 +300,14 @@ __device__ __forceinline__ uint32_t decode_half(uint32_t lo, uint32_t hi, uint32
 template <typename VT> struct RawV { using T = unsigned short; };
 template <> struct RawV<int8_t> { using T = uint8_t; };
 
-template <typename VT, int SPW>
-__host__ __device__ constexpr int gemv_slot_bytes() {
-  return 16 * 128 + SPW * slot_bytes<VT>();
-}
-
 template <typename VT, int SPW, int STAGES>
 __device__ __forceinline__ void bitmap_gemv_body(
     const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
     const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,
     __half* __restrict__ Y, int M, int N, int K, int KS, int SPB) {
   using RV = typename RawV<VT>::T;
-  constexpr int kW = slot_bytes<VT>();  // one strip's bitmaps + values
-  constexpr int kSlot = gemv_slot_bytes<VT, SPW>();
+  constexpr int kW = slot_bytes<VT>() + 16;  // one strip's bitmaps + values + 16 bytes of slack
+  constexpr int kVChunks = (kGroupK * 8 * static_cast<int>(sizeof(VT))) / 16;  // max value chunks per group
   extern __shared__ __align__(16) uint8_t smem[];
 
   const int lane = threadIdx.x & 31;
@@ -325,6 +322,10 @@ __device__ __forceinline__ void bitmap_gemv_body(
   const int g1 = static_cast<int>((static_cast<long long>(G) * (ks + 1)) / KS);
   const int ng = active ? g1 - g0 : 0;
   const int gid = lane >> 2;
+  // Slot: X rows (8 or 16 rows of 128 bytes; ldmatrix reads 16 rows, rows >= M are masked) then
+  // SPW strips' bitmaps + values.
+  const int xbytes = (M > 8 ? 16 : 8) * 128;
+  const int kSlot = xbytes + SPW * kW;
 
   uint8_t* ring = smem + static_cast<size_t>(warp) * STAGES * kSlot;
 
@@ -333,30 +334,37 @@ __device__ __forceinline__ void bitmap_gemv_body(
   const bool ovalid = os < SPW && strip0 + os < S;
   const int* optr = offsets + (static_cast<size_t>(strip0 + os) * G + g0 + (lane >> 4));
   int pre = (ovalid && ng > 0) ? __ldg(optr) : 0;
+  const uint8_t* bsrc0 = bitmaps + (static_cast<size_t>(strip0) * G + g0) * (kTiles * 8) + 16 * (lane & 3);
+  const size_t bstride = static_cast<size_t>(G) * (kTiles * 8);
+  // This lane's X chunks: c = lane + 32 r -> row c / 8, 16-byte chunk c % 8 (swizzled in smem).
+  const __half* xsrc = X + static_cast<size_t>(lane >> 3) * K + 8 * (lane & 7);
 
   auto issue = [&](int j) {
     if (j < ng) {
       const int cur = pre;
       if (j + 1 < ng) pre = ovalid ? __ldg(optr + j + 1) : 0;  // prefetch for the next issue
       uint8_t* slot = ring + (j % STAGES) * kSlot;
-      const int kg = (g0 + j) * kGroupK;
-      // X rows 0..M-1, 8 chunks of 16 bytes each, swizzled; zero past K.
-      for (int c = lane; c < M * 8; c += 32) {
-        const int r = c >> 3, q = c & 7;
-        const bool ok = kg + 8 * q < K;
-        cp_async16_zfill(slot + r * 128 + ((q ^ (r & 7)) << 4), X + static_cast<size_t>(r) * K + (ok ? kg + 8 * q : 0), ok);
+      const int kq = (g0 + j) * kGroupK + 8 * (lane & 7);
+      const bool kok = kq < K;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {  // rows lane/8 + 4r
+        const int row = (lane >> 3) + 4 * r;
+        if (lane + 32 * r < M * 8)
+          cp_async16_zfill(slot + row * 128 + (((lane & 7) ^ (row & 7)) << 4),
+                           kok ? xsrc + static_cast<size_t>(4 * r) * K + (kq - 8 * (lane & 7)) : X, kok);
       }
 #pragma unroll
       for (int s = 0; s < SPW; ++s) {
         const int start = __shfl_sync(0xffffffffu, cur, s);
         const int end = __shfl_sync(0xffffffffu, cur, 16 + s);
-        if (strip0 + s >= S) continue;  // warp-uniform
-        uint8_t* dst = slot + 16 * 128 + s * kW;
-        const uint8_t* bsrc = bitmaps + (static_cast<size_t>(strip0 + s) * G + g0 + j) * (kTiles * 8);
-        const uint8_t* vsrc = reinterpret_cast<const uint8_t*>(values + start);
-        const int nchunks = 4 + ((end - start) * static_cast<int>(sizeof(VT))) / 16;
-        for (int c = lane; c < nchunks; c += 32)
-          cp_async16(dst + 16 * c, c < 4 ? bsrc + 16 * c : vsrc + 16 * (c - 4));
+        if (strip0 + s >= S) break;  // warp-uniform
+        uint8_t* dst = slot + xbytes + s * kW;
+        if (lane < 4) cp_async16(dst + 16 * lane, bsrc0 + s * bstride + j * (kTiles * 8));
+        const int nv = ((end - start) * static_cast<int>(sizeof(VT))) >> 4;
+        const uint8_t* vsrc = reinterpret_cast<const uint8_t*>(values + start) + 16 * lane;
+#pragma unroll
+        for (int r = 0; r < (kVChunks + 31) / 32; ++r)
+          if (lane + 32 * r < nv) cp_async16(dst + kTiles * 8 + 16 * (lane + 32 * r), vsrc + 512 * r);
       }
     }
     cp_commit();
@@ -386,7 +394,7 @@ __device__ __forceinline__ void bitmap_gemv_body(
     cp_wait<STAGES - 1>();
     __syncwarp();
     const uint8_t* slot = ring + (i % STAGES) * kSlot;
-    const uint32_t xbase = smem_u32(slot) + lrow * 128;
+    const uint32_t xbase = smem_u32(slot) + lrow * 128;  // rows >= 8 of an 8-row X area: masked
     int voff[SPW];
 #pragma unroll
     for (int s = 0; s < SPW; ++s) voff[s] = 0;
@@ -398,13 +406,13 @@ __device__ __forceinline__ void bitmap_gemv_body(
 #pragma unroll
       for (int s = 0; s < SPW; ++s) {
         if (strip0 + s >= S) break;  // warp-uniform: padding strips of the last strip block
-        const uint8_t* ws = slot + 16 * 128 + s * kW;
+        const uint8_t* ws = slot + xbytes + s * kW;
         const uint4 bmv = *reinterpret_cast<const uint4*>(ws + 16 * kk);  // tiles 2kk, 2kk+1
         const RV* vals = reinterpret_cast<const RV*>(ws + kTiles * 8);
         const uint32_t p0 = __popc(bmv.x), p1 = __popc(bmv.z);
-        const uint32_t b0 = decode_half(bmv.x, bmv.y, p0, lb, vals + voff[s]);
+        const uint32_t b0 = decode_half(bmv.x, bmv.y, p0, lb, vals, voff[s]);
         voff[s] += p0 + __popc(bmv.y);
-        const uint32_t b1 = decode_half(bmv.z, bmv.w, p1, lb, vals + voff[s]);
+        const uint32_t b1 = decode_half(bmv.z, bmv.w, p1, lb, vals, voff[s]);
         voff[s] += p1 + __popc(bmv.w);
         mma16816(acc[s], a, b0, b1);
       }
