@@ -165,6 +165,7 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
         with step(f"Verify on ONNX Runtime ({len(check_feeds)} samples, Polygraphy)"):
             verify_rows = verify(model, processed, check_feeds, config)
 
+    created = [p for p in [out.parent, *out.parent.parents] if not p.exists()]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     os.chmod(tmp, 0o777 & ~_umask())
@@ -195,6 +196,9 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
         _move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for p in created:  # deepest first; only folders this build made and left empty
+            with contextlib.suppress(OSError):
+                p.rmdir()
         raise
     return report
 

@@ -141,17 +141,18 @@ def train_digits(epochs: int = 60, seed: int = DIGITS_SEED):
     return model, acc
 
 
-def make_digits(path: Path = DIGITS_ONNX, calibration: Path | None = HERE.parent / "calibration" / "digits.npz") -> dict:
+def make_digits(path: Path = DIGITS_ONNX, calibration: Path | None = HERE.parent / "calibration" / "digits.npz",
+                epochs: int = 60) -> dict:
     """Train, export (``x`` [B,1,8,8] → ``logits`` [B,10]) and record the held-out accuracy of ONNX Runtime."""
     import torch
 
     from edgesdk.ort import make_session
 
-    module, torch_acc = train_digits()
+    module, torch_acc = train_digits(epochs)
     export_onnx(module, (torch.zeros(1, 1, 8, 8),), path, ["x"], ["logits"], {"x": {0: "batch"}, "logits": {0: "batch"}})
     xtr, xte, ytr, yte = digits_split()
     acc = float((make_session(path).run(None, {"x": xte})[0].argmax(-1) == yte).mean())
-    meta = {"seed": DIGITS_SEED, "split": "sklearn load_digits, x/16, train_test_split(test_size=0.25, "
+    meta = {"seed": DIGITS_SEED, "epochs": epochs, "split": "sklearn load_digits, x/16, train_test_split(test_size=0.25, "
             "random_state=seed, stratify=y)", "test_samples": int(len(yte)), "top1_torch": torch_acc,
             "top1_onnxruntime": acc, "params": int(sum(p.numel() for p in module.parameters()))}
     Path(path).with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -290,9 +291,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("-o", "--output", type=Path, required=True)
     ap.add_argument("--seq", type=int, default=16, help="decoders: sequence length of the example input")
     ap.add_argument("--dynamo", action="store_true", help="use torch.onnx.export(dynamo=True)")
+    ap.add_argument("--epochs", type=int, default=60, help="digits: training epochs")
     a = ap.parse_args(argv)
     if a.name == "digits":
-        print(json.dumps(make_digits(a.output), indent=2))
+        print(json.dumps(make_digits(a.output, epochs=a.epochs), indent=2))
     elif a.name in TIMM:
         print(make_vit(a.name, a.output, a.dynamo))
     elif a.name in DECODERS:

@@ -1,0 +1,77 @@
+"""Model recipes end to end: the bundled digits ViT, timm DeiT-tiny, Llama/Qwen-style decoders (legacy and dynamo).
+
+ViT-B/16 (time and memory) and SmolLM2-135M (logits cosine) are measured by ``tools/model_checks.py``:
+they take minutes on 2 cores.
+"""
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from edgesdk.build import build
+from edgesdk.config import BuildConfig
+from edgesdk.ort import make_session
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS = ROOT / "models" / "digits_vit.onnx"
+
+
+def test_bundled_digits_model_matches_its_record():
+    from models.recipes import DIGITS_META, digits_split
+
+    assert DIGITS.stat().st_size < 1_000_000
+    m = onnx.load(str(DIGITS))
+    assert m.ir_version == 10 and m.opset_import[0].version == 17
+    meta = json.loads(DIGITS_META.read_text())
+    _, xte, _, yte = digits_split(meta["seed"])
+    assert len(yte) == meta["test_samples"] == 450
+    acc = float((make_session(m).run(None, {"x": xte})[0].argmax(-1) == yte).mean())
+    assert acc == pytest.approx(meta["top1_onnxruntime"]) and acc > 0.9
+    out = make_session(m).run(None, {"x": xte[:5]})[0]
+    assert out.shape == (5, 10)  # dynamic batch
+
+
+def test_digits_int8_build_keeps_accuracy(tmp_path):
+    """The default build (INT8 + kernels=auto) of the README command loses <= 0.5 top-1 points."""
+    from models.recipes import digits_split
+
+    r = build(DIGITS, BuildConfig(output=tmp_path / "d", calibration=ROOT / "calibration" / "digits.npz"))
+    _, xte, _, yte = digits_split()
+    fp32 = float((make_session(DIGITS).run(None, {"x": xte})[0].argmax(-1) == yte).mean())
+    sess = make_session(tmp_path / "d" / "model.onnx")
+    int8 = float((sess.run(None, {"x": xte})[0].argmax(-1) == yte).mean())
+    print(f"digits held-out top-1 (kernels={r['config']['kernels']}): fp32 {fp32:.4f}, int8 build {int8:.4f}")
+    assert (fp32 - int8) * 100 <= 0.5 and r["verified"]
+
+
+@pytest.mark.parametrize("name,dynamo", [("llama-tiny", False), ("qwen-tiny", False),
+                                         pytest.param("llama-tiny", True, marks=pytest.mark.slow)])
+def test_decoder_recipes_build_and_verify(tmp_path, name, dynamo):
+    pytest.importorskip("transformers")
+    if dynamo:
+        pytest.importorskip("onnxscript")
+    from models.recipes import make_decoder
+
+    path = make_decoder(name, tmp_path / f"{name}.onnx", seq=8, dynamo=dynamo)
+    m = onnx.load(str(path))
+    assert m.ir_version == 10
+    r = build(path, BuildConfig(output=tmp_path / "b", shape_hints={"input_ids": [1, 8]}, kernels="none",
+                                calibration_count=4, verify_count=2))
+    names = [row["name"] for row in r["layers"]]
+    assert len(names) == 15  # 2 layers × (q, k, v, o, gate, up, down) + lm_head
+    assert names[0].endswith("layers.0.self_attn.q_proj") and names[-1].endswith("lm_head")
+    assert sum(row["quantized"] for row in r["layers"]) == 14 and "LM head" in r["layers"][-1]["reason"]
+    assert r["verified"] and r["verify"][0]["cosine"] > 0.999
+
+
+def test_deit_tiny_recipe_builds(tmp_path):
+    pytest.importorskip("timm")
+    from models.recipes import make_vit
+
+    path = make_vit("deit-tiny", tmp_path / "deit.onnx")
+    r = build(path, BuildConfig(output=tmp_path / "b", kernels="none", calibration_count=2, verify_count=1))
+    assert len(r["layers"]) == 12 * 4 + 1 and all(row["quantized"] for row in r["layers"])
+    assert r["layers"][0]["shape"] == [192, 576] and r["layers"][-1]["shape"] == [192, 1000]
+    assert r["verified"], r["verify"]
