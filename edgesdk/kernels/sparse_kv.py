@@ -26,8 +26,10 @@ from edgesdk.formats.sparse_kv import SparseKVConfig
 from edgesdk.kernels import _cuda
 
 SOURCE = "sparse_kv/sparse_kv.cu"
-THREADS = 128
+THREADS = 256  # attention block
 WARPS = THREADS // 32
+COMP_THREADS = 128  # prefill / append block: one warp per token
+COMP_WARPS = COMP_THREADS // 32
 _LOG2E = 1.4426950408889634
 _DENSE_WINDOW = 1 << 30  # window so large that nothing is ever compressed
 
@@ -58,7 +60,7 @@ MAX_TOKENS_PER_SPLIT = 1024
 def smem_bytes(head_dim: int, g: int, tokens_per_split: int, rk: int, rv: int) -> int:
     """Dynamic shared memory of the attention kernel (mirrors ``AttnSmem`` in the .cu)."""
     gp = gqa_pad(g)
-    o = 4 * head_dim * gp + 4 * gp * (tokens_per_split + 8) + 4 * WARPS * gp + 4 * 2 * gp + 4 * WARPS * gp * head_dim
+    o = 2 * head_dim * gp + 4 * gp * (tokens_per_split + 8) + 4 * WARPS * gp + 4 * 2 * gp + 4 * WARPS * gp * head_dim
     o = -(-o // 16) * 16
     o += -(-tokens_per_split * rk // 16) * 16 + -(-tokens_per_split * rv // 16) * 16
     return o + WARPS * 16 * (head_dim + 8) * 2
@@ -140,7 +142,7 @@ def prefill(cfg: SparseKVConfig, batch: int, src_tokens: int, k_src: int, v_src:
     if batch < 1 or src_tokens < 1:
         raise EdgeSDKError(f"sparse_kv prefill of batch {batch}, {src_tokens} tokens", "pass batch ≥ 1 and tokens ≥ 1")
     k = _kernel(f"sparse_kv_prefill_d{cfg.head_dim}")
-    k.launch((math.ceil(src_tokens / WARPS), cfg.num_kv_heads, batch), (THREADS,),
+    k.launch((math.ceil(src_tokens / COMP_WARPS), cfg.num_kv_heads, batch), (COMP_THREADS,),
              [_p(k_src), _p(v_src), _i(src_tokens), *_cache_args(cfg, cache)], stream)
 
 
@@ -148,7 +150,7 @@ def append(cfg: SparseKVConfig, batch: int, k_new: int, v_new: int, cache: Cache
     """Append token ``lens[b] - 1`` (``k_new``/``v_new`` fp16 ``[B, Hkv, d]``) of every sequence with
     ``lens[b] > 0``; compress a group where the window is full. Raise ``lens`` first."""
     k = _kernel(f"sparse_kv_append_d{cfg.head_dim}")
-    k.launch((math.ceil((cfg.group + 1) / WARPS), cfg.num_kv_heads, batch), (THREADS,),
+    k.launch((math.ceil((cfg.group + 1) / COMP_WARPS), cfg.num_kv_heads, batch), (COMP_THREADS,),
              [_p(k_new), _p(v_new), *_cache_args(cfg, cache)], stream)
 
 

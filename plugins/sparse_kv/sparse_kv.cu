@@ -11,7 +11,7 @@
 // so every record has the same size: no offsets, O(1) append, random access for the token split.
 //
 // Kernels (Ampere instructions only: mma.sync, ldmatrix, redux.sync, popc; sm_87 and sm_90):
-//   sparse_kv_attn_d{D}_g{GP}   grid (NS, Hkv, B), 128 threads. One block = one (b, h) and TS tokens.
+//   sparse_kv_attn_d{D}_g{GP}   grid (NS, Hkv, B), 256 threads. One block = one (b, h) and TS tokens.
 //       K: one thread per token, a sparse dot product over the record's set bits (GP query heads of
 //          the GQA group at once), scores in shared memory; block max/sum (fp32, exp2).
 //       V: each warp takes 16-token tiles, decompresses records (2 lanes per token) into a dense
@@ -19,9 +19,9 @@
 //          mma.sync.m16n8k16 (fp32 accumulation; P rounded to fp16, l summed from the same values).
 //       Writes the split's (m, l, acc[D]) to the workspace.
 //   sparse_kv_combine_d{D}      grid (B * Hq), D threads: merges the splits, writes fp16 out.
-//   sparse_kv_prefill_d{D}      grid (ceil(S / 4), Hkv, B): compress tokens [0, n_comp), copy the
+//   sparse_kv_prefill_d{D}      grid (ceil(S / 4), Hkv, B), 128 threads: compress tokens [0, n_comp), copy the
 //                               rest into the ring (one warp per token, K then V).
-//   sparse_kv_append_d{D}       grid (ceil((A + 1) / 4), Hkv, B): write token lens[b]-1 into the ring;
+//   sparse_kv_append_d{D}       grid (ceil((A + 1) / 4), Hkv, B), 128 threads: write token lens[b]-1 into the ring;
 //                               when the window reaches W + A, compress its oldest A tokens.
 // Top-k per token: a warp-wide radix select on the 15-bit magnitude |x| (fp16 bits & 0x7fff) with
 // __reduce_add_sync, then ballots give bitmap, tie ranks and value positions.
@@ -30,8 +30,10 @@
 
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kCompThreads = 128;  // prefill / append: one warp per token
+constexpr int kCompWarps = kCompThreads / 32;
 constexpr int kTile = 16;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -73,7 +75,7 @@ __device__ __forceinline__ int round_up(int x, int m) { return (x + m - 1) / m *
 // Shared-memory carve-up of the attention kernel (the launcher computes the same total).
 template <int D, int GP>
 struct AttnSmem {
-  float* qs;      // [D][GP]  q * scale * log2(e)
+  __half* qs;     // [D][GP]  q as given (fp16: 8-byte loads for GP = 4, fewer bank conflicts)
   float* sc;      // [GP][TS + 8] scores, then fp16-rounded probabilities
   float* red;     // [kWarps][GP]
   float* stat;    // [2][GP] block max, block sum
@@ -83,7 +85,7 @@ struct AttnSmem {
   __half* tile;   // [kWarps][16][D + 8] dense V tile
   __device__ AttnSmem(uint8_t* base, int TS, int rk, int rv) {
     size_t o = 0;
-    qs = reinterpret_cast<float*>(base + o); o += sizeof(float) * D * GP;
+    qs = reinterpret_cast<__half*>(base + o); o += sizeof(__half) * D * GP;
     sc = reinterpret_cast<float*>(base + o); o += sizeof(float) * GP * (TS + 8);
     red = reinterpret_cast<float*>(base + o); o += sizeof(float) * kWarps * GP;
     stat = reinterpret_cast<float*>(base + o); o += sizeof(float) * 2 * GP;
@@ -96,32 +98,44 @@ struct AttnSmem {
 };
 
 template <int GP>
-__device__ __forceinline__ void load_q(const float* qs, int c, float (&qv)[GP]) {
-  if constexpr (GP % 4 == 0) {
+__device__ __forceinline__ void load_q(const __half* qs, int c, float (&qv)[GP]) {
+  if constexpr (GP >= 4) {
 #pragma unroll
     for (int g = 0; g < GP; g += 4) {
-      float4 v = *reinterpret_cast<const float4*>(qs + c * GP + g);
-      qv[g] = v.x; qv[g + 1] = v.y; qv[g + 2] = v.z; qv[g + 3] = v.w;
+      const uint2 raw = *reinterpret_cast<const uint2*>(qs + c * GP + g);
+      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+      qv[g] = a.x; qv[g + 1] = a.y; qv[g + 2] = b.x; qv[g + 3] = b.y;
     }
   } else if constexpr (GP == 2) {
-    float2 v = *reinterpret_cast<const float2*>(qs + c * 2);
-    qv[0] = v.x; qv[1] = v.y;
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(qs + c * 2));
+    qv[0] = a.x; qv[1] = a.y;
   } else {
-    qv[0] = qs[c];
+    qv[0] = __half2float(qs[c]);
   }
 }
 
-// Next kept channel of a D-bit bitmap (words w0, w1; cur = remaining bits of the current word).
-template <int D>
+// Channels of set bits in order, on 32-bit words (2 instructions per ffs/clear); the words still to
+// visit shift through registers, so nothing is indexed dynamically. Call next() at most popcount times.
+template <int NW>
 struct BitIter {
-  uint64_t cur, w1;
+  uint32_t cur, n1, n2, n3;
   int base;
+  __device__ __forceinline__ void init(const uint32_t* w) {
+    cur = w[0];
+    n1 = NW > 1 ? w[NW > 1 ? 1 : 0] : 0u;
+    n2 = NW > 2 ? w[NW > 2 ? 2 : 0] : 0u;
+    n3 = NW > 3 ? w[NW > 3 ? 3 : 0] : 0u;
+    base = 0;
+  }
   __device__ __forceinline__ int next() {
-    if constexpr (D > 64) {
-      if (cur == 0ull && base == 0) { cur = w1; base = 64; }
+    while (cur == 0u) {
+      cur = n1;
+      if constexpr (NW > 2) { n1 = n2; n2 = n3; n3 = 0u; }
+      base += 32;
     }
-    const int c = __ffsll(static_cast<long long>(cur)) - 1 + base;
-    cur &= cur - 1ull;
+    const int c = __ffs(cur) - 1 + base;
+    cur &= cur - 1u;
     return c;
   }
 };
@@ -163,8 +177,8 @@ __device__ __forceinline__ void attn_split(
 
   for (int i = tid; i < GP * D; i += kThreads) {
     const int g = i / D, c = i % D;
-    float v = 0.f;
-    if (g < G) v = __half2float(q[(static_cast<size_t>(b) * Hq + h * G + g) * D + c]) * scale_log2;
+    __half v = __ushort_as_half(0);
+    if (g < G) v = q[(static_cast<size_t>(b) * Hq + h * G + g) * D + c];
     sm.qs[c * GP + g] = v;
   }
   cp_wait<1>();
@@ -180,10 +194,8 @@ __device__ __forceinline__ void attn_split(
     for (int g = 0; g < GP; ++g) s[g] = 0.f;
     if (t < n_comp) {
       const uint8_t* rec = sm.kst + (t - t_begin) * rk;
-      BitIter<D> it;
-      it.cur = reinterpret_cast<const uint64_t*>(rec)[0];
-      it.w1 = D > 64 ? reinterpret_cast<const uint64_t*>(rec)[D / 64 - 1] : 0ull;
-      it.base = 0;
+      BitIter<D / 32> it;
+      it.init(reinterpret_cast<const uint32_t*>(rec));
       const uint2* vals = reinterpret_cast<const uint2*>(rec + D / 8);
       for (int j = 0; j < keep_k; j += 4) {
         const uint2 raw = vals[j >> 2];
@@ -221,6 +233,7 @@ __device__ __forceinline__ void attn_split(
     }
 #pragma unroll
     for (int g = 0; g < GP; ++g) {
+      s[g] *= scale_log2;
       sm.sc[g * sstride + (t - t_begin)] = s[g];
       mloc[g] = fmaxf(mloc[g], s[g]);
     }
@@ -292,26 +305,24 @@ __device__ __forceinline__ void attn_split(
       __half* row = tile + r * TR + half * (D / 2);
       if (t < t_end && t < n_comp) {
         const uint8_t* rec = sm.vst + (t - t_begin) * rv;
-        const uint64_t* bm = reinterpret_cast<const uint64_t*>(rec);
-        uint64_t bits;
-        int idx;
-        if constexpr (D == 64) {
-          const uint64_t w0 = bm[0];
-          bits = half ? (w0 >> 32) : (w0 & 0xffffffffull);
-          idx = half ? __popc(static_cast<uint32_t>(w0)) : 0;
-        } else {
-          bits = bm[half];
-          idx = half ? __popcll(bm[0]) : 0;
+        // Lane half 0 owns channels [0, D/2), half 1 owns [D/2, D): D/64 32-bit bitmap words each.
+        const uint32_t* bm = reinterpret_cast<const uint32_t*>(rec);
+        constexpr int NWL = D / 64;
+        int idx = 0;
+        if (half) {
+#pragma unroll
+          for (int j = 0; j < NWL; ++j) idx += __popc(bm[j]);
         }
+        BitIter<NWL> it;
+        it.init(bm + half * NWL);
+        int nb = 0;
+#pragma unroll
+        for (int j = 0; j < NWL; ++j) nb += __popc(bm[half * NWL + j]);
         uint4* row4 = reinterpret_cast<uint4*>(row);
 #pragma unroll
         for (int i = 0; i < D / 16; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
-        const __half* vals = reinterpret_cast<const __half*>(rec + D / 8);
-        while (bits) {
-          const int c = __ffsll(static_cast<long long>(bits)) - 1;
-          bits &= bits - 1ull;
-          row[c] = vals[idx++];
-        }
+        const __half* vals = reinterpret_cast<const __half*>(rec + D / 8) + idx;
+        for (int j = 0; j < nb; ++j) row[it.next()] = vals[j];
       } else if (t < t_end) {
         const uint4* src = reinterpret_cast<const uint4*>(v_ring + (bh * C + (t % C)) * D + half * (D / 2));
         uint4* row4 = reinterpret_cast<uint4*>(row);
@@ -449,7 +460,7 @@ __device__ __forceinline__ void prefill(
     const __half* __restrict__ k_src, const __half* __restrict__ v_src, int S, const int* __restrict__ lens,
     uint8_t* __restrict__ k_rec, uint8_t* __restrict__ v_rec, __half* __restrict__ k_ring,
     __half* __restrict__ v_ring, int Hkv, int cap, int C, int W, int A, int keep_k, int keep_v, int rk, int rv) {
-  const int t = blockIdx.x * kWarps + (threadIdx.x >> 5), h = blockIdx.y, b = blockIdx.z;
+  const int t = blockIdx.x * kCompWarps + (threadIdx.x >> 5), h = blockIdx.y, b = blockIdx.z;
   const int L = min(lens[b], S);
   if (t >= L) return;
   const int n_comp = n_compressed(L, W, A);
@@ -471,7 +482,7 @@ __device__ __forceinline__ void append(
     const __half* __restrict__ k_new, const __half* __restrict__ v_new, const int* __restrict__ lens,
     uint8_t* __restrict__ k_rec, uint8_t* __restrict__ v_rec, __half* __restrict__ k_ring,
     __half* __restrict__ v_ring, int Hkv, int cap, int C, int W, int A, int keep_k, int keep_v, int rk, int rv) {
-  const int i = blockIdx.x * kWarps + (threadIdx.x >> 5), h = blockIdx.y, b = blockIdx.z;
+  const int i = blockIdx.x * kCompWarps + (threadIdx.x >> 5), h = blockIdx.y, b = blockIdx.z;
   const int L = lens[b];
   if (L <= 0 || i > A) return;
   const size_t bh = static_cast<size_t>(b) * Hkv + h;
@@ -500,7 +511,7 @@ __device__ __forceinline__ void append(
 #define ATTN_PASS q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, cap, C, W, A, keep_k, keep_v, rk, rv, TS, NS, scale_log2
 
 #define DEF_ATTN(D, GP)                                                                                \
-  extern "C" __global__ void __launch_bounds__(kThreads, 4) sparse_kv_attn_d##D##_g##GP(ATTN_ARGS) {     \
+  extern "C" __global__ void __launch_bounds__(kThreads, 2) sparse_kv_attn_d##D##_g##GP(ATTN_ARGS) {     \
     attn_split<D, GP>(ATTN_PASS);                                                                      \
   }
 DEF_ATTN(64, 1)
@@ -522,11 +533,11 @@ DEF_ATTN(128, 8)
                                                                           __half* out, int Hq, int TS, int NS) { \
     combine<D>(ws, lens, out, Hq, TS, NS);                                                             \
   }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kThreads) sparse_kv_prefill_d##D(                      \
+  extern "C" __global__ void __launch_bounds__(kCompThreads) sparse_kv_prefill_d##D(                      \
       const __half* k_src, const __half* v_src, int S, CACHE_ARGS) {                                  \
     prefill<D>(k_src, v_src, S, CACHE_PASS);                                                           \
   }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kThreads) sparse_kv_append_d##D(                       \
+  extern "C" __global__ void __launch_bounds__(kCompThreads) sparse_kv_append_d##D(                       \
       const __half* k_new, const __half* v_new, CACHE_ARGS) {                                         \
     append<D>(k_new, v_new, CACHE_PASS);                                                               \
   }
