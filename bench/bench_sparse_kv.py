@@ -223,13 +223,42 @@ def bench_shape(timers, model, hq, hkv, d, B, ctx, rows, quick):
         rows.append(row)
 
 
+def profile_once(model: str = "llama3.2-1b", B: int = 4, ctx: int = 16384, s: float = 0.7) -> None:
+    """One launch of the sparse and of the dense attention, nothing else (for Nsight Compute)."""
+    hq, hkv, d = MODELS[model]
+    k = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    q = torch.randn((B, hq, d), device="cuda", dtype=torch.float16)
+    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    out = torch.empty((B, hq, d), device="cuda", dtype=torch.float16)
+    cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
+    nr = cfg.record_capacity
+    rec = [torch.empty((B, hkv, nr, r), device="cuda", dtype=torch.uint8) for r in (cfg.rk, cfg.rv)]
+    ring = [torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16) for _ in range(2)]
+    ptr = ks.CachePtrs(rec[0].data_ptr(), rec[1].data_ptr(), ring[0].data_ptr(), ring[1].data_ptr(), lens.data_ptr())
+    stream = torch.cuda.current_stream().cuda_stream
+    ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(), ptr, stream)
+    _, ns = ks.plan_cache(cfg, B, ctx)
+    _, nd = ks.plan_dense(d, hq, hkv, B, ctx)
+    ws = torch.empty(ks.workspace_bytes(hq, d, B, max(ns, nd)) // 4, device="cuda")
+    ks.decode_attention(cfg, B, ctx, q.data_ptr(), ptr, out.data_ptr(), ws.data_ptr(), stream)
+    ks.dense_decode_attention(d, hq, hkv, B, ctx, ctx, q.data_ptr(), k.data_ptr(), v.data_ptr(), lens.data_ptr(),
+                              out.data_ptr(), ws.data_ptr(), stream)
+    torch.cuda.synchronize()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one model, batch 1 and 4, contexts 1k and 16k")
     ap.add_argument("--no-green", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="launch the sparse (0.7) and dense attention once each on Llama B=4 16k (for ncu)")
     a = ap.parse_args()
     torch.cuda.init()
     _cuda.init()
+    if a.profile:
+        profile_once()
+        return
     timers = [Timer(False)]
     if not a.no_green:
         try:
