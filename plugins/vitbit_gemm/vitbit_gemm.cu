@@ -71,17 +71,13 @@ __device__ __forceinline__ float s8_to_f32(u32 vx /* v ^ 0x80808080 */, int b) {
 }
 __device__ __forceinline__ int s8_at(u32 v, int b) { return (int)(s8)(v >> (8 * b)); }
 
-// GELU (erf form, fp32; not bit-exact with numpy's float64 erf). Out of line: inlined into every
-// epilogue element it multiplied the code size several times and stalled warps on instruction fetch.
-__device__ __noinline__ float gelu(float y) { return 0.5f * y * (1.0f + erff(y * 0.70710678118654752f)); }
-
 // Epilogue for one output element; every step rounds exactly like numpy (reference module).
 __device__ __forceinline__ float dequant(int acc, int col, const float* __restrict__ w_scale,
                                         const float* __restrict__ bias, float x_scale, int flags) {
   float alpha = __fmul_rn(x_scale, __ldg(w_scale + col));
   float y = __fmul_rn(__int2float_rn(acc), alpha);
   if (flags & FLAG_BIAS) y = __fadd_rn(y, __ldg(bias + col));
-  if (flags & FLAG_GELU) y = gelu(y);
+  if (flags & FLAG_GELU) y = 0.5f * y * (1.0f + erff(y * 0.70710678118654752f));
   return y;
 }
 
@@ -93,8 +89,7 @@ struct Out {
   float x_scale;
   int flags, M, N;
 
-  // One element (CUDA-core shares, odd N, last column): out of line to keep the kernels small.
-  __device__ __noinline__ void put(int row, int col, int acc) const {
+  __device__ __forceinline__ void put(int row, int col, int acc) const {
     if (row >= M || col >= N) return;
     size_t i = (size_t)row * N + col;
     if (partial) {
@@ -113,11 +108,11 @@ struct Out {
   __device__ __forceinline__ float deq(int acc, float2 cc) const {
     float y = __fmul_rn(__int2float_rn(acc), cc.x);
     if (flags & FLAG_BIAS) y = __fadd_rn(y, cc.y);
-    if (flags & FLAG_GELU) y = gelu(y);
+    if (flags & FLAG_GELU) y = 0.5f * y * (1.0f + erff(y * 0.70710678118654752f));
     return y;
   }
   // Two adjacent columns (col even): one 4- or 8-byte store when both are in range and N is even.
-  __device__ __noinline__ void put2(int row, int col, int a0, int a1, float2 c0, float2 c1) const {
+  __device__ __forceinline__ void put2(int row, int col, int a0, int a1, float2 c0, float2 c1) const {
     if (row >= M) return;
     if (col + 1 < N && !(N & 1)) {
       size_t i = (size_t)row * N + col;
@@ -463,7 +458,7 @@ __device__ __forceinline__ void cc_store(const Role& role, const CcMap<BM, BN_X,
 template <class C, int BM, int STAGES, class F>
 __device__ __forceinline__ void pipeline(unsigned char* smem, const s8* __restrict__ A, const s8* __restrict__ W,
                                          int m0, int n0, int kt0, int nkt, int M, int N, int Kp, F&& compute) {
-#pragma unroll 1
+#pragma unroll
   for (int s = 0; s < STAGES - 1; s++) {
     if (s < nkt) load_stage<C, BM>(smem + s * C::STAGE_BYTES, A, W, m0, n0, kt0 + s, M, N, Kp);
     cp_async_commit();
