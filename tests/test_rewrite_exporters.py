@@ -192,7 +192,7 @@ def test_decoder_every_linear_to_bitmap(decoder):
     assert polygraphy_compare(m, dense, feeds, atol=5e-3, rtol=5e-3)
 
 
-def test_decoder_int8_bitmap(decoder):
+def test_decoder_int8_bitmap_and_vitbit(decoder):
     m, feeds = decoder
     q = quantize_int8(m, feeds, find_linears(m))
     new, report = rewrite_model_checked(q, cfg(sparsity=0.5, kernels="auto"))
@@ -201,6 +201,11 @@ def test_decoder_int8_bitmap(decoder):
     check_plugin_nodes(new, feeds)
     dense, _ = rewrite_model_checked(q, cfg(sparsity=0.0, kernels="bitmap"))
     assert polygraphy_compare(q, dense, feeds, atol=1e-4, rtol=1e-4)
+    # --kernels vitbit --include-lm-head: every linear, the head included, is an EdgeVitBitGemm
+    new, report = rewrite_model_checked(q, cfg(kernels="vitbit", include_lm_head=True))
+    assert [r["kernel"] for r in report] == ["vitbit"] * 15
+    check_structure(q, new, 15)
+    assert check_plugin_nodes(new, feeds) == 15
 
 
 def rewrite_model_checked(model, config):
