@@ -4,7 +4,7 @@
 ViT-B/16 GEMMs (K, N) in {(768, 2304), (768, 768), (768, 3072), (3072, 768)}, M = 197 * B, B in {1, 8, 32},
 on the full GPU and on a 16-SM green context ("Orin proxy": same GPU, 16 SMs, memory not Orin's).
 
-Timing: every variant is timed the same way on the same stream: a ~3 ms spin kernel is queued first, so
+Timing: every variant is timed the same way on the same stream: a long spin kernel is queued first, so
 the host has enqueued the whole burst of ``INNER`` calls before the GPU reaches it; CUDA events around the
 burst then measure back-to-back GPU time (this works on a green-context stream, where torch's graph
 capture is not usable with our driver-API modules). Median of ``REPS`` bursts. Weights rotate over
