@@ -211,6 +211,12 @@ def test_qdq_to_bitmap_keeps_int8_weights(form):
     check_plugin_nodes(new, feeds)
     dense, _ = rewrite_model(q, cfg(kernels="bitmap"), None, ORIN)
     assert polygraphy_compare(q, dense, feeds, atol=1e-4, rtol=1e-4)  # int8 values are stored exactly
+    # kernels none: the pruned int8 weights go back behind the same DequantizeLinear
+    kept, (row,) = rewrite_model(q, cfg(kernels="none", sparsity=0.5), None, ORIN)
+    assert [n.op_type for n in kept.graph.node] == [n.op_type for n in q.graph.node] and row["sparsity"] == 0.5
+    (w,) = [numpy_helper.to_array(t) for t in kept.graph.initializer if t.data_type == TensorProto.INT8 and len(t.dims) == 2]
+    assert np.all((w.reshape(-1, 37) == 0).sum(0) == 35) if form == "matmul_add_3d" else np.all((w == 0).sum(1) == 35)
+    make_session(kept).run(None, feeds[0])
 
 
 @pytest.mark.parametrize("quantized", [False, True])
