@@ -3,7 +3,7 @@
 Side by side in one run: cuBLAS fp16 ``X · Wᵀ`` and our kernel with fp16 and int8 values at 30/50/70 %
 random sparsity, M ∈ {1, 2, 4, 8, 16}, nine (K, N) LLM shapes. Each timing is the median over CUDA-graph
 replays; a graph holds enough launches over rotated weight copies that one replay touches more than
-three times the L2 (so weights come from DRAM, as in decode). GB/s counts each format's own bytes
+twice the L2 (so weights come from DRAM, as in decode). GB/s counts each format's own bytes
 (packed weights incl. metadata, or dense fp16) plus X and Y. Our kernel is timed with the heuristic
 tactic (1) and every tactic; ``best`` is the fastest tactic (what TensorRT's tactic timing picks).
 Then the same on a 16-SM green context (the "Orin proxy": Orin's SM count, H100/H200 memory).
@@ -34,7 +34,7 @@ SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096), (2048, 5632), (5632, 2048)
 MS = [1, 2, 4, 8, 16]
 SPARSITIES = [0.3, 0.5, 0.7]
 VDTYPES = ["float16", "int8"]
-GREEN_TACTICS = [1, 21, 22, 24, 27, 30]
+GREEN_TACTICS = [1, 22]
 
 
 def _pack(job):
@@ -54,7 +54,7 @@ def _pack_all(shapes, workers=12):
 
 
 def _copies(nbytes: int, l2: int) -> int:
-    return int(min(512, max(2, -(-3 * l2 // max(nbytes, 1)))))
+    return int(min(512, max(2, -(-2 * l2 // max(nbytes, 1)))))
 
 
 class GraphTimer:
@@ -230,8 +230,8 @@ def main(argv=None):
     ms = [1, 16] if args.quick else MS
     if args.tactics == "all":
         tactics = kbl.valid_tactics({"n": 1, "k": 1, "value_dtype": "float16"})
-    elif args.tactics == "decode":  # heuristic, two generic-path configurations, every decode-path one
-        tactics = [1, 5, 6, *kbl.GEMV_TACTICS]
+    elif args.tactics == "decode":  # heuristic and a spread of decode-path configurations
+        tactics = [1, 20, 22, 23, 26, 27]
     else:
         tactics = [int(t) for t in args.tactics.split(",")]
     t0 = time.time()
@@ -242,7 +242,7 @@ def main(argv=None):
     _cuda.init()
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     info = meta({"method": "median over 10 CUDA-graph replays; each graph = one call per rotated weight copy, "
-                           ">= 3x L2 bytes per replay; GB/s = (format bytes + X + Y) / time",
+                           ">= 2x L2 bytes per replay; GB/s = (format bytes + X + Y) / time",
                  "shapes_KN": shapes, "M": ms, "tactics": tactics})
     t0 = time.time()
     rows = bench(shapes, ms, packed, l2, tactics)

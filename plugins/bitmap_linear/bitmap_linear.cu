@@ -322,8 +322,8 @@ __device__ __forceinline__ void bitmap_gemv_body(
   const int g1 = static_cast<int>((static_cast<long long>(G) * (ks + 1)) / KS);
   const int ng = active ? g1 - g0 : 0;
   const int gid = lane >> 2;
-  // Slot: X rows (8 or 16 rows of 128 bytes; ldmatrix reads 16 rows, rows >= M are masked) then
-  // SPW strips' bitmaps + values.
+  // Slot: X rows (8 or 16 rows of 128 bytes; rows >= M hold stale data and are masked after
+  // ldmatrix) then SPW strips' bitmaps + values.
   const int xbytes = (M > 8 ? 16 : 8) * 128;
   const int kSlot = xbytes + SPW * kW;
 
@@ -376,8 +376,10 @@ __device__ __forceinline__ void bitmap_gemv_body(
   lb.below = (1u << lb.sh) - 1u;
   const uint32_t mask0 = gid < M ? 0xffffffffu : 0u;      // A rows gid
   const uint32_t mask1 = gid + 8 < M ? 0xffffffffu : 0u;  // A rows gid + 8
-  // ldmatrix.x4 row address of this lane: matrix q = lane / 8 -> (rows +8 if q odd, k chunk +1 if q >= 2)
-  const int lrow = (lane & 7) + ((lane >> 3) & 1) * 8;
+  // ldmatrix.x4 row address of this lane: matrix q = lane / 8 -> (rows +8 if q odd, k chunk +1 if q >= 2).
+  // With an 8-row X area (M <= 8) matrices 1 and 3 re-read rows 0..7 (masked to 0 below), so every
+  // address stays inside the slot.
+  const int lrow = (lane & 7) + (M > 8 ? ((lane >> 3) & 1) * 8 : 0);
   const int lchunk = lane >> 4;
 
   float acc[SPW][4];
@@ -394,7 +396,7 @@ __device__ __forceinline__ void bitmap_gemv_body(
     cp_wait<STAGES - 1>();
     __syncwarp();
     const uint8_t* slot = ring + (i % STAGES) * kSlot;
-    const uint32_t xbase = smem_u32(slot) + lrow * 128;  // rows >= 8 of an 8-row X area: masked
+    const uint32_t xbase = smem_u32(slot) + lrow * 128;
     int voff[SPW];
 #pragma unroll
     for (int s = 0; s < SPW; ++s) voff[s] = 0;

@@ -117,9 +117,10 @@ def test_memcheck_subset():
     """Small cases run under compute-sanitizer (tools: PYTORCH_NO_CUDA_MEMORY_CACHING=1)."""
     rng = np.random.default_rng(5)
     for (m, n, k), s, vd, xd in [((1, 13, 77), 0.5, "float16", np.float16), ((17, 9, 130), 0.0, "int8", np.float32),
-                                 ((3, 40, 1000), 1.0, "float16", np.float16), ((70, 33, 65), 0.7, "int8", np.float16)]:
+                                 ((3, 40, 1000), 1.0, "float16", np.float16), ((70, 33, 65), 0.7, "int8", np.float16),
+                                 ((1, 299, 2120), 0.6, "int8", np.float16), ((12, 299, 2120), 0.3, "float16", np.float16)]:
         x, p = make(rng, m, n, k, s, vd, xd, bias=True)
-        for tactic in (1, 6, 9, 21, 25):
+        for tactic in (1, 6, 9, 21, 25, 26, 28):
             check(x, p, run_kernel(x, p, tactic))
 
 
