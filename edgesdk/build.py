@@ -100,6 +100,8 @@ def engine_step(onnx_path: Path, folder: Path, device: DeviceProfile, config: Bu
             reason = f"edgesdk.trt.engine is unavailable ({e})"
         return {"built": False, "reason": reason, "plan": None, "tensorrt": tensorrt_version(), "cuda": None,
                 "compute_capability": None}
+    if config.workspace_mb:
+        device = device.model_copy(update={"workspace_mb": config.workspace_mb})
     return build_engine(onnx_path, folder, device, config)
 
 
@@ -219,7 +221,8 @@ def _move_into_place(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def check_build(build_dir: Path | str, model_path: Path | str | None = None, overrides: dict | None = None) -> list[dict]:
+def check_build(build_dir: Path | str, model_path: Path | str | None = None, overrides: dict | None = None,
+                step: StepFn | None = None) -> list[dict]:
     """Re-verify a build folder: sha256 of its files against the manifest, then the verification again.
 
     Args:
@@ -258,9 +261,12 @@ def check_build(build_dir: Path | str, model_path: Path | str | None = None, ove
                            "pass the original with --model, or rebuild.")
     config = BuildConfig.model_validate({**report["config"], **{k: v for k, v in (overrides or {}).items()
                                                                if v is not None}})
-    original = load_model(src)
-    processed = load_model(build_dir / report.get("processed_model", MODEL_NAME))
-    _, check_feeds = split_feeds(original, input_specs(original, config.shape_hints), config)
+    step = step or _quiet_step
+    with step("Load the original and the processed model"):
+        original = load_model(src)
+        processed = load_model(build_dir / report.get("processed_model", MODEL_NAME))
+        _, check_feeds = split_feeds(original, input_specs(original, config.shape_hints), config)
     from edgesdk.verify import verify
 
-    return verify(original, processed, check_feeds, config)
+    with step(f"Verify on ONNX Runtime ({len(check_feeds)} samples, Polygraphy)"):
+        return verify(original, processed, check_feeds, config)

@@ -184,8 +184,9 @@ def check(
     from edgesdk.report import print_summary
 
     try:
-        with progress_steps()[0]:
-            rows = check_build(build_dir, model, {"atol": atol, "rtol": rtol, "min_cosine": min_cosine})
+        progress, step = progress_steps()
+        with progress:
+            rows = check_build(build_dir, model, {"atol": atol, "rtol": rtol, "min_cosine": min_cosine}, step)
     except EdgeSDKError as e:
         fail(e)
     print_summary({"verify": rows, "layers": [], "engine": {"built": None, "reason": "(not rebuilt by check)"}}, console)
