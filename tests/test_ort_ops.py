@@ -1,5 +1,6 @@
 """ONNX Runtime reference ops: single plugin nodes vs independent numpy references."""
 
+import math
 import numpy as np
 import onnx
 import pytest
@@ -28,14 +29,22 @@ def _node_model(op_type, attrs, tensors, x_shape, n, dtype):
     return m
 
 
-def vitbit_int64(x, w_q, w_scale, x_scale, bias):
-    """Independent VitBit semantics: int64 accumulation, fp32 epilogue, Y in X's dtype."""
+def vitbit_int64(x, w_q, w_scale, x_scale, bias, gelu=False):
+    """Independent VitBit semantics: int64 accumulation, fp32 epilogue, Y in X's dtype.
+
+    With ``gelu`` the exact GELU is applied to the fp32 value in float64 (math.erf), then rounded
+    to fp32: equal to the reference up to erf's last float64 bit (compare with a 1e-6 tolerance).
+    """
     q = np.clip(np.rint(x.astype(np.float32) / np.float32(x_scale)), -128, 127).astype(np.int64)
     acc = q.reshape(-1, x.shape[-1]) @ w_q.astype(np.int64).T
     alpha = (np.float32(x_scale) * w_scale.astype(np.float32)).astype(np.float32)
     y = acc.astype(np.float32) * alpha
     if bias is not None:
         y = (y + bias.astype(np.float32)).astype(np.float32)
+    if gelu:
+        erf = np.vectorize(math.erf, otypes=[np.float64])
+        y64 = y.astype(np.float64)
+        y = (0.5 * y64 * (1.0 + erf(y64 / math.sqrt(2.0)))).astype(np.float32)
     return y.astype(x.dtype).reshape(*x.shape[:-1], -1)
 
 

@@ -90,7 +90,11 @@ def check_plugin_nodes(model, feeds):
             assert y.dtype == x.dtype and y.shape == x.shape[:-1] + (a["n"],)
             if n.op_type == "EdgeVitBitGemm":
                 w = VitBitWeights.from_tensors(a, dict(zip(("weight", "w_scale", "bias"), (inits[i] for i in n.input[1:]))))
-                np.testing.assert_array_equal(y, vitbit_int64(x, w.w_q(), w.w_scale, w.x_scale, w.bias))
+                ref = vitbit_int64(x, w.w_q(), w.w_scale, w.x_scale, w.bias, w.gelu)
+                if w.gelu:
+                    np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-7)
+                else:
+                    np.testing.assert_array_equal(y, ref)
             else:
                 names_ = ("bitmaps", "values", "offsets", "scales", "bias")
                 w = BitmapLinearWeights.from_tensors(a, dict(zip(names_, (inits[i] for i in n.input[1:]))))
@@ -299,3 +303,60 @@ def test_shared_activation_qdq_is_folded_for_all_consumers():
     check_structure(q, new, 3)
     assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in new.graph.node}
     check_plugin_nodes(new, feeds)
+
+
+def _gelu_model(variant):
+    """fc (MatMul + Add) followed by a GELU written the way ``variant`` says, then a Relu."""
+    rng = np.random.default_rng(11)
+    k, n = 24, 40
+    c = lambda name, v: numpy_helper.from_array(np.array(v, np.float32), name)  # noqa: E731
+    inits = [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32) / 4, "fc.weight"),
+             numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "fc.bias"),
+             c("sqrt2", 2 ** 0.5), c("isqrt2", 2 ** -0.5), c("one", 1.0), c("half", 0.5), c("c044", 0.044715),
+             c("s2pi", (2 / np.pi) ** 0.5)]
+    mk = helper.make_node
+    nodes = [mk("MatMul", ["X", "fc.weight"], ["t"], name="/fc/MatMul"), mk("Add", ["t", "fc.bias"], ["y"], name="/fc/Add")]
+    opset = 17
+    if variant == "Gelu":
+        opset = 20
+        nodes.append(mk("Gelu", ["y"], ["g"], name="gelu"))
+    elif variant in ("legacy", "dynamo", "mul_half_first", "extra_consumer"):
+        if variant == "dynamo":
+            nodes += [mk("Mul", ["y", "isqrt2"], ["d"], name="d")]
+        else:
+            nodes += [mk("Div", ["y", "sqrt2"], ["d"], name="d")]
+        nodes += [mk("Erf", ["d"], ["e"], name="e"), mk("Add", ["e", "one"], ["a"], name="a")]
+        if variant == "dynamo":
+            nodes += [mk("Mul", ["half", "a"], ["m1"], name="m1"), mk("Mul", ["y", "m1"], ["g"], name="m2")]
+        elif variant == "mul_half_first":
+            nodes += [mk("Mul", ["y", "half"], ["h"], name="h"), mk("Mul", ["h", "a"], ["g"], name="m1")]
+        else:
+            nodes += [mk("Mul", ["y", "a"], ["m1"], name="m1"), mk("Mul", ["m1", "half"], ["g"], name="m2")]
+        if variant == "extra_consumer":
+            nodes += [mk("Add", ["g", "y"], ["g2"], name="extra")]
+    elif variant == "tanh":  # 0.5 y (1 + tanh(sqrt(2/pi) (y + 0.044715 y^3))): not the exact GELU
+        nodes += [mk("Mul", ["y", "y"], ["y2"], name="p1"), mk("Mul", ["y2", "y"], ["y3"], name="p2"),
+                  mk("Mul", ["y3", "c044"], ["y3c"], name="p3"), mk("Add", ["y", "y3c"], ["s"], name="p4"),
+                  mk("Mul", ["s", "s2pi"], ["s2"], name="p5"), mk("Tanh", ["s2"], ["th"], name="p6"),
+                  mk("Add", ["th", "one"], ["a"], name="p7"), mk("Mul", ["y", "a"], ["m1"], name="p8"),
+                  mk("Mul", ["m1", "half"], ["g"], name="p9")]
+    last = "g2" if variant == "extra_consumer" else "g"
+    nodes.append(mk("Relu", [last], ["Y"], name="relu"))
+    g = helper.make_graph(nodes, variant, [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["B", 19, k])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["B", 19, n])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+@pytest.mark.parametrize("variant,fused", [("legacy", True), ("dynamo", True), ("mul_half_first", True),
+                                           ("Gelu", True), ("tanh", False), ("extra_consumer", False)])
+def test_vitbit_fuses_exact_gelu(variant, fused):
+    m = _gelu_model(variant)
+    feeds = feeds_for(m)
+    q = quantize_int8(m, feeds, find_linears(m))
+    new, (row,) = rewrite_model(q, cfg(kernels="vitbit"), None, ORIN)
+    (node,) = check_structure(q, new, 1)
+    assert _attrs(node)["gelu"] == int(fused)
+    ops = [n.op_type for n in new.graph.node]
+    assert ("Erf" in ops or "Gelu" in ops or "Tanh" in ops) != fused
+    check_plugin_nodes(new, feeds)
+    assert polygraphy_compare(q, new, feeds, atol=1e-4, rtol=1e-4)

@@ -166,9 +166,11 @@ def test_vit_int8_every_linear_to_vitbit_and_auto(vit):
     assert [r["kernel"] for r in report] == ["vitbit"] * 8 + ["none"]
     assert "decode-style (M=1)" in report[-1]["reason"]
     new, report = rewrite_model_checked(q, cfg(kernels="vitbit"))
-    check_structure(q, new, 9)
+    nodes = check_structure(q, new, 9)
     assert [r["kernel"] for r in report] == ["vitbit"] * 9
-    assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in new.graph.node}
+    assert not {"QuantizeLinear", "DequantizeLinear", "Erf"} & {n.op_type for n in new.graph.node}
+    gelu = [n.name for n in nodes if any(a.name == "gelu" and a.i == 1 for a in n.attribute)]
+    assert gelu == ["blocks.0.fc1/EdgeVitBitGemm", "blocks.1.fc1/EdgeVitBitGemm"]  # fc1 + GELU fused
     assert check_plugin_nodes(new, feeds) == 9
     assert polygraphy_compare(q, new, feeds, atol=2e-3, rtol=2e-3)
 

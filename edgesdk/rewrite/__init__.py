@@ -18,7 +18,9 @@ transposed weights, any activation rank ≥ 2):
      activation is fake-quantized, so the numerics of the Q/DQ model are kept); int8 weights are
      stored as int8 values with their per-channel scales, float weights as fp16 values.
    * ``EdgeVitBitGemm`` reads the float activation *before* its QuantizeLinear and quantizes on
-     chip with the calibrated scale (attribute ``x_scale``): the Q/DQ pair is folded away.
+     chip with the calibrated scale (attribute ``x_scale``): the Q/DQ pair is folded away. An
+     exact (erf) GELU that only this layer's output feeds is fused too (attribute ``gelu=1``,
+     :func:`find_gelu`): the fc1 + GELU of every ViT MLP becomes one node.
 
    Layers left as they are but pruned get their pruned weights written back densely.
 5. Dead nodes (Q/DQ pairs no longer used) and initializers are removed, ``value_info`` is given
@@ -110,6 +112,67 @@ def _act_scale(ix: GraphIndex, info: LinearInfo) -> float | None:
     if np.float32(s_q) != np.float32(s_dq) or not np.isfinite(s_q) or s_q <= 0:
         return None
     return float(np.float32(s_q))
+
+
+def _scalar(ix: GraphIndex, name: str) -> float | None:
+    c = ix.const(name)
+    if c is None:
+        return None
+    a = ix.array(name)
+    return float(a.reshape(())) if a.size == 1 else None
+
+
+def find_gelu(ix: GraphIndex, y: str) -> tuple[list[onnx.NodeProto], str] | None:
+    """The exact (erf) GELU applied to ``y`` and nothing else: ``(nodes, output)`` or None.
+
+    Matches ``Gelu`` (approximate="none") and the decompositions exporters write,
+    ``0.5 · y · (1 + erf(y / √2))`` with the division as ``Div(y, √2)`` or ``Mul(y, 1/√2)`` and the
+    two products in any order (torch.onnx legacy: ``Mul(y, ·)`` then ``Mul(·, 0.5)``; dynamo:
+    ``Mul(0.5, ·)`` then ``Mul(y, ·)``). The tanh approximation is not fused.
+    """
+    if y in ix.graph_outputs:
+        return None
+    users = ix.consumers.get(y, [])
+
+    def other(node, t):
+        return node.input[1] if node.input[0] == t else node.input[0]
+
+    def near(v, want):
+        return v is not None and abs(v - want) <= 1e-6 * abs(want)
+
+    if len(users) == 1 and users[0].op_type == "Gelu" and _attr(users[0], "approximate", b"none") in (b"none", "none"):
+        return [users[0]], users[0].output[0]
+    for d in users:
+        if len(d.input) != 2 or d.input[0] != y:
+            continue
+        c = _scalar(ix, d.input[1])
+        if not ((d.op_type == "Div" and near(c, 2 ** 0.5)) or (d.op_type == "Mul" and near(c, 2 ** -0.5))):
+            continue
+        e = ix.sole_consumer(d.output[0])
+        a = e and e.op_type == "Erf" and ix.sole_consumer(e.output[0])
+        if not a or a.op_type != "Add" or _scalar(ix, other(a, e.output[0])) != 1.0:
+            continue
+        chain = [d, e, a]
+        m1 = ix.sole_consumer(a.output[0])
+        if m1 is None or m1.op_type != "Mul":
+            continue
+        o1 = other(m1, a.output[0])
+        h = ix.produced_by(o1, "Mul")
+        if h is not None and ix.sole_consumer(o1) is m1 and y in h.input and _scalar(ix, other(h, y)) == 0.5:
+            chain += [h, m1]  # (0.5 · y) · (1 + erf)
+            out = m1.output[0]
+        else:
+            m2 = ix.sole_consumer(m1.output[0])
+            if m2 is None or m2.op_type != "Mul":
+                continue
+            o2 = other(m2, m1.output[0])
+            if sorted([o1 == y, o2 == y]) != [False, True] or _scalar(ix, o2 if o1 == y else o1) != 0.5:
+                continue
+            chain += [m1, m2]
+            out = m2.output[0]
+        if {id(n) for n in users} <= {id(n) for n in chain}:
+            return chain, out
+    return None
 
 
 def _rows(dims: list | None, trans_a: bool) -> int:
@@ -246,10 +309,11 @@ def _bytes_dense(info: LinearInfo, int8: bool) -> int:
     return info.n * info.k + 4 * info.n if int8 else 2 * info.n * info.k
 
 
-def _pack(kernel: str, w: np.ndarray, q: np.ndarray | None, scale: np.ndarray | None, bias, x_scale):
+def _pack(kernel: str, w: np.ndarray, q: np.ndarray | None, scale: np.ndarray | None, bias, x_scale,
+          gelu: bool = False):
     """Packed weights of one layer (raises FormatError when the format refuses them)."""
     if kernel == "vitbit":
-        return vitbit_fmt.VitBitWeights.pack(q, scale, 8, bias=bias, x_scale=x_scale)
+        return vitbit_fmt.VitBitWeights.pack(q, scale, 8, bias=bias, x_scale=x_scale, gelu=gelu)
     if q is not None:
         if np.any(q == -128):
             raise FormatError("int8 weights use -128, outside the bitmap format's symmetric range [-127, 127]",
@@ -323,7 +387,7 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None
         | {i.name for i in model.graph.input}
     node_pos = {n.name: i for i, n in enumerate(model.graph.node)}
     new_nodes: dict[int, list[onnx.NodeProto]] = {}
-    drop: set[str] = set()
+    drop: set[int] = set()  # id() of replaced nodes
     new_inits: list[onnx.TensorProto] = []
     new_vi: list[onnx.ValueInfoProto] = []
     for li in linears:
@@ -351,9 +415,10 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None
             kernel, reason = "none", f"bitmap: {wproblem}"
         bias = bias_values(model, li, ix)
         packed = None
+        gelu = find_gelu(ix, li.output) if kernel == "vitbit" else None
         if kernel != "none":
             try:
-                packed = _pack(kernel, w, q, scale, bias, x_scale)
+                packed = _pack(kernel, w, q, scale, bias, x_scale, gelu is not None)
             except FormatError as err:
                 kernel, reason = "none", f"{kernel}: {err.problem}"
         row["kernel"], row["reason"] = kernel, reason
@@ -378,14 +443,17 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None
                 new_inits.append(init)
                 inputs.append(init.name)
         attrs = {**packed.node_attributes(), **PLUGIN_ATTRS}
-        nodes.append(helper.make_node(fmt.OP_TYPE, inputs, [li.output], name=_unique(f"{li.name}/{fmt.OP_TYPE}", taken),
+        y_out = gelu[1] if gelu else li.output
+        nodes.append(helper.make_node(fmt.OP_TYPE, inputs, [y_out], name=_unique(f"{li.name}/{fmt.OP_TYPE}", taken),
                                       domain=PLUGIN_DOMAIN, **attrs))
         new_nodes[node_pos[li.node]] = nodes
-        drop.update(n for n in (li.node, li.bias_node) if n)  # weight DQ/Transpose: removed once unused
+        # weight DQ/Transpose and activation Q/DQ are removed once unused
+        drop.update(id(ix.nodes[n]) for n in (li.node, li.bias_node) if n)
+        drop.update(id(n) for n in (gelu[0] if gelu else []))
         dims = x_type[1]
         y_dims = (([dims[1]] if li.trans_a else list(dims[:-1])) + [li.n]) if dims else None
         new_vi.append(helper.make_tensor_value_info(
-            li.output, x_type[0], None if y_dims is None else [d if d else None for d in y_dims]))
+            y_out, x_type[0], None if y_dims is None else [d if d else None for d in y_dims]))
     return _finish(model, new_nodes, drop, new_inits, new_vi), report
 
 
@@ -413,12 +481,12 @@ def _write_back(model, ix: GraphIndex, li: LinearInfo, w: np.ndarray, q, taken: 
                     node.input[i] = init.name
 
 
-def _finish(model: onnx.ModelProto, new_nodes: dict, drop: set[str], new_inits: list, new_vi: list) -> onnx.ModelProto:
+def _finish(model: onnx.ModelProto, new_nodes: dict, drop: set[int], new_inits: list, new_vi: list) -> onnx.ModelProto:
     g = model.graph
     nodes = []
     for i, n in enumerate(g.node):
         nodes.extend(new_nodes.get(i, []))
-        if n.name not in drop:
+        if id(n) not in drop:
             nodes.append(n)
     del g.node[:]
     g.node.extend(nodes)
