@@ -117,8 +117,18 @@ def workspace_bytes(num_q_heads: int, head_dim: int, batch: int, num_splits: int
     return 4 * batch * num_q_heads * num_splits * (head_dim + 2)
 
 
-def _kernel(name: str) -> _cuda.Kernel:
-    return _cuda.get_kernel(SOURCE, name)
+_carveout_set: set[int] = set()
+
+
+def _kernel(name: str, max_smem_carveout: bool = False) -> _cuda.Kernel:
+    k = _cuda.get_kernel(SOURCE, name)
+    if max_smem_carveout and id(k) not in _carveout_set:
+        # Prefer the largest shared-memory carveout so 3 attention blocks (≤ 64 KB each) fit an SM.
+        cu = _cuda._driver()
+        attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        _cuda.check(cu.cuFuncSetAttribute(k.function, attr, 100))
+        _carveout_set.add(id(k))
+    return k
 
 
 def _i(x: int) -> ctypes.c_int:
@@ -160,7 +170,7 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
     g = hq // hkv
     ts, ns = plan(head_dim, hq, hkv, rk, rv, batch, max_len, sms, tokens_per_split)
     scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * _LOG2E
-    ka = _kernel(f"sparse_kv_attn_d{head_dim}_g{gqa_pad(g)}")
+    ka = _kernel(f"sparse_kv_attn_d{head_dim}_g{gqa_pad(g)}", max_smem_carveout=True)
     ka.launch((ns, hkv, batch), (THREADS,),
               [_p(q), _p(workspace), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale)],
               stream, smem_bytes(head_dim, g, ts, rk, rv))

@@ -511,7 +511,7 @@ __device__ __forceinline__ void append(
 #define ATTN_PASS q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, cap, C, W, A, keep_k, keep_v, rk, rv, TS, NS, scale_log2
 
 #define DEF_ATTN(D, GP)                                                                                \
-  extern "C" __global__ void __launch_bounds__(kThreads, 2) sparse_kv_attn_d##D##_g##GP(ATTN_ARGS) {     \
+  extern "C" __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 2) sparse_kv_attn_d##D##_g##GP(ATTN_ARGS) {     \
     attn_split<D, GP>(ATTN_PASS);                                                                      \
   }
 DEF_ATTN(64, 1)
