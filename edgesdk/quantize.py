@@ -9,6 +9,7 @@ activations) stay in floating point. The result is what TensorRT's strongly type
 
 from __future__ import annotations
 
+import logging
 import re
 import tempfile
 from pathlib import Path
@@ -113,17 +114,23 @@ def quantize_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], la
     with tempfile.TemporaryDirectory(prefix="edgesdk-q-") as tmp:
         src, dst = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
         onnx.save(model, str(src))
-        quantize_static(
-            str(src), str(dst), reader,
-            quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=["MatMul", "Gemm"],
-            nodes_to_quantize=[li.node for li in layers],
-            per_channel=True,
-            activation_type=QuantType.QInt8,
-            weight_type=QuantType.QInt8,
-            calibrate_method=methods[method],
-            extra_options=extra,
-        )
+        root = logging.getLogger()
+        level = root.level
+        root.setLevel(logging.ERROR)  # quantize_static's "consider pre-processing" advice does not apply here
+        try:
+            quantize_static(
+                str(src), str(dst), reader,
+                quant_format=QuantFormat.QDQ,
+                op_types_to_quantize=["MatMul", "Gemm"],
+                nodes_to_quantize=[li.node for li in layers],
+                per_channel=True,
+                activation_type=QuantType.QInt8,
+                weight_type=QuantType.QInt8,
+                calibrate_method=methods[method],
+                extra_options=extra,
+            )
+        finally:
+            root.setLevel(level)
         out = onnx.load(str(dst))
     out.ir_version = min(out.ir_version, 10)
     _check_placement(out, {li.node for li in layers})
