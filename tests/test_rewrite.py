@@ -360,3 +360,31 @@ def test_vitbit_fuses_exact_gelu(variant, fused):
     assert ("Erf" in ops or "Gelu" in ops or "Tanh" in ops) != fused
     check_plugin_nodes(new, feeds)
     assert polygraphy_compare(q, new, feeds, atol=1e-4, rtol=1e-4)
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(k=st.integers(1, 150), n=st.integers(1, 70), sparsity=st.sampled_from([0.0, 0.3, 0.5, 0.9, 1.0]),
+       form=st.sampled_from(FORMS), dtype=st.sampled_from([TensorProto.FLOAT, TensorProto.FLOAT16]))
+def test_bitmap_rewrite_property(k, n, sparsity, form, dtype):
+    """Odd sizes (K, N not multiples of 64, down to 1), sparsity 0 and 1 included: the rewritten node
+    computes the pruned layer and every row keeps K - round(s·K) weights."""
+    m = linear_model(form, dtype, k=k, n=n, seed=k * 1000 + n)
+    new, (row,) = rewrite_model(m, cfg(sparsity=sparsity, kernels="bitmap"), None, ORIN)
+    check_structure(m, new, 1)
+    assert row["sparsity"] == pytest.approx(round(sparsity * k) / k)
+    check_plugin_nodes(new, feeds_for(m, count=1))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(k=st.integers(1, 150), n=st.integers(1, 70), sparsity=st.sampled_from([0.0, 0.5, 1.0]))
+def test_vitbit_rewrite_property(k, n, sparsity):
+    m = linear_model("matmul_add_3d", k=k, n=n, seed=k + 7 * n)
+    feeds = feeds_for(m, count=2)
+    q = quantize_int8(m, feeds, find_linears(m))
+    new, (row,) = rewrite_model(q, cfg(sparsity=sparsity, kernels="vitbit"), None, ORIN)
+    check_structure(q, new, 1)
+    check_plugin_nodes(new, feeds)
