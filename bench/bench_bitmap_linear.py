@@ -15,7 +15,6 @@ Writes bench/results/bitmap_linear.json (and bitmap_linear_green16.json).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import sys
 import time
@@ -84,8 +83,7 @@ class GraphTimer:
             ck(cu.cuEventRecord(e1, st))
             ck(cu.cuEventSynchronize(e1))
             times.append(ck(cu.cuEventElapsedTime(e0, e1)) * 1000.0 / inner)
-        for h in (exe,):
-            cu.cuGraphExecDestroy(h)
+        cu.cuGraphExecDestroy(exe)
         cu.cuGraphDestroy(graph)
         cu.cuEventDestroy(e0)
         cu.cuEventDestroy(e1)
@@ -119,12 +117,7 @@ def bench(shapes, ms, packed, l2, tactics, green=None, check_outputs=True):
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             y = torch.empty(m, n, device="cuda", dtype=torch.float16)
             io = 2 * m * (k + n)
-            if green is None:
-                stream_ctx = None
-                s_int = None
-            else:
-                gctx, prim, gstream = green
-                s_int = int(gstream)
+            s_int = None if green is None else int(green[2])
             it = [0]
 
             def dense():
@@ -176,7 +169,7 @@ def bench(shapes, ms, packed, l2, tactics, green=None, check_outputs=True):
                     rows.append({"K": k, "N": n, "M": m, "kernel": f"bitmap_{vd}_{label}", "sparsity": s,
                                  "tactic": tac, "us": t, "bytes": nb + io, "GBps": (nb + io) / t / 1e3,
                                  "speedup": t_dense / t})
-        del wd, dev
+        wd = dev = None  # free the copies before the next shape
         torch.cuda.empty_cache()
     return rows
 
@@ -267,7 +260,6 @@ def main(argv=None):
     _cuda.check(cu.cuCtxSetCurrent(gctx))
     gstream = _cuda.check(cu.cuStreamCreate(1))
     _cuda.check(cu.cuCtxSetCurrent(prim))
-    # best full-GPU tactic per (shape, M, kind) would need a map; time heuristic + a few fixed tactics
     t0 = time.time()
     grows = bench(shapes, ms, packed, l2, GREEN_TACTICS, green=(gctx, prim, gstream), check_outputs=False)
     print(f"green context ({sms} SMs): {time.time() - t0:.1f} s", flush=True)

@@ -88,6 +88,19 @@ def test_round_trip(n, k, sparsity, value_dtype, wdtype, bias, seed):
     assert (tolerance(x, p) > 0).all()
 
 
+@pytest.mark.parametrize("value_dtype", fmt.VALUE_DTYPES)
+def test_round_trip_large(value_dtype):
+    rng = np.random.default_rng(17)
+    w = sparse(rng, 777, 3001, 0.6)  # neither a multiple of 8 nor of 64
+    p = BitmapLinearWeights.pack(w, value_dtype, bias=rng.standard_normal(777))
+    q = BitmapLinearWeights.from_tensors(p.node_attributes(), p.to_tensors())
+    np.testing.assert_array_equal(q.unpack(), p.unpack())
+    if value_dtype == "float16":
+        np.testing.assert_array_equal(p.unpack(), w.astype(np.float16).astype(np.float32))
+    else:
+        np.testing.assert_allclose(p.unpack(), w, atol=float(p.scales.max()) / 2 * 1.0001)
+
+
 @pytest.mark.parametrize("n,k", [(1, 1), (7, 63), (9, 65), (37, 1000)])
 def test_sparsity_extremes(n, k):
     rng = np.random.default_rng(n * k)

@@ -1,19 +1,27 @@
 """Launcher for ``EdgeBitmapLinear`` (``plugins/bitmap_linear/bitmap_linear.cu``): the plugin launch API.
 
-One kernel serves every M: each warp streams one 8-channel strip's compressed groups through a
-cp.async ring and decodes them into ``mma.sync.m16n8k16`` B fragments; ``MT`` m16 blocks of X share
-each decoded fragment (MT = 1 for M ≤ 16, the decode path; 2 for M ≤ 32; 4 above, the prefill path,
-grid.y covering M in 64-row tiles). Warps of a block that share a strip split K (``KS``) and are
-reduced in shared memory: no workspace, no atomics, deterministic.
+Two kernel families (``docs/bitmap_linear.md``):
 
-Where the format cannot win (a build-time decision for the rewrite pass, not made here): at random
-sparsity below ~25 % (fp16 values) the compressed bytes approach dense fp16 and cuBLAS is as fast or
-faster; for prefill (M ≫ 16) the decode work per tile is repeated per 64-row tile of M and dense
-cuBLAS is faster (see ``bench/results/bitmap_linear.json``): keep such layers dense.
+* decode path ``bitmap_gemv_*`` (fp16 X, M ≤ 16, K % 8 == 0, X 16-byte aligned): each warp streams
+  X and the compressed groups of SPW strips through a private cp.async ring, reads X with ldmatrix
+  and decodes each 8×8 tile into an ``mma.sync.m16n8k16`` B fragment;
+* generic path ``bitmap_linear_*`` (fp32 X, odd K, any M): X read from global memory per fragment,
+  ``MT`` m16 blocks per warp (MT = 4 and grid.y over 64-row tiles for prefill sizes).
 
-Tactics (``valid_tactics``): 1 = heuristic (picks KS, SPB, STAGES from M, N, K and the SM count);
-2… = fixed (strips per block, K splits, stages) configurations for TensorRT's tactic timing. Stages
-8 exist for fp16 X at M ≤ 16 only; elsewhere those tactics use 4 stages.
+Warps that share a strip split K (``KS``) and are reduced in shared memory: no workspace, no atomics,
+deterministic.
+
+Where dense wins (a build-time decision for the rewrite pass, not made here): measured on an H100
+(``bench/results/bitmap_linear.json``, 2026-11-22) this kernel runs at 0.42–1.02× of cuBLAS fp16 for
+M ≤ 16 at 30–70 % sparsity (median 0.68× fp16 values / 0.72× int8 values at 50 %): it is decode-bound,
+so dense is faster at every measured LLM shape; for prefill (M ≫ 16) decoding is repeated per 64-row
+tile of M and dense is faster still. Choose this op for its footprint (0.57× / 0.32× of dense fp16
+bytes at 50 %), not for speed, until the decode gets cheaper.
+
+Tactics (``valid_tactics``): 1 = heuristic (from M, N, K and the SM count of the current context);
+2–11 fix generic-path (strips per block, K splits, stages) configurations; 20–31 fix decode-path
+(strips per warp, strip blocks per block, K splits) configurations and act like tactic 1 where the
+decode path does not apply. Shared memory per block stays ≤ 163 KB (Orin's limit).
 """
 
 from __future__ import annotations
