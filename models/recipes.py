@@ -11,7 +11,7 @@
 Every export uses torch.onnx (legacy by default, ``dynamo=True`` where asked), opset 17,
 IR version 10, dynamic batch (and sequence length for decoders)::
 
-    python -m models.recipes digits -o models/digits_vit.onnx      # trains, prints accuracy
+    python -m models.recipes digits -o models/digits_vit.onnx      # trains (~4 min), prints accuracy
     python -m models.recipes vit-b16 -o /tmp/vit_b16.onnx
     python -m models.recipes smollm2 -o /tmp/smollm2.onnx --seq 64
 """
@@ -114,7 +114,7 @@ def _digits_vit_module(dim: int = 64, depth: int = 2, heads: int = 4, mlp: int =
     return DigitsViT()
 
 
-def train_digits(epochs: int = 60, seed: int = DIGITS_SEED):
+def train_digits(epochs: int = 150, seed: int = DIGITS_SEED):
     """Train the digits ViT on the CPU; returns (module, held-out top-1 accuracy)."""
     import torch
 
@@ -142,7 +142,7 @@ def train_digits(epochs: int = 60, seed: int = DIGITS_SEED):
 
 
 def make_digits(path: Path = DIGITS_ONNX, calibration: Path | None = HERE.parent / "calibration" / "digits.npz",
-                epochs: int = 60) -> dict:
+                epochs: int = 150) -> dict:
     """Train, export (``x`` [B,1,8,8] → ``logits`` [B,10]) and record the held-out accuracy of ONNX Runtime."""
     import torch
 
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("-o", "--output", type=Path, required=True)
     ap.add_argument("--seq", type=int, default=16, help="decoders: sequence length of the example input")
     ap.add_argument("--dynamo", action="store_true", help="use torch.onnx.export(dynamo=True)")
-    ap.add_argument("--epochs", type=int, default=60, help="digits: training epochs")
+    ap.add_argument("--epochs", type=int, default=150, help="digits: training epochs")
     a = ap.parse_args(argv)
     if a.name == "digits":
         print(json.dumps(make_digits(a.output, epochs=a.epochs), indent=2))
