@@ -83,7 +83,8 @@ def check_smollm2(work: Path, kernels: str, seq: int = 64, alpha: float = 0.75) 
     out = work / f"smollm2_{kernels}"
     res = timed_build([str(model), "--device", "orin", "-o", str(out), "--force", "--kernels", kernels,
                        "--shape", f"input_ids:1x{seq}", "--calibration", str(work / "tokens.txt"),
-                       "--calibration-count", "16", "--verify-count", "8", "--smooth-quant", str(alpha)])
+                       "--calibration-count", "16", "--verify-count", "8", "--smooth-quant", str(alpha),
+                       "--atol", "1.0"])  # logits reach ~±20: a mean error of 1 logit; the target is the cosine
     res.update({"check": "smollm2-135m", "kernels_flag": kernels, "tokens_of_real_text": len(ids), "seq": seq,
                 "smooth_quant": alpha})
     return _summary(out, res) if res["exit_code"] in (0, 2) else res
