@@ -137,6 +137,10 @@ def build_engine(onnx_path: Path, out_dir: Path, device: Any, config: Any) -> di
     except EdgeSDKError as e:
         result["reason"] = str(e)
         return result
+    except Exception as e:  # a TensorRT/bindings/plugin error: report it, keep the verified ONNX build
+        result["reason"] = (f"TensorRT failed while building the engine: {type(e).__name__}: {e}. "
+                            "Run tools/trt_smoke.py to test each plugin on its own and report its log.")
+        return result
     result.update(built=True, plan=str(Path(out_dir) / PLAN_NAME), details=details)
     return result
 
@@ -169,7 +173,8 @@ def _build(trt, onnx_path: Path, out_dir: Path, device, config, info: dict) -> d
     cfg = builder.create_builder_config()
     workspace_mb = int(getattr(config, "workspace_mb", None) or getattr(device, "workspace_mb"))
     cfg.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
-    cfg.builder_optimization_level = int(getattr(config, "builder_optimization_level", None) or 3)
+    level = getattr(config, "builder_optimization_level", None)
+    cfg.builder_optimization_level = 3 if level is None else int(level)
 
     cache_path = getattr(config, "timing_cache", None)
     cache_path = Path(cache_path) if cache_path else default_timing_cache(trt.__version__,
