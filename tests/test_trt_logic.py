@@ -228,3 +228,43 @@ def test_forced_tactics_select_a_subset():
         with pytest.raises(EdgeSDKError, match="forced tactics"):
             L.select_tactics([1, 2, 3], bad)
     assert L.resolve_tactic(0) == 1 and L.resolve_tactic(5) == 5
+
+
+# Python-side methods of the TensorRT 10.x V3-One plugin interfaces with their positional parameters
+# after self (pyPlugin.cpp bindings; tensorrt-stubs 10.13 agree). All are required except
+# get_workspace_size / get_valid_tactics, which edgesdk needs anyway.
+PLUGIN_METHODS = {
+    "get_capability_interface": 1, "clone": 0, "get_output_data_types": 1, "get_output_shapes": 3,
+    "supports_format_combination": 3, "configure_plugin": 2, "get_workspace_size": 2, "get_valid_tactics": 0,
+    "set_tactic": 1, "on_shape_change": 2, "attach_to_context": 1, "get_fields_to_serialize": 0, "enqueue": 6,
+}
+PLUGIN_ATTRS = {"plugin_name", "plugin_version", "plugin_namespace", "num_outputs", "timing_cache_id"}
+CREATOR_ATTRS = {"name", "plugin_version", "plugin_namespace", "field_names"}
+
+
+def test_plugin_classes_define_every_required_method():
+    """Read edgesdk/trt/plugins.py without TensorRT: every method TensorRT calls is there with its arity."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(L.__file__).with_name("plugins.py").read_text())
+    classes = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    plugin, creator = classes["Plugin"], classes["Creator"]
+
+    def methods(cls):
+        return {f.name: len(f.args.args) - 1 for f in cls.body if isinstance(f, ast.FunctionDef)}
+
+    def self_attrs(cls):
+        init = next(f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+        return {t.attr for node in ast.walk(init) if isinstance(node, ast.Assign) for t in node.targets
+                if isinstance(t, ast.Attribute)} | {
+            e.attr for node in ast.walk(init) if isinstance(node, ast.Assign) for t in node.targets
+            if isinstance(t, ast.Tuple) for e in t.elts if isinstance(e, ast.Attribute)}
+
+    got = methods(plugin)
+    assert {m: got.get(m) for m in PLUGIN_METHODS} == PLUGIN_METHODS
+    assert PLUGIN_ATTRS <= self_attrs(plugin)
+    assert methods(creator).get("create_plugin") == 3 and CREATOR_ATTRS <= self_attrs(creator)
+    assert {ast.unparse(b) for b in plugin.bases} == {"trt.IPluginV3", "trt.IPluginV3OneCore",
+                                                      "trt.IPluginV3OneBuild", "trt.IPluginV3OneRuntime"}
+    assert [ast.unparse(b) for b in creator.bases] == ["trt.IPluginCreatorV3One"]
