@@ -140,32 +140,23 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
     with step("Read calibration data"):
         calib, check_feeds = split_feeds(model, specs, config)
 
-    processed, skipped, notes = model, {}, []
-    if state == "qdq":
-        notes.append("model already in Q/DQ form: used as is")
-    elif config.quantize == "int8":
-        chosen, skipped = select_layers(model, linears, config.exclude, config.include_lm_head)
-        with step(f"Quantize {len(chosen)} linears to INT8 (calibrating on {len(calib)} samples)") as advance:
-            processed = quantize_int8(model, calib, chosen, config.calibrate_method, progress=advance,
-                                      smooth=config.smooth_quant)
+    notes = ["model already in Q/DQ form: used as is"] if state == "qdq" else []
+    quantized, skipped = quantize_step(model, linears, state, calib, config, step)
 
-    if config.kernels == "none":
-        layers = plain_layers(processed, "kernels=none", skipped)
+    if config.kernels == "none" and config.sparsity == 0:
+        processed, layers = quantized, plain_layers(quantized, "kernels=none", skipped)
     else:
-        try:
-            from edgesdk.rewrite import rewrite_model
-        except ImportError as e:
-            raise EdgeSDKError(f"the sparse/VitBit rewrite is unavailable ({e}).",
-                               "build with --kernels none, or install the full edgesdk package.") from None
+        rewrite_model = _rewrite_fn()
         with step(f"Rewrite linears (kernels={config.kernels}, sparsity={config.sparsity})"):
-            processed, layers = rewrite_model(processed, config, calib, device)
+            processed, layers = rewrite_model(quantized, config, calib, device)
 
     verify_rows = []
     if config.verify:
-        from edgesdk.verify import verify
-
-        with step(f"Verify on ONNX Runtime ({len(check_feeds)} samples, Polygraphy)"):
-            verify_rows = verify(model, processed, check_feeds, config)
+        pruned_ref = None
+        if config.sparsity > 0 and config.kernels != "none":
+            with step("Prune a dense reference with the same masks (for the verification)"):
+                pruned_ref = pruned_reference(quantized, calib, config, device)
+        verify_rows = verify_all(model, processed, pruned_ref, check_feeds, config, step)
 
     created = [p for p in [out.parent, *out.parent.parents] if not p.exists()]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -186,7 +177,7 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
             "notes": notes,
             "layers": layers,
             "verify": verify_rows,
-            "verified": all(v["passed"] for v in verify_rows) if verify_rows else None,
+            "verified": verified(verify_rows),
             "engine": {k: v for k, v in engine.items() if k != "plan"} | {
                 "plan": Path(engine["plan"]).name if engine.get("plan") else None},
             "output": str(out),
@@ -265,8 +256,68 @@ def check_build(build_dir: Path | str, model_path: Path | str | None = None, ove
     with step("Load the original and the processed model"):
         original = load_model(src)
         processed = load_model(build_dir / report.get("processed_model", MODEL_NAME))
-        _, check_feeds = split_feeds(original, input_specs(original, config.shape_hints), config)
+        calib, check_feeds = split_feeds(original, input_specs(original, config.shape_hints), config)
+    pruned_ref = None
+    if config.sparsity > 0 and config.kernels != "none":
+        # Same calibration data and options as the build, so the same quantization and masks.
+        quantized, _ = quantize_step(original, find_linears(original), quant_state(original), calib, config, step)
+        with step("Prune a dense reference with the same masks (for the verification)"):
+            pruned_ref = pruned_reference(quantized, calib, config, get_profile(config.device))
+    return verify_all(original, processed, pruned_ref, check_feeds, config, step)
+
+
+def quantize_step(model, linears, state: str, calib, config: BuildConfig, step: StepFn):
+    """INT8 Q/DQ on the chosen linears (or the model as is). Returns ``(model, skipped layers)``."""
+    if state == "qdq" or config.quantize != "int8":
+        return model, {}
+    chosen, skipped = select_layers(model, linears, config.exclude, config.include_lm_head)
+    with step(f"Quantize {len(chosen)} linears to INT8 (calibrating on {len(calib)} samples)") as advance:
+        q = quantize_int8(model, calib, chosen, config.calibrate_method, progress=advance, smooth=config.smooth_quant)
+    return q, skipped
+
+
+def _rewrite_fn():
+    try:
+        from edgesdk.rewrite import rewrite_model
+    except ImportError as e:
+        raise EdgeSDKError(f"the sparse/VitBit rewrite is unavailable ({e}).",
+                           "build with --kernels none, or install the full edgesdk package.") from None
+    return rewrite_model
+
+
+def pruned_reference(quantized, calib, config: BuildConfig, device):
+    """The quantized model pruned exactly as the rewrite prunes it, left in plain ONNX ops."""
+    model, _ = _rewrite_fn()(quantized, config.model_copy(update={"kernels": "none"}), calib, device)
+    return model
+
+
+def verify_all(original, processed, pruned_ref, feeds, config: BuildConfig, step: StepFn) -> list[dict]:
+    """The verification rows of a build.
+
+    Dense builds: processed vs original, gating. Sparse builds: pruning changes the model on
+    purpose, so processed vs original is reported as the accuracy cost (``gate: false``) and the
+    gating comparison is processed vs the pruned dense reference (same masks, plain ONNX ops),
+    which checks the packing, the plugin nodes and their kernels' semantics.
+    """
     from edgesdk.verify import verify
 
-    with step(f"Verify on ONNX Runtime ({len(check_feeds)} samples, Polygraphy)"):
-        return verify(original, processed, check_feeds, config)
+    with step(f"Verify on ONNX Runtime ({len(feeds)} samples, Polygraphy)"):
+        rows = verify(original, processed, feeds, config)
+        sparse = config.sparsity > 0
+        for r in rows:
+            r["against"] = "original"
+            r["gate"] = not sparse
+        if pruned_ref is not None:
+            for r in verify(pruned_ref, processed, feeds, config):
+                r["against"] = "pruned_reference"
+                r["runners"] = ["onnxrt-pruned-reference", r["runners"][1]]
+                r["gate"] = True
+                rows.append(r)
+    return rows
+
+
+def verified(rows: list[dict]) -> bool | None:
+    """True when every gating comparison passed; None when nothing gates (no verification, or
+    a pruned build without plugin nodes, whose only comparison is its accuracy cost)."""
+    gating = [r for r in rows if r.get("gate", True)]
+    return all(r["passed"] for r in gating) if gating else None

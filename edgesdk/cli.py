@@ -81,6 +81,7 @@ def build(
     shape: Annotated[Optional[list[str]], typer.Option("--shape", help="Shape of an input with dynamic dims, NAME:1x3x224x224 (repeatable).")] = None,
     sparsity: Annotated[Optional[float], typer.Option("--sparsity", help="Fraction of weights to prune in rewritten layers. [default: 0]")] = None,
     prune: Annotated[Optional[str], typer.Option("--prune", help="magnitude | wanda. [default: wanda]")] = None,
+    sparsity_scope: Annotated[Optional[str], typer.Option("--sparsity-scope", help="layer (each layer at --sparsity) | global (one threshold over all rewritten layers). [default: layer]")] = None,
     kernels: Annotated[Optional[str], typer.Option("--kernels", help="auto | bitmap | vitbit | none (plain ONNX ops). [default: auto]")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Regex on layer names to leave alone (repeatable).")] = None,
     include_lm_head: Annotated[Optional[bool], typer.Option("--include-lm-head", help="Also quantize/rewrite an LLM's output head.")] = None,
@@ -90,6 +91,10 @@ def build(
     verify: Annotated[Optional[bool], typer.Option("--verify/--no-verify", help="Compare processed vs original on ONNX Runtime. [default: verify]")] = None,
     verify_count: Annotated[Optional[int], typer.Option("--verify-count", help="Samples for the verification. [default: 4]")] = None,
     workspace_mb: Annotated[Optional[int], typer.Option("--workspace-mb", help="TensorRT workspace. [default: the device profile's]")] = None,
+    builder_optimization_level: Annotated[Optional[int], typer.Option("--builder-optimization-level", help="TensorRT builder optimization level 0-5 (as trtexec). [default: 3]")] = None,
+    timing_cache: Annotated[Optional[Path], typer.Option("--timing-cache-file", help="TensorRT timing cache, reused across builds (as trtexec). [default: ~/.cache/edgesdk/trt/timing-<trt>-sm<XY>.cache]")] = None,
+    dla_core: Annotated[Optional[int], typer.Option("--use-dla-core", help="Build for this DLA core, GPU fallback on (as trtexec --useDLACore --allowGPUFallback). [default: GPU only]")] = None,
+    max_batch: Annotated[Optional[int], typer.Option("--max-batch", help="Largest batch of the TensorRT optimization profile when the batch dim is dynamic. [default: 8]")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Seed of random inputs. [default: 0]")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars or summary.")] = False,
 ):
@@ -107,9 +112,11 @@ def build(
 
     flags = dict(device=device, output=output, force=force, quantize=quantize, calibration=calibration,
                  calibration_count=calibration_count, calibrate_method=calibrate_method, smooth_quant=smooth_quant, shape_hints=shape or None,
-                 sparsity=sparsity, prune=prune, kernels=kernels, exclude=_exclude(exclude),
+                 sparsity=sparsity, prune=prune, sparsity_scope=sparsity_scope, kernels=kernels, exclude=_exclude(exclude),
                  include_lm_head=include_lm_head, atol=atol, rtol=rtol, min_cosine=min_cosine, verify=verify,
-                 verify_count=verify_count, workspace_mb=workspace_mb, seed=seed)
+                 verify_count=verify_count, workspace_mb=workspace_mb, seed=seed,
+                 builder_optimization_level=builder_optimization_level, timing_cache=timing_cache,
+                 dla_core=dla_core, max_batch=max_batch)
     try:
         cfg = load_config(config, flags)
         progress, step = progress_steps(quiet)
@@ -180,7 +187,7 @@ def check(
     min_cosine: Annotated[Optional[float], typer.Option("--min-cosine", help="Override the build's min cosine.")] = None,
 ):
     """Re-run the verification of a build folder: file checksums, then original vs processed on ONNX Runtime."""
-    from edgesdk.build import check_build
+    from edgesdk.build import check_build, verified
     from edgesdk.report import print_summary
 
     try:
@@ -190,7 +197,7 @@ def check(
     except EdgeSDKError as e:
         fail(e)
     print_summary({"verify": rows, "layers": [], "engine": {"built": None, "reason": "(not rebuilt by check)"}}, console)
-    if not all(r["passed"] for r in rows):
+    if verified(rows) is False:
         raise typer.Exit(2)
 
 

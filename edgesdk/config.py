@@ -46,6 +46,8 @@ class BuildConfig(BaseModel):
         image_std: Per-channel std for image calibration.
         sparsity: Fraction of weights to prune in rewritten layers (0 = dense).
         prune: Pruning criterion.
+        sparsity_scope: ``layer`` (every rewritten layer pruned to ``sparsity``) or ``global`` (one
+            threshold over all rewritten layers, so sensitive layers keep more weights).
         kernels: Plugin kernels to use (``none`` keeps plain ONNX ops).
         exclude: Regexes on layer names left in float and unrewritten.
         include_lm_head: Also quantize/rewrite an LLM's output head.
@@ -55,6 +57,11 @@ class BuildConfig(BaseModel):
         verify: Compare processed vs original model on ONNX Runtime.
         verify_count: Input samples used by the verification.
         workspace_mb: TensorRT workspace (None → the device profile's).
+        builder_optimization_level: TensorRT builder optimization level 0-5 (None → 3).
+        timing_cache: TensorRT timing cache file, reused across builds (None → one per TensorRT
+            version and GPU under ``~/.cache/edgesdk/trt``).
+        dla_core: Build for this DLA core with GPU fallback (Jetson AGX/NX only; None → GPU only).
+        max_batch: Largest batch of the TensorRT optimization profile for a dynamic batch dim.
         seed: Seed for random inputs.
     """
 
@@ -73,6 +80,7 @@ class BuildConfig(BaseModel):
     image_std: list[float] | None = None
     sparsity: float = Field(0.0, ge=0.0, lt=1.0)
     prune: Literal["magnitude", "wanda"] = "wanda"
+    sparsity_scope: Literal["layer", "global"] = "layer"
     kernels: Literal["auto", "bitmap", "vitbit", "none"] = "auto"
     exclude: list[str] = Field(default_factory=list)
     include_lm_head: bool = False
@@ -82,6 +90,10 @@ class BuildConfig(BaseModel):
     verify: bool = True
     verify_count: int = Field(4, ge=1)
     workspace_mb: int | None = Field(None, ge=1)
+    builder_optimization_level: int | None = Field(None, ge=0, le=5)
+    timing_cache: Path | None = None
+    dla_core: int | None = Field(None, ge=0)
+    max_batch: int = Field(8, ge=1)
     seed: int = 0
 
     @field_validator("shape_hints", mode="before")

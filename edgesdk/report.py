@@ -58,14 +58,17 @@ def print_summary(report: dict, console: Console | None = None) -> None:
     else:
         console.print(layers_table(layers))
     if report.get("verify"):
-        t = Table(title="Verification (ONNX Runtime: original vs processed, Polygraphy)", title_justify="left")
-        for c in ("output", "samples", "max_abs", "mean_abs", "rel_l2", "cosine", "top1", "result"):
+        t = Table(title="Verification (ONNX Runtime, Polygraphy): processed vs ...", title_justify="left")
+        for c in ("vs", "output", "samples", "max_abs", "mean_abs", "rel_l2", "cosine", "top1", "result"):
             t.add_column(c, justify="left" if c == "output" else "right", no_wrap=True)
         for v in report["verify"]:
             top1 = "-" if v.get("top1_agreement") is None else f"{v['top1_agreement']:.4f}"
-            t.add_row(v["output"], str(v["samples"]), f"{v['max_abs']:.3g}", f"{v['mean_abs']:.3g}",
-                      f"{v['rel_l2']:.3g}", f"{v['cosine']:.5f}", top1,
-                      "[green]PASS[/]" if v["passed"] else "[red]FAIL[/]")
+            against = {"pruned_reference": "pruned dense"}.get(v.get("against"), "original")
+            result = "[green]PASS[/]" if v["passed"] else "[red]FAIL[/]"
+            if not v.get("gate", True):
+                result = "(cost)"  # pruning changes the model on purpose: reported, not gating
+            t.add_row(against, v["output"], str(v["samples"]), f"{v['max_abs']:.3g}", f"{v['mean_abs']:.3g}",
+                      f"{v['rel_l2']:.3g}", f"{v['cosine']:.5f}", top1, result)
         console.print(t)
     eng = report.get("engine", {})
     state = "[green]built[/]" if eng.get("built") else f"[yellow]not built[/]: {eng.get('reason')}"

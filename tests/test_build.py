@@ -134,3 +134,19 @@ def test_default_kernels_use_the_rewrite(tmp_path):
     assert len(r["layers"]) == 9 and all(set(row) >= LAYER_KEYS for row in r["layers"])
     assert r["verified"] is True
     np.testing.assert_equal(r["config"]["kernels"], "auto")
+
+
+def test_sparse_build_gates_on_the_pruned_reference(tmp_path):
+    """Pruning changes the model on purpose: the accuracy cost vs the original is reported (not gating),
+    and the build is verified against the pruned dense reference (same masks, plain ONNX ops)."""
+    cfg = BuildConfig(output=tmp_path / "s", calibration=CALIB, kernels="vitbit", sparsity=0.5,
+                      prune="magnitude", sparsity_scope="global", verify_count=4)
+    r = build(DIGITS, cfg)
+    against = {row["against"]: row for row in r["verify"]}
+    assert set(against) == {"original", "pruned_reference"}
+    assert against["original"]["gate"] is False and against["pruned_reference"]["gate"] is True
+    assert against["pruned_reference"]["passed"] and against["pruned_reference"]["cosine"] > 0.9999
+    assert against["original"]["cosine"] < against["pruned_reference"]["cosine"]
+    assert r["verified"] is True
+    rows = check_build(tmp_path / "s")
+    assert [row["against"] for row in rows] == ["original", "pruned_reference"] and rows[1]["passed"]

@@ -3,10 +3,10 @@
 ``models/digits_vit.onnx`` (trained on scikit-learn's digits, 450 held-out images) is quantized
 to INT8, pruned and rewritten to ``EdgeVitBitGemm`` nodes, and run through ONNX Runtime with the
 reference ops. The issue's target is a top-1 drop <= 1.5 points at 50 % sparsity with the better
-of magnitude/Wanda; measured (2026-11-22, this CPU) it is 5.6 points (magnitude) / 7.3 (Wanda)
-with per-layer sparsity, and <= 1.5 points only up to 30 % sparsity: this 69 k-parameter model
-has little redundancy, and neither criterion retrains. The assertions below pin those figures
-(so a regression fails) and print them.
+of magnitude/Wanda. With every layer at 50 % (``sparsity_scope="layer"``) this 69 k-parameter model
+loses 3.3 (magnitude) / 6.0 (Wanda) points; one global magnitude threshold over all layers
+(``--sparsity-scope global``: 50 % of all weights, sensitive layers keep more) loses < 1 point
+(measured 2026-11-22 on this CPU). Neither criterion retrains. The test prints every figure.
 """
 
 from pathlib import Path
@@ -47,14 +47,19 @@ def test_digits_int8_sparse_top1(digits, capsys):
     assert base > 0.9
     assert abs(top1(q) - base) <= 0.01  # INT8 alone
     drops = {}
-    for sparsity in (0.3, 0.5):
+    kept = {}
+    for sparsity, scope in ((0.3, "layer"), (0.5, "layer"), (0.5, "global")):
         for method in ("magnitude", "wanda"):
-            cfg = BuildConfig(sparsity=sparsity, prune=method, kernels="vitbit")
+            cfg = BuildConfig(sparsity=sparsity, prune=method, kernels="vitbit", sparsity_scope=scope)
             new, report = rewrite_model(q, cfg, calib, PROFILES["orin"])
             assert [r["kernel"] for r in report] == ["vitbit"] * len(report)
-            drops[sparsity, method] = 100 * (base - top1(new))
+            drops[sparsity, scope, method] = 100 * (base - top1(new))
+            weights = sum(r["shape"][0] * r["shape"][1] for r in report)
+            kept[sparsity, scope, method] = sum(r["sparsity"] * r["shape"][0] * r["shape"][1] for r in report) / weights
     with capsys.disabled():
         print("\ndigits ViT top-1 drop (points) INT8 + sparsity:",
-              {f"{s}/{m}": round(d, 2) for (s, m), d in drops.items()})
-    assert min(drops[0.3, "magnitude"], drops[0.3, "wanda"]) <= 1.5
-    assert min(drops[0.5, "magnitude"], drops[0.5, "wanda"]) <= 6.0  # measured 5.6; the 1.5 target is not met
+              {f"{s}/{sc}/{m}": round(d, 2) for (s, sc, m), d in drops.items()})
+    for key, frac in kept.items():  # the sparsity asked for is the sparsity delivered, over all weights
+        assert abs(frac - key[0]) < 0.02, (key, frac)
+    assert min(drops[0.3, "layer", "magnitude"], drops[0.3, "layer", "wanda"]) <= 1.5
+    assert min(drops[0.5, "global", "magnitude"], drops[0.5, "global", "wanda"]) <= 1.5  # the issue's target
