@@ -8,6 +8,13 @@ Compilation: ``nvcc -cubin -arch=sm_XY`` when nvcc is on PATH (the same compiler
 resource table), else NVRTC from cuda-python with ``$CUDA_HOME/include``. Cubins are cached on disk
 under ``$EDGESDK_CACHE`` (default ``~/.cache/edgesdk/cubin``) keyed by the sha256 of source, options
 and architecture; modules and functions are cached per process and per CUDA context.
+
+Launch path (the per-call host cost TensorRT pays outside CUDA graphs): a launcher resolves its
+kernels once per (layer, M, tactic, context) into :class:`Launch` records, whose
+:class:`ArgBlock` holds the kernel parameters as ctypes values plus the ``void*[]`` of their
+addresses; a call only rewrites the pointer slots in place (:meth:`ArgBlock.set_pointers`) and calls
+``cuLaunchKernel`` (:func:`launch_all`). Arg blocks are mutated per call, so launchers keep them
+per thread (:func:`thread_cache`).
 """
 
 from __future__ import annotations
@@ -16,14 +23,13 @@ import ctypes
 import hashlib
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
-
-import numpy as np
+from typing import Any, NamedTuple, Sequence
 
 from edgesdk.errors import EdgeSDKError
 
@@ -34,7 +40,14 @@ _modules: dict[tuple, Any] = {}
 _functions: dict[tuple, "Kernel"] = {}
 
 
+_cu = None
+
+
 def _driver():
+    """The ``cuda.bindings.driver`` module (imported once)."""
+    global _cu
+    if _cu is not None:
+        return _cu
     try:
         from cuda.bindings import driver  # cuda-python >= 12.6
     except ImportError:  # pragma: no cover - depends on the machine
@@ -45,6 +58,7 @@ def _driver():
                 "cuda-python is not installed, so edgesdk cannot launch its CUDA kernels",
                 "pip install 'edgesdk[gpu]' (cuda-python matching your CUDA major version)",
             ) from e
+    _cu = driver
     return driver
 
 
@@ -74,6 +88,16 @@ def init() -> None:
         dev = check(cu.cuDeviceGet(0))
         ctx = check(cu.cuDevicePrimaryCtxRetain(dev))
         check(cu.cuCtxSetCurrent(ctx))
+
+
+def current_context() -> int:
+    """The current CUcontext as an int (one ``cuCtxGetCurrent``; :func:`init` first if none is current)."""
+    cu = _driver()
+    err, ctx = cu.cuCtxGetCurrent()
+    if int(err) != 0 or int(ctx) == 0:  # not initialised yet, or no context current
+        init()
+        ctx = check(cu.cuCtxGetCurrent())
+    return int(ctx)
 
 
 def current_arch() -> str:
@@ -163,15 +187,85 @@ class Kernel:
         ``args`` are ctypes values (``ctypes.c_void_p(ptr)``, ``ctypes.c_int(n)``, ``ctypes.c_float(s)``),
         in the kernel's parameter order. Nothing is allocated on the device and nothing synchronises.
         """
-        cu = _driver()
+        launch = self.plan(grid, block, args, smem)
+        launch_all((launch,), stream if isinstance(stream, _driver().CUstream) else int(stream))
+
+    def plan(self, grid, block, args: Sequence[Any], smem: int = 0) -> "Launch":
+        """A reusable :class:`Launch` of this kernel (sets the >48 KB shared-memory attribute now).
+
+        ``args``: an :class:`ArgBlock`, or values as for :meth:`launch` (ints are taken as pointers).
+        """
         if smem > 48 * 1024:
             self.set_max_dynamic_smem(smem)
-        holders = [a if isinstance(a, ctypes._SimpleCData) else ctypes.c_void_p(int(a)) for a in args]
-        ptrs = np.array([ctypes.addressof(h) for h in holders], dtype=np.uint64)
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         bx, by, bz = (tuple(block) + (1, 1))[:3]
-        st = stream if isinstance(stream, cu.CUstream) else cu.CUstream(int(stream))
-        check(cu.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, smem, st, ptrs.ctypes.data, 0))
+        block_ = args if isinstance(args, ArgBlock) else ArgBlock(
+            [a if isinstance(a, ctypes._SimpleCData) else ctypes.c_void_p(int(a)) for a in args])
+        return Launch(self.function, gx, gy, gz, bx, by, bz, smem, block_.address, block_)
+
+
+class ArgBlock:
+    """Kernel parameters as ctypes values and the ``void*[]`` of their addresses (``kernelParams``).
+
+    ``values`` are ctypes values, or ints taken as the address of a parameter's memory (a pointer
+    slot from :meth:`pointer_slots`). ``pointers`` (optional) is a ``uint64[]`` whose slots some parameters point into (see
+    :meth:`set_pointers`): built once, rewritten in place per call, so a launch allocates nothing.
+    The driver copies the parameters when ``cuLaunchKernel`` is called (also under graph capture),
+    so a block may be reused as soon as that call returns, but not by two threads at once.
+    """
+
+    __slots__ = ("values", "pointers", "_pack", "_array", "address")
+
+    def __init__(self, values: Sequence[Any], pointers: Any = None):
+        self.values = tuple(values)
+        self.pointers = pointers
+        self._pack = struct.Struct(f"={len(pointers)}Q").pack_into if pointers is not None else None
+        self._array = (ctypes.c_void_p * max(1, len(self.values)))(
+            *(v if isinstance(v, int) else ctypes.addressof(v) for v in self.values))
+        self.address = ctypes.addressof(self._array)
+
+    @staticmethod
+    def pointer_slots(n: int):
+        """``n`` uint64 pointer slots, and the address of each (to pass as a parameter of :class:`ArgBlock`)."""
+        slots = (ctypes.c_uint64 * n)()
+        base = ctypes.addressof(slots)
+        return slots, [base + 8 * i for i in range(n)]
+
+    def set_pointers(self, *ptrs: int) -> None:
+        """Write ``ptrs`` into the pointer slots (one C call)."""
+        self._pack(self.pointers, 0, *ptrs)
+
+
+class Launch(NamedTuple):
+    """One prepared ``cuLaunchKernel``: function, grid, block, dynamic smem, ``kernelParams`` address."""
+
+    function: Any
+    gx: int
+    gy: int
+    gz: int
+    bx: int
+    by: int
+    bz: int
+    smem: int
+    params: int
+    args: ArgBlock  # keeps the parameter memory alive
+
+
+def launch_all(launches: Sequence[Launch], stream) -> None:
+    """``cuLaunchKernel`` each of ``launches`` in order on ``stream`` (raw ``cudaStream_t`` int or CUstream)."""
+    lk = _driver().cuLaunchKernel
+    for f, gx, gy, gz, bx, by, bz, smem, params, _ in launches:
+        err = lk(f, gx, gy, gz, bx, by, bz, smem, stream, params, 0)[0]
+        if int(err) != 0:
+            check((err,))
+
+
+def thread_cache(local: threading.local, limit: int = 4096) -> dict:
+    """This thread's plan dict in ``local`` (cleared when it reaches ``limit`` entries)."""
+    d = getattr(local, "plans", None)
+    if d is None or len(d) >= limit:
+        d = local.plans = {}
+    return d
 
 
 def get_kernel(source: str | Path, name: str, options: Sequence[str] = ()) -> Kernel:
@@ -179,16 +273,15 @@ def get_kernel(source: str | Path, name: str, options: Sequence[str] = ()) -> Ke
 
     Compiled once per (source, options, arch), loaded once per context.
     """
-    cu = _driver()
-    init()
-    path = Path(source)
-    if not path.is_absolute():
-        path = PLUGINS_DIR / path
-    ctx = int(check(cu.cuCtxGetCurrent()))
-    fkey = (str(path), name, tuple(options), ctx)
+    ctx = current_context()
+    fkey = (source if isinstance(source, str) else str(source), name, tuple(options), ctx)
     k = _functions.get(fkey)
     if k is not None:
         return k
+    cu = _driver()
+    path = Path(source)
+    if not path.is_absolute():
+        path = PLUGINS_DIR / path
     with _lock:
         k = _functions.get(fkey)
         if k is not None:

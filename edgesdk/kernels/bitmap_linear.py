@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.formats import bitmap_linear as fmt
@@ -69,12 +70,6 @@ def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
 def workspace_bytes(attrs: dict, m: int) -> int:
     """No workspace: K splits are reduced in shared memory."""
     return 0
-
-
-def _current_ctx() -> int:
-    cu = _cuda._driver()
-    _cuda.init()
-    return int(_cuda.check(cu.cuCtxGetCurrent()))
 
 
 @functools.lru_cache(maxsize=None)
@@ -160,10 +155,33 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
             "ks": ks, "spb": spb}
 
 
-@functools.lru_cache(maxsize=4096)
-def _plan(n: int, k: int, vd: str, x_dtype: str, m: int, tactic: int, ctx: int, x_aligned: bool):
-    c = config(n, k, m, x_dtype, vd, tactic, _sm_count(ctx), x_aligned)
-    return c, (ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(c["ks"]), ctypes.c_int(c["spb"]))
+_layers: dict = {}  # raw attribute values -> validated (n, k, value_dtype, has_bias)
+_tls = threading.local()  # per-thread launch plans (their arg blocks are written per call)
+
+
+def _layer(attrs: dict) -> tuple[int, int, str, int]:
+    """:func:`_attrs`, cached by the raw attribute values (validation runs once per layer)."""
+    key = None
+    try:
+        key = (attrs["n"], attrs["k"], attrs["value_dtype"], attrs.get("has_bias", 0))
+        return _layers[key]
+    except (KeyError, TypeError):  # first call for this layer, or unhashable / missing values
+        a = _attrs(attrs)
+        if key is not None:
+            try:
+                _layers[key] = a
+            except TypeError:
+                pass
+        return a
+
+
+def _plan(n: int, k: int, vd: str, x_dtype: str, m: int, tactic: int, x_aligned: bool) -> _cuda.Launch:
+    """Kernel (resolved in the current context), grid, block, smem and arg block of one launch shape."""
+    c = config(n, k, m, x_dtype, vd, tactic, _sm_count(_cuda.current_context()), x_aligned)
+    kern = _cuda.get_kernel(SOURCE, c["name"])
+    slots, addr = _cuda.ArgBlock.pointer_slots(7)  # X, bitmaps, values, offsets, scales, bias, Y
+    args = _cuda.ArgBlock([*addr, *(ctypes.c_int(v) for v in (m, n, k, c["ks"], c["spb"]))], slots)
+    return kern.plan(c["grid"], c["block"], args, c["smem"])
 
 
 def launch(attrs: dict, x_dtype: str, m: int, inputs: list[int], outputs: list[int], stream: int,
@@ -182,17 +200,24 @@ def launch(attrs: dict, x_dtype: str, m: int, inputs: list[int], outputs: list[i
         tactic (int): From :func:`valid_tactics`.
         workspace (int): Unused (``workspace_bytes`` is 0).
 
-    No allocation, no host synchronisation; the module is compiled once and cached.
+    No allocation, no host synchronisation; the module is compiled once and cached. Attributes are
+    validated on the first call for a layer; grid, kernel handle and argument block are planned once
+    per (layer, X dtype, M, tactic, X alignment, CUDA context) and thread, then only the pointers are
+    rewritten.
     """
-    n, k, vd, has_bias = _attrs(attrs)
+    n, k, vd, has_bias = _layer(attrs)
     if m <= 0:
         return
-    want = 6 if has_bias else 5
-    if len(inputs) != want or len(outputs) != 1:
+    if len(inputs) != 5 + has_bias or len(outputs) != 1:
+        want = 5 + has_bias
         raise EdgeSDKError(f"EdgeBitmapLinear: expected {want} inputs and 1 output, got {len(inputs)} and "
                            f"{len(outputs)}", "pass [X, bitmaps, values, offsets, scales(, bias)] and [Y]")
-    c, ints = _plan(n, k, vd, x_dtype, int(m), int(tactic), _current_ctx(), int(inputs[0]) % 16 == 0)
-    kern = _cuda.get_kernel(SOURCE, c["name"])
-    bias = inputs[5] if has_bias else 0
-    args = [ctypes.c_void_p(p) for p in (*inputs[:5], bias, outputs[0])] + list(ints)
-    kern.launch(c["grid"], c["block"], args, stream, c["smem"])
+    x = inputs[0]
+    key = (n, k, vd, x_dtype, m, tactic, x % 16 == 0, _cuda.current_context())
+    plans = _cuda.thread_cache(_tls)
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = _plan(n, k, vd, x_dtype, int(m), int(tactic), x % 16 == 0)
+    plan.args.set_pointers(x, inputs[1], inputs[2], inputs[3], inputs[4], inputs[5] if has_bias else 0,
+                           outputs[0])
+    _cuda.launch_all((plan,), stream)

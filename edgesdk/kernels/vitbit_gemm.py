@@ -17,9 +17,11 @@ only). Every tactic gives bit-identical results.
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.kernels import _cuda
 from edgesdk.formats.vitbit_gemm import CoreSplit, k_padded, validate_attributes
 
 SOURCE = "vitbit_gemm/vitbit_gemm.cu"
@@ -148,10 +150,29 @@ def workspace_bytes(attrs: dict, m: int) -> int:
     return _xq_bytes(m, a["k"]) + part
 
 
-def _kernel(name: str):
-    from edgesdk.kernels._cuda import get_kernel
+def _kernel(name: str) -> _cuda.Kernel:
+    return _cuda.get_kernel(SOURCE, name)
 
-    return get_kernel(SOURCE, name)
+
+_layers: dict = {}  # raw attribute values -> (validated attributes, their key)
+_tls = threading.local()  # per-thread launch plans (their arg blocks are written per call)
+
+
+def _layer(attrs: dict) -> tuple[dict, tuple]:
+    """``validate_attributes(attrs)`` and a hashable key of it, cached by the raw attribute values."""
+    raw = None
+    try:
+        raw = (attrs["n"], attrs["k"], attrs["bits"], attrs["has_bias"], attrs["gelu"], attrs["x_scale"])
+        return _layers[raw]
+    except (KeyError, TypeError):  # first call for this layer, or unhashable / missing values
+        a = validate_attributes(attrs)
+        out = (a, (a["n"], a["k"], a["bits"], a["has_bias"], a["gelu"], a["x_scale"]))
+        if raw is not None:
+            try:
+                _layers[raw] = out
+            except TypeError:
+                pass
+        return out
 
 
 def launch(attrs: dict, x_dtype: str, m: int, inputs: list[int], outputs: list[int], stream: int,
@@ -160,10 +181,11 @@ def launch(attrs: dict, x_dtype: str, m: int, inputs: list[int], outputs: list[i
     pointers); ``workspace`` = a device buffer of at least ``workspace_bytes(attrs, m)`` bytes.
 
     Split-K tactics fall back to one split (same tile) where ``m * n`` is too large for split-K.
+    Attributes are validated on the first call for a layer; kernels, grids and argument blocks are
+    planned once per (layer, X dtype, M, tactic, CUDA context) and thread, then only the pointers
+    are rewritten.
     """
-    a = validate_attributes(attrs)
-    n, k = a["n"], a["k"]
-    m = int(m)
+    a, akey = _layer(attrs)
     if x_dtype not in ("float16", "float32"):
         raise EdgeSDKError(f"EdgeVitBitGemm: X must be float16 or float32, got {x_dtype}", "cast X")
     if len(inputs) != 3 + a["has_bias"] or len(outputs) != 1:
@@ -174,49 +196,84 @@ def launch(attrs: dict, x_dtype: str, m: int, inputs: list[int], outputs: list[i
     if not workspace:
         raise EdgeSDKError("EdgeVitBitGemm: launch needs a workspace (quantized X, split-K partials)",
                            "allocate workspace_bytes(attrs, m) bytes and pass workspace=<pointer>")
-    x, w, ws = (int(p) for p in inputs[:3])
-    bias = int(inputs[3]) if a["has_bias"] else 0
-    quantize(a, x_dtype, m, x, int(workspace), stream)
-    gemm(a, x_dtype, m, int(workspace), w, ws, bias, int(outputs[0]), stream, tactic,
-         part=int(workspace) + _xq_bytes(m, k))
+    key = (akey, x_dtype, m, tactic, _cuda.current_context())
+    plans = _cuda.thread_cache(_tls)
+    plan = plans.get(key)
+    if plan is None:
+        plan = plans[key] = _plan(a, x_dtype, int(m), int(tactic))
+    launches, part_off = plan
+    launches[0].args.set_pointers(inputs[0], workspace, inputs[1], inputs[2], inputs[3] if a["has_bias"] else 0,
+                                  outputs[0], workspace + part_off if part_off else 0)
+    _cuda.launch_all(launches, stream)
+
+
+def _plan(a: dict, x_dtype: str, m: int, tactic: int) -> tuple[tuple[_cuda.Launch, ...], int]:
+    """Launches of :func:`launch` over shared pointer slots (X, Xq, W, w_scale, bias, Y, partials),
+    which the first launch's arg block writes; and the partials' offset in the workspace (0: none)."""
+    slots, (x, xq, w, ws, bias, y, part) = _cuda.ArgBlock.pointer_slots(7)
+    _, splits = _gemm_config(a, m, tactic)
+    q = _quantize_launch(a, x_dtype, m, x, xq, slots)
+    return (q, *_gemm_launches(a, x_dtype, m, tactic, xq, w, ws, bias, y, part)), \
+        (_xq_bytes(m, a["k"]) if splits > 1 else 0)
+
+
+def _gemm_config(a: dict, m: int, tactic: int) -> tuple[Config, int]:
+    """Config and effective K splits of ``tactic`` for ``m`` rows."""
+    cfg, splits = config(tactic, a["bits"])
+    if splits > 1 and not _splitk_ok(m, a["n"]):
+        splits = 1
+    return cfg, min(splits, -(-k_padded(a["k"]) // BK))
+
+
+def _quantize_launch(a: dict, x_dtype: str, m: int, x, xq, slots=None) -> _cuda.Launch:
+    """The quantize kernel's launch; pointer arguments are ctypes values or pointer-slot addresses."""
+    kp = k_padded(a["k"])
+    qk = _kernel("vitbit_quantize_f16" if x_dtype == "float16" else "vitbit_quantize_f32")
+    groups = m * kp // 4
+    args = _cuda.ArgBlock([x, xq, ctypes.c_float(a["x_scale"]), ctypes.c_int(m), ctypes.c_int(a["k"]),
+                           ctypes.c_int(kp)], slots)
+    return qk.plan((min(-(-groups // 256), 4096),), (256,), args)
+
+
+def _gemm_launches(a: dict, x_dtype: str, m: int, tactic: int, xq, w, ws, bias, y, part) -> list[_cuda.Launch]:
+    """The GEMM (and split-K epilogue) launches; pointer arguments as in :func:`_quantize_launch`."""
+    n, k = a["n"], a["k"]
+    cfg, splits = _gemm_config(a, m, tactic)
+    kp = k_padded(k)
+    flags = (_FLAG_HALF if x_dtype == "float16" else 0) | (_FLAG_BIAS if a["has_bias"] else 0) | \
+        (_FLAG_GELU if a["gelu"] else 0)
+    xs = ctypes.c_float(a["x_scale"])
+    kt = -(-kp // BK)
+    kps = -(-kt // splits)  # K tiles per split
+    out = [_kernel(f"vitbit_gemm_{cfg.name}").plan(
+        (-(-n // cfg.bn), -(-m // cfg.bm), splits), (cfg.threads,),
+        _cuda.ArgBlock([xq, w, y, part, ws, bias, xs, ctypes.c_int(flags), ctypes.c_int(m), ctypes.c_int(n),
+                        ctypes.c_int(kp), ctypes.c_int(kps)]), cfg.smem)]
+    if splits > 1:
+        out.append(_kernel("vitbit_splitk_epilogue").plan(
+            (min(-(-(m * n) // 256), 4096),), (256,),
+            _cuda.ArgBlock([part, ctypes.c_int(splits), y, ws, bias, xs, ctypes.c_int(flags), ctypes.c_int(m),
+                            ctypes.c_int(n)])))
+    return out
+
+
+def _p(ptr: int) -> ctypes.c_void_p:
+    return ctypes.c_void_p(int(ptr))
 
 
 def quantize(a: dict, x_dtype: str, m: int, x: int, xq: int, stream: int) -> None:
     """Step 1 of :func:`launch`: X -> int8 Xq [m, K16] (``a``: validated attributes)."""
-    kp = k_padded(a["k"])
-    qk = _kernel("vitbit_quantize_f16" if x_dtype == "float16" else "vitbit_quantize_f32")
-    groups = m * kp // 4
-    qk.launch((min(-(-groups // 256), 4096),), (256,),
-              [ctypes.c_void_p(x), ctypes.c_void_p(xq), ctypes.c_float(a["x_scale"]), ctypes.c_int(m),
-               ctypes.c_int(a["k"]), ctypes.c_int(kp)], stream)
+    _cuda.launch_all((_quantize_launch(a, x_dtype, m, _p(x), _p(xq)),), stream)
 
 
 def gemm(a: dict, x_dtype: str, m: int, xq: int, w: int, ws: int, bias: int, y: int, stream: int,
          tactic: int = 1, part: int = 0) -> None:
     """Steps 2-3 of :func:`launch` on an already quantized Xq; ``part``: split-K partials buffer."""
-    n, k = a["n"], a["k"]
-    cfg, splits = config(tactic, a["bits"])
-    if splits > 1 and not _splitk_ok(m, n):
-        splits = 1
-    kp = k_padded(k)
-    kt = -(-kp // BK)
-    splits = min(splits, kt)
+    _, splits = _gemm_config(a, m, tactic)
     if splits == 1:
         part = 0
     elif not part:
         raise EdgeSDKError("EdgeVitBitGemm: split-K tactic without a partials buffer",
                            "pass the workspace (workspace_bytes) to launch")
-    flags = (_FLAG_HALF if x_dtype == "float16" else 0) | (_FLAG_BIAS if a["has_bias"] else 0) | \
-        (_FLAG_GELU if a["gelu"] else 0)
-    xs = ctypes.c_float(a["x_scale"])
-    gk = _kernel(f"vitbit_gemm_{cfg.name}")
-    kps = -(-kt // splits)
-    gk.launch((-(-n // cfg.bn), -(-m // cfg.bm), splits), (cfg.threads,),
-              [ctypes.c_void_p(xq), ctypes.c_void_p(w), ctypes.c_void_p(y), ctypes.c_void_p(part),
-               ctypes.c_void_p(ws), ctypes.c_void_p(bias), xs, ctypes.c_int(flags), ctypes.c_int(m),
-               ctypes.c_int(n), ctypes.c_int(kp), ctypes.c_int(kps)], stream, cfg.smem)
-    if splits > 1:
-        ek = _kernel("vitbit_splitk_epilogue")
-        ek.launch((min(-(-(m * n) // 256), 4096),), (256,),
-                  [ctypes.c_void_p(part), ctypes.c_int(splits), ctypes.c_void_p(y), ctypes.c_void_p(ws),
-                   ctypes.c_void_p(bias), xs, ctypes.c_int(flags), ctypes.c_int(m), ctypes.c_int(n)], stream)
+    _cuda.launch_all(_gemm_launches(a, x_dtype, m, tactic, _p(xq), _p(w), _p(ws), _p(bias), _p(y), _p(part)),
+                     stream)

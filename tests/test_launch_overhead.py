@@ -1,0 +1,208 @@
+"""The plugin launch path with the CUDA driver stubbed (no GPU): plans cached, arg blocks reused.
+
+``tools/launch_overhead.py``'s :class:`StubDriver` answers every driver call; its ``cuLaunchKernel``
+hook decodes the ``kernelParams`` array the launchers built, so each test checks the exact kernel,
+grid, block, shared memory and parameter values against the launchers' pure config functions.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cuda.bindings.driver")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from launch_overhead import StubDriver  # noqa: E402
+
+from edgesdk.errors import EdgeSDKError  # noqa: E402
+from edgesdk.kernels import _cuda  # noqa: E402
+from edgesdk.kernels import bitmap_linear as kbl  # noqa: E402
+from edgesdk.kernels import vitbit_gemm as K  # noqa: E402
+from edgesdk.formats.vitbit_gemm import k_padded  # noqa: E402
+
+P, I, F = "p", "i", "f"  # parameter kinds: pointer, int, float
+BITMAP_SIG = [P] * 7 + [I] * 5  # X, bitmaps, values, offsets, scales, bias, Y, m, n, k, ks, spb
+QUANT_SIG = [P, P, F, I, I, I]  # X, Xq, x_scale, m, k, kp
+GEMM_SIG = [P] * 6 + [F] + [I] * 5  # Xq, W, Y, part, w_scale, bias, x_scale, flags, m, n, kp, kps
+EPI_SIG = [P, I, P, P, P, F, I, I, I]  # part, splits, Y, w_scale, bias, x_scale, flags, m, n
+
+
+def decode(params: int, sig: list[str]) -> list:
+    arr = (ctypes.c_void_p * len(sig)).from_address(params)
+    typ = {P: ctypes.c_uint64, I: ctypes.c_int, F: ctypes.c_float}
+    return [typ[s].from_address(arr[i]).value for i, s in enumerate(sig)]
+
+
+@pytest.fixture
+def stub(monkeypatch):
+    """The stub driver behind ``_cuda`` (fresh caches, no compilation); records decoded launches."""
+    s = StubDriver(_cuda._driver())
+    s.seen = []
+    s.sigs = {}  # CUfunction int -> signature, filled as kernels are resolved
+
+    real_get = _cuda.get_kernel
+
+    def get_kernel(source, name, options=()):
+        k = real_get(source, name, options)
+        s.sigs[int(k.function)] = (name, BITMAP_SIG if name.startswith("bitmap_") else QUANT_SIG
+                                   if name.startswith("vitbit_quantize") else EPI_SIG
+                                   if name == "vitbit_splitk_epilogue" else GEMM_SIG)
+        return k
+
+    def on_launch(f, grid, block, smem, stream, params):
+        name, sig = s.sigs[int(f)]
+        s.seen.append({"name": name, "grid": grid, "block": block, "smem": smem, "stream": stream,
+                       "params": params, "args": decode(params, sig)})
+
+    s.on_launch = on_launch
+    monkeypatch.setattr(_cuda, "_driver", lambda: s)
+    monkeypatch.setattr(_cuda, "compile_cubin", lambda *a, **k: b"stub cubin")
+    monkeypatch.setattr(_cuda, "_modules", {})
+    monkeypatch.setattr(_cuda, "_functions", {})
+    monkeypatch.setattr(_cuda, "_initialized", False)
+    monkeypatch.setattr(_cuda, "get_kernel", get_kernel)
+    for mod in (kbl, K):
+        monkeypatch.setattr(mod, "_tls", threading.local())
+        monkeypatch.setattr(mod, "_layers", {})
+    kbl._sm_count.cache_clear()
+    yield s
+    kbl._sm_count.cache_clear()
+
+
+BM = {"n": 200, "k": 72, "value_dtype": "int8", "has_bias": 1, "plugin_version": "1"}
+
+
+def _bitmap(stub, attrs, m, ptrs, y, tactic=1, x_dtype="float16", stream=0x51):
+    stub.seen.clear()
+    kbl.launch(attrs, x_dtype, m, ptrs, [y], stream, tactic)
+    (launch,) = stub.seen
+    return launch
+
+
+def test_bitmap_plan_is_cached_and_pointers_rewritten_in_place(stub):
+    ptrs = [0x10000 + 0x1000 * i for i in range(6)]
+    first = _bitmap(stub, BM, 3, ptrs, 0x90000)
+    c = kbl.config(200, 72, 3, "float16", "int8", 1, stub.sms)
+    assert first["name"] == c["name"] and first["name"].startswith("bitmap_gemv")
+    assert (first["grid"], first["block"], first["smem"]) == (c["grid"], c["block"], c["smem"])
+    assert first["args"] == [*ptrs, 0x90000, 3, 200, 72, c["ks"], c["spb"]] and first["stream"] == 0x51
+    loads = stub.calls["cuModuleGetFunction"], stub.calls.get("cuDeviceGetAttribute", 0)
+    ctx_calls = stub.calls["cuCtxGetCurrent"]
+
+    ptrs2 = [0x20000 + 0x1000 * i for i in range(6)]
+    second = _bitmap(stub, BM, 3, ptrs2, 0xA0000, stream=0x52)
+    assert second["args"] == [*ptrs2, 0xA0000, 3, 200, 72, c["ks"], c["spb"]] and second["stream"] == 0x52
+    assert second["params"] == first["params"]  # same arg block, rewritten
+    assert (stub.calls["cuModuleGetFunction"], stub.calls.get("cuDeviceGetAttribute", 0)) == loads
+    assert stub.calls["cuCtxGetCurrent"] == ctx_calls + 1  # one driver query per launch (the context)
+    assert len(kbl._tls.plans) == 1
+
+    # Another M is another plan (grid and the m parameter differ); no bias → null bias pointer.
+    third = _bitmap(stub, dict(BM, has_bias=0), 40, ptrs[:5], 0xB0000)
+    c40 = kbl.config(200, 72, 40, "float16", "int8", 1, stub.sms)
+    assert third["name"] == c40["name"] and third["grid"] == c40["grid"]
+    assert third["args"] == [*ptrs[:5], 0, 0xB0000, 40, 200, 72, c40["ks"], c40["spb"]]
+    assert third["params"] != first["params"] and len(kbl._tls.plans) == 2
+
+
+def test_bitmap_unaligned_x_and_fp32_take_the_generic_path(stub):
+    ptrs = [0x10000 + 0x1000 * i for i in range(6)]
+    a = _bitmap(stub, BM, 3, [0x10002, *ptrs[1:]], 0x90000)
+    assert a["name"] == kbl.config(200, 72, 3, "float16", "int8", 1, stub.sms, x_aligned=False)["name"]
+    assert a["name"].startswith("bitmap_linear_f16") and a["args"][0] == 0x10002
+    b = _bitmap(stub, BM, 3, ptrs, 0x90000, tactic=7, x_dtype="float32")
+    c = kbl.config(200, 72, 3, "float32", "int8", 7, stub.sms)
+    assert (b["name"], b["grid"], b["block"], b["smem"]) == (c["name"], c["grid"], c["block"], c["smem"])
+
+
+def test_bitmap_plans_are_per_thread_and_per_context(stub):
+    ptrs = [0x10000 + 0x1000 * i for i in range(6)]
+    main = _bitmap(stub, BM, 5, ptrs, 0x90000)
+    got = {}
+
+    def other():
+        got["launch"] = _bitmap(stub, BM, 5, [p + 0x100000 for p in ptrs], 0x190000)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert got["launch"]["params"] != main["params"]  # its own arg block
+    assert got["launch"]["args"][:7] == [p + 0x100000 for p in ptrs] + [0x190000]
+    assert decode(main["params"], BITMAP_SIG)[:7] == [*ptrs, 0x90000]  # main thread's block untouched
+
+    # A 16-SM (green) context: kernels resolved again for it, heuristic planned with its SM count.
+    loads = stub.calls["cuModuleGetFunction"]
+    stub.ctx, stub.sms = 0x8000, 16
+    green = _bitmap(stub, BM, 5, ptrs, 0x90000)
+    c16 = kbl.config(200, 72, 5, "float16", "int8", 1, 16)
+    assert stub.calls["cuModuleGetFunction"] == loads + 1
+    assert (green["grid"], green["block"], green["args"][-2:]) == (c16["grid"], c16["block"], [c16["ks"], c16["spb"]])
+
+
+def test_bitmap_bad_calls_raise_and_are_not_cached(stub):
+    ptrs = [0x10000 + 0x1000 * i for i in range(6)]
+    for _ in range(2):
+        with pytest.raises(EdgeSDKError, match="tactic 99"):
+            kbl.launch(BM, "float16", 3, ptrs, [1], 0, 99)
+        with pytest.raises(EdgeSDKError, match="expected 6 inputs"):
+            kbl.launch(BM, "float16", 3, ptrs[:5], [1], 0)
+        with pytest.raises(EdgeSDKError, match="bad attributes"):
+            kbl.launch(dict(BM, value_dtype="int4"), "float16", 3, ptrs, [1], 0)
+    assert not getattr(kbl._tls, "plans", {}) and "cuLaunchKernel" not in stub.calls
+
+
+VB = {"n": 300, "k": 520, "bits": 8, "has_bias": 1, "gelu": 1, "x_scale": 0.0375}
+
+
+@pytest.mark.parametrize("tactic,m,n_kernels", [(1, 19, 2), (4, 19, 3)])
+def test_vitbit_launches_share_pointer_slots(stub, tactic, m, n_kernels):
+    ins, y, ws = [0x10000, 0x20000, 0x30000, 0x40000], 0x50000, 0x60000
+    a = K.validate_attributes(VB)
+    cfg, splits = K.config(tactic, 8)
+    kp = k_padded(520)
+    for call in range(2):
+        shift = 0x1000000 * call
+        stub.seen.clear()
+        K.launch(VB, "float16", m, [p + shift for p in ins], [y + shift], 0x77, tactic, workspace=ws + shift)
+        assert [s["name"] for s in stub.seen][:2] == ["vitbit_quantize_f16", f"vitbit_gemm_{cfg.name}"]
+        assert len(stub.seen) == n_kernels
+        q, g = stub.seen[0], stub.seen[1]
+        assert q["args"][:2] == [ins[0] + shift, ws + shift] and q["args"][3:] == [m, 520, kp]
+        assert q["args"][2] == pytest.approx(a["x_scale"], rel=1e-7)
+        part = ws + shift + K._xq_bytes(m, 520) if splits > 1 else 0
+        assert g["args"][:6] == [ws + shift, ins[1] + shift, y + shift, part, ins[2] + shift, ins[3] + shift]
+        kt = -(-kp // K.BK)
+        assert g["args"][7:] == [1 | 2 | 4, m, 300, kp, -(-kt // splits)]
+        assert (g["grid"], g["block"], g["smem"]) == ((-(-300 // cfg.bn), -(-m // cfg.bm), splits),
+                                                     (cfg.threads, 1, 1), cfg.smem)
+        if splits > 1:
+            e = stub.seen[2]
+            assert e["name"] == "vitbit_splitk_epilogue"
+            assert e["args"][:5] == [part, splits, y + shift, ins[2] + shift, ins[3] + shift]
+            assert e["args"][6:] == [7, m, 300]
+        if call == 0:
+            params = [s["params"] for s in stub.seen]
+            loads = stub.calls["cuModuleGetFunction"]
+        else:
+            assert [s["params"] for s in stub.seen] == params
+            assert stub.calls["cuModuleGetFunction"] == loads
+
+
+def test_vitbit_one_off_gemm_matches_the_planned_launch(stub):
+    """``gemm()`` (benchmarks) builds the same GEMM launch as ``launch()``, from ctypes values."""
+    a = K.validate_attributes(dict(VB, has_bias=0, gelu=0))
+    K.launch(dict(VB, has_bias=0, gelu=0), "float32", 7, [1 << 20, 2 << 20, 3 << 20], [4 << 20], 0, 4,
+             workspace=5 << 20)
+    planned = stub.seen[1:]
+    stub.seen.clear()
+    K.gemm(a, "float32", 7, 5 << 20, 2 << 20, 3 << 20, 0, 4 << 20, 0, 4, part=(5 << 20) + K._xq_bytes(7, 520))
+    assert [{k: v for k, v in s.items() if k != "params"} for s in stub.seen] == \
+        [{k: v for k, v in s.items() if k != "params"} for s in planned]
+    with pytest.raises(EdgeSDKError, match="partials"):
+        K.gemm(a, "float32", 7, 5 << 20, 2 << 20, 3 << 20, 0, 4 << 20, 0, 4)
