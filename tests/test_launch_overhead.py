@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from launch_overhead import StubDriver  # noqa: E402
 
 from edgesdk.errors import EdgeSDKError  # noqa: E402
+from edgesdk.formats.vitbit_gemm import k_padded  # noqa: E402
 from edgesdk.kernels import _cuda  # noqa: E402
 from edgesdk.kernels import bitmap_linear as kbl  # noqa: E402
 from edgesdk.kernels import vitbit_gemm as K  # noqa: E402
-from edgesdk.formats.vitbit_gemm import k_padded  # noqa: E402
 
 P, I, F = "p", "i", "f"  # parameter kinds: pointer, int, float
 BITMAP_SIG = [P] * 7 + [I] * 5  # X, bitmaps, values, offsets, scales, bias, Y, m, n, k, ks, spb

@@ -21,8 +21,8 @@ import threading
 from dataclasses import dataclass
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.kernels import _cuda
 from edgesdk.formats.vitbit_gemm import CoreSplit, k_padded, validate_attributes
+from edgesdk.kernels import _cuda
 
 SOURCE = "vitbit_gemm/vitbit_gemm.cu"
 BK = 128
