@@ -18,28 +18,15 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "common/ampere.cuh"
+
 namespace {
 
 constexpr int kGroupK = 64;
 constexpr int kTiles = 8;
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint32_t pack_half2(__half lo, __half hi) {
@@ -158,7 +145,7 @@ __device__ __forceinline__ void bitmap_linear_body(
       for (int c = lane; c < nchunks; c += 32)
         cp_async16(slot + 16 * c, c < 4 ? bsrc + 16 * c : vsrc + 16 * (c - 4));
     }
-    cp_commit();
+    cp_async_commit();
   };
 
   float acc[MT][4];
@@ -172,7 +159,7 @@ __device__ __forceinline__ void bitmap_linear_body(
 
   for (int i = 0; i < ng; ++i) {
     issue(i + STAGES - 1);
-    cp_wait<STAGES - 1>();
+    cp_async_wait<STAGES - 1>();
     __syncwarp();
     const uint8_t* slot = ring + (i % STAGES) * kSlot;
     uint64_t bm[kTiles];
@@ -211,7 +198,7 @@ __device__ __forceinline__ void bitmap_linear_body(
     }
     __syncwarp();
   }
-  cp_wait<0>();
+  cp_async_wait<0>();
 
   // Reduce the KS K-splits of each strip through shared memory (reusing the ring).
   float* red = reinterpret_cast<float*>(smem);
@@ -367,7 +354,7 @@ __device__ __forceinline__ void bitmap_gemv_body(
           if (lane + 32 * r < nv) cp_async16(dst + kTiles * 8 + 16 * (lane + 32 * r), vsrc + 512 * r);
       }
     }
-    cp_commit();
+    cp_async_commit();
   };
 
   LaneBits lb;
@@ -393,7 +380,7 @@ __device__ __forceinline__ void bitmap_gemv_body(
 
   for (int i = 0; i < ng; ++i) {
     issue(i + STAGES - 1);
-    cp_wait<STAGES - 1>();
+    cp_async_wait<STAGES - 1>();
     __syncwarp();
     const uint8_t* slot = ring + (i % STAGES) * kSlot;
     const uint32_t xbase = smem_u32(slot) + lrow * 128;
@@ -421,7 +408,7 @@ __device__ __forceinline__ void bitmap_gemv_body(
     }
     __syncwarp();
   }
-  cp_wait<0>();
+  cp_async_wait<0>();
 
   float* red = reinterpret_cast<float*>(smem);
   if (KS > 1) {

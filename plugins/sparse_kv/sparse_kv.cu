@@ -28,6 +28,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "common/ampere.cuh"
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -36,24 +38,9 @@ constexpr int kCompThreads = 128;  // prefill / append: one warp per token
 constexpr int kCompWarps = kCompThreads / 32;
 constexpr int kTile = 16;
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)), "l"(src));
 }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -169,10 +156,10 @@ __device__ __forceinline__ void attn_split(
   {
     const uint8_t* ksrc = k_rec + (bh * cap + t_begin) * static_cast<size_t>(rk);
     for (int i = tid; i < nrec_all * rk / 8; i += kThreads) cp_async8(sm.kst + 8 * i, ksrc + 8 * i);
-    cp_commit();
+    cp_async_commit();
     const uint8_t* vsrc = v_rec + (bh * cap + t_begin) * static_cast<size_t>(rv);
     for (int i = tid; i < nrec_all * rv / 8; i += kThreads) cp_async8(sm.vst + 8 * i, vsrc + 8 * i);
-    cp_commit();
+    cp_async_commit();
   }
 
   for (int i = tid; i < GP * D; i += kThreads) {
@@ -181,7 +168,7 @@ __device__ __forceinline__ void attn_split(
     if (g < G) v = q[(static_cast<size_t>(b) * Hq + h * G + g) * D + c];
     sm.qs[c * GP + g] = v;
   }
-  cp_wait<1>();
+  cp_async_wait<1>();
   __syncthreads();
 
   // ---- K: scores, one thread per token -------------------------------------------------------
@@ -280,7 +267,7 @@ __device__ __forceinline__ void attn_split(
     for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
     if (lane == 0) sm.red[warp * GP + g] = l;
   }
-  cp_wait<0>();
+  cp_async_wait<0>();
   __syncthreads();
   if (tid < GP) {
     float l = 0.f;

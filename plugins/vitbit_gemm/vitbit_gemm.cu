@@ -24,6 +24,8 @@
 //           for T <= 31 (b = 4) and T <= 15 (b = 5). We flush every 16 (b = 4) and 8 (b = 5) values.
 #include <cuda_fp16.h>
 
+#include "common/ampere.cuh"
+
 typedef unsigned int u32;
 typedef signed char s8;
 
@@ -36,17 +38,10 @@ struct Cond<false, T, F> { typedef F type; };
 
 enum { FLAG_HALF = 1, FLAG_BIAS = 2, FLAG_GELU = 4 };
 
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-  return static_cast<u32>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool pred) {
   int n = pred ? 16 : 0;  // src-size 0: zero-fill, nothing read
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ void ldmatrix_x4(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
