@@ -19,16 +19,20 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def git_commit() -> str:
+    """Short commit of the benchmarked sources: ``$EDGESDK_COMMIT`` when set (a copy of the tree run
+    elsewhere, e.g. staged on the GPU machine, has no git history of its own), else ``git rev-parse``."""
+    env = os.environ.get("EDGESDK_COMMIT")
+    if env:
+        return env
     try:
         root = Path(__file__).resolve().parents[1]
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
                              capture_output=True, text=True)
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True).stdout.strip()
-        c = out.stdout.strip() or os.environ.get("EDGESDK_COMMIT", "unknown")
-        return c + ("+dirty" if dirty else "")
-    except Exception:
-        return os.environ.get("EDGESDK_COMMIT", "unknown")
+        return (out.stdout.strip() or "unknown") + ("+dirty" if dirty else "")
+    except OSError:
+        return "unknown"
 
 
 def meta(extra: dict | None = None) -> dict:
