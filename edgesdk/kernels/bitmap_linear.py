@@ -47,6 +47,13 @@ GEMV_TACTICS: dict[int, tuple[int, int, int]] = {
     20: (4, 1, 8), 21: (4, 2, 4), 22: (4, 1, 4), 23: (2, 1, 8), 24: (2, 2, 4), 25: (2, 1, 12),
     26: (1, 1, 16), 27: (1, 4, 4), 28: (4, 4, 2), 29: (2, 4, 2), 30: (4, 1, 2), 31: (1, 2, 8),
 }
+#: Decode path v2 (``bitmap_dec_*``) tactics → (K splits, strip pairs per block, stage set: 0 = default
+#: stages (fp16 values 4, int8 values 8), 1 = alternative (6 for both)).
+DEC_TACTICS: dict[int, tuple[int, int, int]] = {
+    40: (8, 1, 0), 41: (4, 2, 0), 42: (2, 4, 0), 43: (1, 8, 0), 44: (16, 1, 0), 45: (8, 2, 0),
+    46: (8, 1, 1), 47: (4, 2, 1), 48: (2, 4, 1),
+}
+_DEC_STAGES = {"float16": (4, 6), "int8": (8, 6)}
 _MAX_WARPS = 16
 _SMEM_LIMIT = 163 * 1024  # sm_87 (Orin) opt-in maximum per block; portable tactics
 _GEMV_STAGES = 4
@@ -64,7 +71,7 @@ def _attrs(attrs: dict) -> tuple[int, int, str, int]:
 def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
     """Tactic ids valid for any M (1 = heuristic, then the fixed configurations)."""
     _attrs(attrs)
-    return [1, *TACTICS, *GEMV_TACTICS]
+    return [1, *TACTICS, *GEMV_TACTICS, *DEC_TACTICS]
 
 
 def workspace_bytes(attrs: dict, m: int) -> int:
@@ -116,6 +123,43 @@ def _gemv_config(n, k, m, value_dtype, tactic, sm_count):
             "ks": ks, "spb": sbpb, "spw": spw}
 
 
+def _dec_slot(value_dtype: str) -> int:
+    """Bytes of one v2 pipeline stage: two strips × (bitmaps + max values + 16 B slack)."""
+    return 2 * (fmt.TILES_PER_GROUP * 8 + fmt.GROUP_K * fmt.STRIP * _V[value_dtype][1] + 16)
+
+
+def _dec_config(n, k, m, value_dtype, tactic, sm_count):
+    s, g = fmt.geometry(n, k)
+    pairs = -(-s // 2)
+    if tactic in DEC_TACTICS:
+        ks, pb, st = DEC_TACTICS[tactic]
+        stages = _DEC_STAGES[value_dtype][st]
+    else:
+        # Heuristic: one wave of ≤ 16 resident warps per SM (≤ 128 registers by __launch_bounds__,
+        # 2 blocks of 8 warps fit Orin's 164 KB of shared memory), K split as finely as needed to fill
+        # it; cost = waves × (groups per warp + ~3 groups of pipeline fill and reduction).
+        stages = _DEC_STAGES[value_dtype][0]
+        best = None
+        for ks_ in (1, 2, 4, 8, 16):
+            if ks_ > 1 and ks_ > g:
+                break
+            pb_ = max(1, min(8 // ks_, pairs))
+            warps = pb_ * ks_
+            waves = -(-(-(-pairs // pb_)) // (max(1, 16 // warps) * sm_count))
+            cost = waves * (-(-g // ks_) + 3)
+            if best is None or cost < best[0]:
+                best = (cost, ks_, pb_)
+        _, ks, pb = best
+    slot = _dec_slot(value_dtype) * stages
+    pb = max(1, min(pb, pairs, _SMEM_LIMIT // (slot * ks)))
+    ks = max(1, min(ks, _SMEM_LIMIT // (slot * pb)))
+    warps = pb * ks
+    mb = 1 if m <= 8 else 2
+    smem = max(warps * slot, warps * mb * 4 * 32 * 4)
+    return {"name": f"bitmap_dec_{_V[value_dtype][0]}_mb{mb}_s{stages}", "grid": (-(-pairs // pb), 1, 1),
+            "block": (32 * warps, 1, 1), "smem": smem, "ks": ks, "spb": pb, "spw": 2}
+
+
 def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int = 1,
            sm_count: int = 132, x_aligned: bool = True) -> dict:
     """Kernel name, grid, block and dynamic shared memory for one launch (pure function).
@@ -127,12 +171,14 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
     if x_dtype not in _X:
         raise EdgeSDKError(f"EdgeBitmapLinear: X dtype {x_dtype!r} is not supported",
                            "feed float16 or float32 activations")
-    if tactic != 1 and tactic not in TACTICS and tactic not in GEMV_TACTICS:
+    if tactic != 1 and tactic not in TACTICS and tactic not in GEMV_TACTICS and tactic not in DEC_TACTICS:
         raise EdgeSDKError(f"EdgeBitmapLinear: tactic {tactic} is not valid",
                            f"use one of {valid_tactics({'n': n, 'k': k, 'value_dtype': value_dtype})}")
     gemv_ok = x_dtype == "float16" and m <= 16 and k % 8 == 0 and x_aligned
-    if gemv_ok and tactic not in TACTICS:
+    if gemv_ok and tactic in GEMV_TACTICS:
         return _gemv_config(n, k, m, value_dtype, tactic, sm_count)
+    if gemv_ok and tactic not in TACTICS:
+        return _dec_config(n, k, m, value_dtype, tactic, sm_count)
     s, g = fmt.geometry(n, k)
     mt = 1 if m <= 16 else 2 if m <= 32 else 4
     gy = -(-m // (16 * mt))

@@ -440,6 +440,226 @@ __device__ __forceinline__ void bitmap_gemv_body(
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Decode path v2 (fp16 X, M <= 16, K % 8 == 0, X 4-byte aligned): "swap AB". The weights are the
+// mma A operand (m16 = two strips, 16 output channels), X is the B operand (n8 = 8 rows of X; MB = 2
+// blocks of 8 rows for M <= 16), so one m16n8k16 consumes four decoded 8x8 tiles (vs two with X as A)
+// and M is never padded: B-fragment rows >= M are zero registers. A-fragment register r of lane l
+// holds bits 2l, 2l+1 of one tile (a0: strip 0 tile 2kk, a1: strip 1 tile 2kk, a2/a3: tile 2kk+1),
+// exactly the B-fragment decode of the v1 path.
+//
+// Latency, not issue rate, limited v1 (docs/bitmap_linear.md): per warp the next group's offsets
+// came from DRAM one group ahead (a dependent load on the critical path of every cp.async issue), and
+// short per-warp streams ran in 1.3-2 waves. Here each warp owns one strip pair and a K range; the
+// offsets of up to 31 groups of both strips are held in two lane registers (the next window is loaded
+// 31 groups ahead), so every issue is shfl + cp.async; the X fragments of group i+1 are loaded
+// (read-only path, L1/L2 resident) while group i decodes; tile starts are a short popc/add chain per
+// strip. The launcher sizes the grid to one wave of 8- or 16-warp blocks.
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
+
+struct DecLane {
+  uint32_t hmask;  // 0xffffffff for lanes 16..31 (their bits live in the tile's high word), else 0
+  uint32_t below;  // bits of the lane's word below its first bit
+  uint32_t bitA;   // the lane's first bit (column 2 t4 of row gid)
+  uint32_t bitB;   // its second bit
+};
+
+// Lane's two values of one tile (words lo, hi) whose first value index is ts; ts advances past it.
+__device__ __forceinline__ uint32_t dec_tile(uint32_t lo, uint32_t hi, uint32_t& ts, const DecLane& dl,
+                                             const unsigned short* vals) {
+  const uint32_t plo = __popc(lo);
+  const uint32_t w = dl.hmask ? hi : lo;
+  const uint32_t idx = ts + (plo & dl.hmask) + __popc(w & dl.below);
+  ts += plo + __popc(hi);
+  uint32_t v0 = 0u, v1 = 0u;
+  const bool p0 = (w & dl.bitA) != 0u;
+  if (p0) v0 = vals[idx];
+  if (w & dl.bitB) v1 = vals[idx + (p0 ? 1u : 0u)];
+  return v0 | (v1 << 16);
+}
+
+__device__ __forceinline__ uint32_t dec_tile(uint32_t lo, uint32_t hi, uint32_t& ts, const DecLane& dl,
+                                             const uint8_t* vals) {
+  const uint32_t plo = __popc(lo);
+  const uint32_t w = dl.hmask ? hi : lo;
+  const uint32_t idx = ts + (plo & dl.hmask) + __popc(w & dl.below);
+  ts += plo + __popc(hi);
+  uint32_t u0 = 0u, u1 = 0u;  // raw int8 bytes; absent -> 0 -> fp16 0
+  const bool p0 = (w & dl.bitA) != 0u;
+  if (p0) u0 = vals[idx];
+  if (w & dl.bitB) u1 = vals[idx + (p0 ? 1u : 0u)];
+  // int8 v -> fp16 exactly: bits 0x6400 | (v ^ 0x80) is 1024 + v + 128; subtract 1152 per half.
+  const uint32_t bits = (u0 | (u1 << 16)) ^ 0x64806480u;
+  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&bits),
+                            __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480)));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+template <typename VT, int MB, int STAGES>
+__device__ __forceinline__ void bitmap_dec_body(
+    const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
+    const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,
+    __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {
+  using RV = typename RawV<VT>::T;
+  constexpr int kVB = kGroupK * 8 * static_cast<int>(sizeof(VT));  // max value bytes of one strip-group
+  constexpr int kW = kTiles * 8 + kVB + 16;                          // one strip: bitmaps, values, slack
+  constexpr int kSlot = 2 * kW;                                      // one stage: a strip pair
+  extern __shared__ __align__(16) uint8_t smem[];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int S = (N + 7) >> 3;
+  const int G = (K + kGroupK - 1) / kGroupK;
+  const int pair = blockIdx.x * PB + warp / KS;
+  const int ks = warp % KS;
+  const int s0 = 2 * pair;
+  const bool active = s0 < S;
+  const bool has1 = s0 + 1 < S;
+  const int g0 = static_cast<int>((static_cast<long long>(G) * ks) / KS);
+  const int g1 = static_cast<int>((static_cast<long long>(G) * (ks + 1)) / KS);
+  const int ng = active ? g1 - g0 : 0;
+  const int gid = lane >> 2, t4 = lane & 3;
+
+  uint8_t* ring = smem + static_cast<size_t>(warp) * STAGES * kSlot;
+
+  // Offsets windows: lane j holds offsets[(s0 + h) * G + g0 + wbase + j] (h = 0: oa, h = 1: ob); the
+  // next window (wbase + 31) is loaded when this one becomes current.
+  const int* oap = offsets + static_cast<size_t>(active ? s0 : 0) * G + g0;
+  const int* obp = oap + G;
+  int wbase = 0, oa = 0, ob = 0, na = 0, nb = 0;
+  auto ldwin = [&](int base, int& a, int& b) {
+    const int j = base + lane;
+    a = (active && j <= ng) ? __ldg(oap + j) : 0;
+    b = (has1 && j <= ng) ? __ldg(obp + j) : 0;
+  };
+  ldwin(0, oa, ob);
+  if (ng > 31) ldwin(31, na, nb);
+
+  const uint8_t* bsrc = bitmaps + (static_cast<size_t>(active ? s0 + (has1 ? (lane >> 2) & 1 : 0) : 0) * G + g0) *
+                                      (kTiles * 8) + 16 * (lane & 3);
+  auto issue = [&](int j) {  // warp-uniform j
+    if (j < ng) {
+      if (j - wbase >= 31) {
+        oa = na; ob = nb; wbase += 31;
+        if (ng > wbase + 31) ldwin(wbase + 31, na, nb);
+      }
+      const int r = j - wbase;
+      const int a0 = __shfl_sync(0xffffffffu, oa, r), a1 = __shfl_sync(0xffffffffu, oa, r + 1);
+      const int b0 = __shfl_sync(0xffffffffu, ob, r), b1 = __shfl_sync(0xffffffffu, ob, r + 1);
+      uint8_t* slot = ring + (j % STAGES) * kSlot;
+      if (lane < 8)  // bitmaps: lanes 0-3 strip 0, lanes 4-7 strip 1 (zero-filled when absent)
+        cp_async16_zfill(slot + (lane >> 2) * kW + 16 * (lane & 3), bsrc + static_cast<size_t>(j) * (kTiles * 8),
+                         lane < 4 || has1);
+      const int ca = ((a1 - a0) * static_cast<int>(sizeof(VT))) >> 4;
+      const int cb = ((b1 - b0) * static_cast<int>(sizeof(VT))) >> 4;
+      const uint8_t* va = reinterpret_cast<const uint8_t*>(values + a0);
+      const uint8_t* vb = reinterpret_cast<const uint8_t*>(values + b0);
+      for (int c = lane; c < ca + cb; c += 32) {
+        const bool first = c < ca;
+        const int cc = first ? c : c - ca;
+        cp_async16(slot + (first ? 0 : kW) + kTiles * 8 + 16 * cc, (first ? va : vb) + 16 * cc);
+      }
+    }
+    cp_async_commit();
+  };
+
+  // X fragments (B operand): row gid (+8 for mb = 1), columns 16 kk + 2 t4 (+8) of the group.
+  const __half* xrow = X + static_cast<size_t>(gid) * K + 2 * t4;
+  const bool xr0 = gid < M, xr1 = gid + 8 < M;
+  auto ldx = [&](int j, uint32_t (&xf)[MB][8]) {
+    const int kb = (g0 + j) * kGroupK;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const int k = kb + 8 * q;  // this lane's column is k + 2 t4; K % 8 == 0
+      const bool ok = k < K;
+      xf[0][q] = (xr0 && ok) ? __ldg(reinterpret_cast<const unsigned int*>(xrow + k)) : 0u;
+      if (MB == 2)
+        xf[MB - 1][q] = (xr1 && ok) ? __ldg(reinterpret_cast<const unsigned int*>(xrow + 8 * static_cast<size_t>(K) + k)) : 0u;
+    }
+  };
+
+  DecLane dl;
+  dl.hmask = lane >= 16 ? 0xffffffffu : 0u;
+  dl.bitA = 1u << (2 * (lane & 15));
+  dl.bitB = dl.bitA << 1;
+  dl.below = dl.bitA - 1u;
+
+  float acc[MB][4];
+#pragma unroll
+  for (int b = 0; b < MB; ++b)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[b][r] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) issue(s);
+  uint32_t xf[MB][8], xn[MB][8];
+  if (ng > 0) ldx(0, xf);
+
+  for (int i = 0; i < ng; ++i) {
+    issue(i + STAGES - 1);
+    if (i + 1 < ng) ldx(i + 1, xn);
+    cp_async_wait<STAGES - 1>();
+    __syncwarp();
+    const uint8_t* w0 = ring + (i % STAGES) * kSlot;
+    const uint8_t* w1 = w0 + kW;
+    const RV* v0 = reinterpret_cast<const RV*>(w0 + kTiles * 8);
+    const RV* v1 = reinterpret_cast<const RV*>(w1 + kTiles * 8);
+    uint32_t ts0 = 0u, ts1 = 0u;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint4 m0 = lds128(w0 + 16 * kk);  // strip 0, tiles 2kk, 2kk+1
+      const uint4 m1 = lds128(w1 + 16 * kk);  // strip 1
+      uint32_t a[4];
+      a[0] = dec_tile(m0.x, m0.y, ts0, dl, v0);
+      a[1] = dec_tile(m1.x, m1.y, ts1, dl, v1);
+      a[2] = dec_tile(m0.z, m0.w, ts0, dl, v0);
+      a[3] = dec_tile(m1.z, m1.w, ts1, dl, v1);
+#pragma unroll
+      for (int b = 0; b < MB; ++b) mma16816(acc[b], a, xf[b][2 * kk], xf[b][2 * kk + 1]);
+    }
+#pragma unroll
+    for (int b = 0; b < MB; ++b)
+#pragma unroll
+      for (int q = 0; q < 8; ++q) xf[b][q] = xn[b][q];
+    __syncwarp();
+  }
+  cp_async_wait<0>();
+
+  float* red = reinterpret_cast<float*>(smem);
+  if (KS > 1) {
+    __syncthreads();
+#pragma unroll
+    for (int b = 0; b < MB; ++b)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) red[((warp * MB + b) * 4 + r) * 32 + lane] = acc[b][r];
+    __syncthreads();
+    if (ks != 0) return;
+    for (int o = 1; o < KS; ++o)
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[b][r] += red[(((warp + o) * MB + b) * 4 + r) * 32 + lane];
+  }
+  if (!active) return;
+  // D (m16 x n8): lane holds channels 8 s0 + gid (acc 0, 1) and 8 (s0 + 1) + gid (acc 2, 3), X rows
+  // 8 b + 2 t4 (acc 0, 2) and + 1 (acc 1, 3).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int n = 8 * (s0 + h) + gid;
+    if (n >= N) continue;
+    const float sc = scales[n];
+    const float bi = bias ? bias[n] : 0.f;
+#pragma unroll
+    for (int b = 0; b < MB; ++b) {
+      const int m = 8 * b + 2 * t4;
+      if (m < M) Y[static_cast<size_t>(m) * N + n] = __float2half_rn(acc[b][2 * h] * sc + bi);
+      if (m + 1 < M) Y[static_cast<size_t>(m + 1) * N + n] = __float2half_rn(acc[b][2 * h + 1] * sc + bi);
+    }
+  }
+}
+
 }  // namespace
 
 // extern "C" entry points: bitmap_linear_<x dtype>_<value dtype>_mt<MT>_s<STAGES>.
@@ -478,3 +698,24 @@ EDGESDK_BITMAP_GEMV(__half, f16, 4, 4)
 EDGESDK_BITMAP_GEMV(int8_t, i8, 1, 4)
 EDGESDK_BITMAP_GEMV(int8_t, i8, 2, 4)
 EDGESDK_BITMAP_GEMV(int8_t, i8, 4, 4)
+
+
+// Decode path v2 entry points: bitmap_dec_<value dtype>_mb<MB>_s<STAGES> (fp16 X and Y, M <= 8 MB,
+// K % 8 == 0). Launch: grid ceil(ceil(S / 2) / PB), block 32 PB KS (warp w: strip pair
+// blockIdx.x PB + w / KS, K split w % KS), dynamic smem = warps · STAGES · 2 · (64 + 512 · itemsize + 16).
+#define EDGESDK_BITMAP_DEC(VT, VN, MB, ST)                                                              \
+  extern "C" __global__ void __launch_bounds__(512, 1) bitmap_dec_##VN##_mb##MB##_s##ST(               \
+      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
+      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
+      __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
+    bitmap_dec_body<VT, MB, ST>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB);            \
+  }
+
+EDGESDK_BITMAP_DEC(__half, f16, 1, 4)
+EDGESDK_BITMAP_DEC(__half, f16, 2, 4)
+EDGESDK_BITMAP_DEC(__half, f16, 1, 6)
+EDGESDK_BITMAP_DEC(__half, f16, 2, 6)
+EDGESDK_BITMAP_DEC(int8_t, i8, 1, 6)
+EDGESDK_BITMAP_DEC(int8_t, i8, 2, 6)
+EDGESDK_BITMAP_DEC(int8_t, i8, 1, 8)
+EDGESDK_BITMAP_DEC(int8_t, i8, 2, 8)
