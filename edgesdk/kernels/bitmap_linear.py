@@ -54,6 +54,7 @@ DEC_TACTICS: dict[int, tuple[int, int, int]] = {
     46: (8, 1, 1), 47: (4, 2, 1), 48: (2, 4, 1),
 }
 _DEC_STAGES = {"float16": (4, 6), "int8": (8, 6)}
+_DEC_SCRATCH = 256  # bytes per warp: (bitmap word, value address) of 2 strips × 16 words
 _MAX_WARPS = 16
 _SMEM_LIMIT = 163 * 1024  # sm_87 (Orin) opt-in maximum per block; portable tactics
 _GEMV_STAGES = 4
@@ -150,7 +151,7 @@ def _dec_config(n, k, m, value_dtype, tactic, sm_count):
             if best is None or cost < best[0]:
                 best = (cost, ks_, pb_)
         _, ks, pb = best
-    slot = _dec_slot(value_dtype) * stages
+    slot = _dec_slot(value_dtype) * stages + _DEC_SCRATCH  # per warp: ring + scan scratch
     pb = max(1, min(pb, pairs, _SMEM_LIMIT // (slot * ks)))
     ks = max(1, min(ks, _SMEM_LIMIT // (slot * pb)))
     warps = pb * ks
