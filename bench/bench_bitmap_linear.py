@@ -33,7 +33,7 @@ SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096), (2048, 5632), (5632, 2048)
 MS = [1, 2, 4, 8, 16]
 SPARSITIES = [0.3, 0.5, 0.7]
 VDTYPES = ["float16", "int8"]
-GREEN_TACTICS = [1, 43]
+GREEN_TACTICS = [1]
 DECODE_TACTICS = [1, 40, 41, 44, 46, 22]  # heuristic, decode-path v2 configurations, best v1 configuration
 
 
