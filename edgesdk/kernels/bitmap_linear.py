@@ -1,27 +1,32 @@
 """Launcher for ``EdgeBitmapLinear`` (``plugins/bitmap_linear/bitmap_linear.cu``): the plugin launch API.
 
-Two kernel families (``docs/bitmap_linear.md``):
+Three kernel families (``docs/bitmap_linear.md``):
 
-* decode path ``bitmap_gemv_*`` (fp16 X, M ≤ 16, K % 8 == 0, X 16-byte aligned): each warp streams
-  X and the compressed groups of SPW strips through a private cp.async ring, reads X with ldmatrix
-  and decodes each 8×8 tile into an ``mma.sync.m16n8k16`` B fragment;
-* generic path ``bitmap_linear_*`` (fp32 X, odd K, any M): X read from global memory per fragment,
-  ``MT`` m16 blocks per warp (MT = 4 and grid.y over 64-row tiles for prefill sizes).
+* decode path ``bitmap_dec_*`` (fp16 X, M ≤ 16, K % 8 == 0, X 16-byte aligned; tactic 1 and 40–48):
+  weights as the mma A operand (two strips per m16 fragment), X as the B operand (M ≤ 8 or ≤ 16 rows,
+  never padded in memory); per warp a cp.async ring of compressed groups, a per-group warp scan of the
+  bitmap-word popcounts, and a branch-free tile decode (two shared loads and a byte permute);
+* decode path v1 ``bitmap_gemv_*`` (same conditions; tactics 20–31): X as the A operand, one strip per B
+  fragment, kept for comparison;
+* generic path ``bitmap_linear_*`` (fp32 X, odd K, any M; tactics 2–11): X read from global memory per
+  fragment, ``MT`` m16 blocks per warp (MT = 4 and grid.y over 64-row tiles for prefill sizes).
 
-Warps that share a strip split K (``KS``) and are reduced in shared memory: no workspace, no atomics,
-deterministic.
+Warps that share a strip (pair) split K (``KS``) and are reduced in shared memory: no workspace, no
+atomics, deterministic.
 
 Where dense wins (a build-time decision for the rewrite pass, not made here): measured on an H100
-(``bench/results/bitmap_linear.json``, 2026-11-22) this kernel runs at 0.42–1.02× of cuBLAS fp16 for
-M ≤ 16 at 30–70 % sparsity (median 0.68× fp16 values / 0.72× int8 values at 50 %): it is decode-bound,
-so dense is faster at every measured LLM shape; for prefill (M ≫ 16) decoding is repeated per 64-row
-tile of M and dense is faster still. Choose this op for its footprint (0.57× / 0.32× of dense fp16
-bytes at 50 %), not for speed, until the decode gets cheaper.
+(``bench/results/bitmap_linear.json``, 2026-11-22T05:25Z) the decode path runs at 0.49–1.44× of cuBLAS
+fp16 for M ≤ 16 at 30–70 % sparsity (median over the large LLM layers 0.88× for fp16 values and 0.87× for
+int8 values at 50 %); it beats cuBLAS only for M ≤ 4 on large layers. It is decode-bound (instructions
+per 8×8 tile and launch latency), not bandwidth-bound. For prefill (M ≫ 16) decoding is repeated per
+64-row tile of M and dense is faster still. Elsewhere choose this op for its footprint (0.57× / 0.32× of
+dense fp16 bytes at 50 %), or let tactic timing against a dense layer decide.
 
 Tactics (``valid_tactics``): 1 = heuristic (from M, N, K and the SM count of the current context);
-2–11 fix generic-path (strips per block, K splits, stages) configurations; 20–31 fix decode-path
-(strips per warp, strip blocks per block, K splits) configurations and act like tactic 1 where the
-decode path does not apply. Shared memory per block stays ≤ 163 KB (Orin's limit).
+2–11 fix generic-path (strips per block, K splits, stages) configurations; 20–31 fix v1 decode-path
+(strips per warp, strip blocks per block, K splits) configurations; 40–48 fix decode-path (K splits,
+strip pairs per block, stage set) configurations. Decode-path tactics act like tactic 1 where the decode
+path does not apply. Shared memory per block stays ≤ 163 KB (Orin's limit).
 """
 
 from __future__ import annotations
