@@ -33,7 +33,16 @@ SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096), (2048, 5632), (5632, 2048)
 MS = [1, 2, 4, 8, 16]
 SPARSITIES = [0.3, 0.5, 0.7]
 VDTYPES = ["float16", "int8"]
-GREEN_TACTICS = [1, 22]
+GREEN_TACTICS = [1]
+DECODE_TACTICS = [1, 40, 41, 44, 46, 22]  # heuristic, decode-path v2 configurations, best v1 configuration
+
+
+CHECK_M = 16  # rows of the sanity-check X
+
+
+def check_x(k: int) -> np.ndarray:
+    """The fp16 X of the output sanity check of every (K, ·) layer (deterministic)."""
+    return np.random.default_rng(k).uniform(-1, 1, (CHECK_M, k)).astype(np.float16)
 
 
 def _pack(job):
@@ -42,14 +51,16 @@ def _pack(job):
     w = rng.standard_normal((n, k), dtype=np.float32)
     w[rng.random((n, k), dtype=np.float32) < s] = 0
     p = fmt.BitmapLinearWeights.pack(w, vd)
-    return job, p.node_attributes(), p.to_tensors(), p.nbytes
+    # float64 reference of the sanity check, computed here (in parallel) from the packed bytes
+    ref = (check_x(k).astype(np.float64) @ p.raw_values().T) * p.scales.astype(np.float64)
+    return job, p.node_attributes(), p.to_tensors(), p.nbytes, ref
 
 
 def _pack_all(shapes, workers=12):
     jobs = [(k, n, s, vd, 1000 * i + int(s * 10)) for i, (k, n) in enumerate(shapes)
             for s in SPARSITIES for vd in VDTYPES]
     with ProcessPoolExecutor(workers) as ex:
-        return {j[:4]: (a, t, nb) for j, a, t, nb in ex.map(_pack, jobs)}
+        return {j[:4]: (a, t, nb, ref) for j, a, t, nb, ref in ex.map(_pack, jobs)}
 
 
 def _copies(nbytes: int, l2: int) -> int:
@@ -109,10 +120,10 @@ def bench(shapes, ms, packed, l2, tactics, green=None, check_outputs=True):
         dev = {}
         for s in SPARSITIES:
             for vd in VDTYPES:
-                attrs, tens, nb = packed[(k, n, s, vd)]
+                attrs, tens, nb, ref = packed[(k, n, s, vd)]
                 base = [torch.from_numpy(v).cuda() for v in tens.values()]
                 nc = _copies(nb, l2)
-                dev[(s, vd)] = (attrs, [base] + [[t.clone() for t in base] for _ in range(nc - 1)], nb)
+                dev[(s, vd)] = (attrs, [base] + [[t.clone() for t in base] for _ in range(nc - 1)], nb, ref)
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             y = torch.empty(m, n, device="cuda", dtype=torch.float16)
@@ -133,7 +144,7 @@ def bench(shapes, ms, packed, l2, tactics, green=None, check_outputs=True):
             rows.append({"K": k, "N": n, "M": m, "kernel": "cublas_fp16", "sparsity": 0.0, "tactic": "",
                          "us": t_dense, "bytes": dense_bytes + io, "GBps": (dense_bytes + io) / t_dense / 1e3,
                          "speedup": 1.0})
-            for (s, vd), (attrs, copies, nb) in dev.items():
+            for (s, vd), (attrs, copies, nb, ref) in dev.items():
                 nc = len(copies)
                 res = {}
                 for tac in tactics:
@@ -155,14 +166,16 @@ def bench(shapes, ms, packed, l2, tactics, green=None, check_outputs=True):
                         finally:
                             _cuda.check(cu.cuCtxSetCurrent(green[1]))
                 if check_outputs and green is None and m == ms[-1]:
-                    y.fill_(float("nan"))
-                    ours()
-                    torch.cuda.synchronize()
-                    w = fmt.BitmapLinearWeights.from_tensors(attrs, {k_: v.cpu().numpy() for k_, v in
-                                                                     zip(fmt.TENSOR_NAMES, copies[0])})
-                    ref = x.float().cpu().numpy().astype(np.float64) @ w.unpack().astype(np.float64).T
-                    err = np.abs(y.float().cpu().numpy() - ref).max() / max(np.abs(ref).max(), 1e-6)
-                    assert err < 2e-3, f"bench sanity check failed: rel err {err} for {k}x{n} {s} {vd}"
+                    # every timed tactic on the check X (M = 16, outputs poisoned) vs the float64 reference
+                    xc = torch.from_numpy(check_x(k)).cuda()
+                    yc = torch.empty(CHECK_M, n, device="cuda", dtype=torch.float16)
+                    for tac in tactics:
+                        yc.fill_(float("nan"))
+                        kbl.launch(attrs, "float16", CHECK_M, [xc.data_ptr(), *[t.data_ptr() for t in copies[0]]],
+                                   [yc.data_ptr()], torch.cuda.current_stream().cuda_stream, tac)
+                        torch.cuda.synchronize()
+                        err = np.abs(yc.double().cpu().numpy() - ref).max() / max(np.abs(ref).max(), 1e-6)
+                        assert err < 2e-3, f"bench sanity check failed: rel err {err} for {k}x{n} {s} {vd} tactic {tac}"
                 best = min(res, key=res.get)
                 for label, tac in (("default", 1), ("best", best)):
                     t = res[tac]
@@ -207,12 +220,34 @@ def published_rows(path: Path, rows: list[dict]) -> list[dict]:
     return out
 
 
+def published_rows_from_json(path: Path, rows: list[dict]) -> tuple[list[dict], dict]:
+    """Published-kernel rows of an earlier results JSON (its own timings, date and commit kept), with the
+    speed-ups recomputed against this run's cuBLAS and our best fp16 kernel at the same (K, N, M, s)."""
+    import json
+
+    old = json.loads(path.read_text())
+    out = []
+    for r in old["rows"]:
+        if r["kernel"] in ("cublas_fp16",) or r["kernel"].startswith("bitmap_"):
+            continue
+        key = (r["K"], r["N"], r["M"])
+        dense = [q["us"] for q in rows if q["kernel"] == "cublas_fp16" and (q["K"], q["N"], q["M"]) == key]
+        ours = [q["us"] for q in rows if q["kernel"] == "bitmap_float16_best" and (q["K"], q["N"], q["M"], q["sparsity"])
+                == (*key, r["sparsity"])]
+        out.append({**r, "speedup": dense[0] / r["us"] if dense else None,
+                    "ours_fp16_vs_published": r["us"] / ours[0] if ours else None,
+                    "measured": f"{old['meta']['date']} ({old['meta']['commit']})"})
+    return out, old["meta"]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="three shapes, M ∈ {1, 16}")
     ap.add_argument("--no-green", action="store_true", help="skip the 16-SM green context")
     ap.add_argument("--published", type=Path, help="CSV from an external published-kernel driver to merge")
-    ap.add_argument("--tactics", default="decode", help="'all', 'decode' or comma-separated tactic ids")
+    ap.add_argument("--published-json", type=Path,
+                    help="reuse the published-kernel rows of an earlier results JSON (their date/commit are kept)")
+    ap.add_argument("--tactics", default="decode", help="'all', 'decode' (DECODE_TACTICS) or comma-separated ids")
     args = ap.parse_args(argv)
     import torch
 
@@ -224,7 +259,7 @@ def main(argv=None):
     if args.tactics == "all":
         tactics = kbl.valid_tactics({"n": 1, "k": 1, "value_dtype": "float16"})
     elif args.tactics == "decode":  # heuristic and a spread of decode-path configurations
-        tactics = [1, 20, 22, 23, 26, 27]
+        tactics = DECODE_TACTICS
     else:
         tactics = [int(t) for t in args.tactics.split(",")]
     t0 = time.time()
@@ -251,6 +286,14 @@ def main(argv=None):
         info["published"] = ("Coruscant SpMM (github.com/dhjoo98/coruscant, built outside this repository for "
                              "sm_90), timed by a separate driver with the same method; its batch must be 1, 4, 8 "
                              "or 16 (padded to 16 columns in memory) and N a multiple of 256")
+    if args.published_json and args.published_json.exists():
+        pub, pmeta = published_rows_from_json(args.published_json, rows)
+        print_table(pub, cols + ["ours_fp16_vs_published"])
+        rows += pub
+        info["published"] = (pmeta.get("published", "") + f"; rows reused from the run of {pmeta['date']} "
+                             f"(commit {pmeta['commit']}, {pmeta['device']}), not re-timed in this run")
+        if "coruscant_sparsities" in pmeta:
+            info["coruscant_sparsities"] = pmeta["coruscant_sparsities"]
     write_results("bitmap_linear", rows, {**info, "summary": summ})
     if args.no_green:
         return 0

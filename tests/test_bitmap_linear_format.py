@@ -245,7 +245,11 @@ def test_launcher_config_is_valid_everywhere():
                             assert c["grid"][0] * c["spb"] * c.get("spw", 1) >= s
                             if c["name"].startswith("bitmap_gemv"):
                                 assert xd == "float16" and m <= 16 and k % 8 == 0 and c["grid"][1] == 1
-                                assert tac == 1 or tac in kbl.GEMV_TACTICS
+                                assert tac in kbl.GEMV_TACTICS
+                            elif c["name"].startswith("bitmap_dec"):
+                                assert xd == "float16" and m <= 16 and k % 8 == 0 and c["grid"][1] == 1
+                                assert tac == 1 or tac in kbl.DEC_TACTICS
+                                assert c["spw"] == 2 and c["name"].split("_mb")[1][0] == ("1" if m <= 8 else "2")
                             else:
                                 mt = int(c["name"].split("_mt")[1].split("_")[0])
                                 assert c["grid"][1] * 16 * mt >= m

@@ -1,27 +1,32 @@
 """Launcher for ``EdgeBitmapLinear`` (``plugins/bitmap_linear/bitmap_linear.cu``): the plugin launch API.
 
-Two kernel families (``docs/bitmap_linear.md``):
+Three kernel families (``docs/bitmap_linear.md``):
 
-* decode path ``bitmap_gemv_*`` (fp16 X, M ≤ 16, K % 8 == 0, X 16-byte aligned): each warp streams
-  X and the compressed groups of SPW strips through a private cp.async ring, reads X with ldmatrix
-  and decodes each 8×8 tile into an ``mma.sync.m16n8k16`` B fragment;
-* generic path ``bitmap_linear_*`` (fp32 X, odd K, any M): X read from global memory per fragment,
-  ``MT`` m16 blocks per warp (MT = 4 and grid.y over 64-row tiles for prefill sizes).
+* decode path ``bitmap_dec_*`` (fp16 X, M ≤ 16, K % 8 == 0, X 16-byte aligned; tactic 1 and 40–48):
+  weights as the mma A operand (two strips per m16 fragment), X as the B operand (M ≤ 8 or ≤ 16 rows,
+  never padded in memory); per warp a cp.async ring of compressed groups, a per-group warp scan of the
+  bitmap-word popcounts, and a branch-free tile decode (two shared loads and a byte permute);
+* decode path v1 ``bitmap_gemv_*`` (same conditions; tactics 20–31): X as the A operand, one strip per B
+  fragment, kept for comparison;
+* generic path ``bitmap_linear_*`` (fp32 X, odd K, any M; tactics 2–11): X read from global memory per
+  fragment, ``MT`` m16 blocks per warp (MT = 4 and grid.y over 64-row tiles for prefill sizes).
 
-Warps that share a strip split K (``KS``) and are reduced in shared memory: no workspace, no atomics,
-deterministic.
+Warps that share a strip (pair) split K (``KS``) and are reduced in shared memory: no workspace, no
+atomics, deterministic.
 
 Where dense wins (a build-time decision for the rewrite pass, not made here): measured on an H100
-(``bench/results/bitmap_linear.json``, 2026-11-22) this kernel runs at 0.42–1.02× of cuBLAS fp16 for
-M ≤ 16 at 30–70 % sparsity (median 0.68× fp16 values / 0.72× int8 values at 50 %): it is decode-bound,
-so dense is faster at every measured LLM shape; for prefill (M ≫ 16) decoding is repeated per 64-row
-tile of M and dense is faster still. Choose this op for its footprint (0.57× / 0.32× of dense fp16
-bytes at 50 %), not for speed, until the decode gets cheaper.
+(``bench/results/bitmap_linear.json``, 2026-11-22T05:25Z) the decode path runs at 0.49–1.44× of cuBLAS
+fp16 for M ≤ 16 at 30–70 % sparsity (median over the large LLM layers 0.88× for fp16 values and 0.87× for
+int8 values at 50 %); it beats cuBLAS only for M ≤ 4 on large layers. It is decode-bound (instructions
+per 8×8 tile and launch latency), not bandwidth-bound. For prefill (M ≫ 16) decoding is repeated per
+64-row tile of M and dense is faster still. Elsewhere choose this op for its footprint (0.57× / 0.32× of
+dense fp16 bytes at 50 %), or let tactic timing against a dense layer decide.
 
 Tactics (``valid_tactics``): 1 = heuristic (from M, N, K and the SM count of the current context);
-2–11 fix generic-path (strips per block, K splits, stages) configurations; 20–31 fix decode-path
-(strips per warp, strip blocks per block, K splits) configurations and act like tactic 1 where the
-decode path does not apply. Shared memory per block stays ≤ 163 KB (Orin's limit).
+2–11 fix generic-path (strips per block, K splits, stages) configurations; 20–31 fix v1 decode-path
+(strips per warp, strip blocks per block, K splits) configurations; 40–48 fix decode-path (K splits,
+strip pairs per block, stage set) configurations. Decode-path tactics act like tactic 1 where the decode
+path does not apply. Shared memory per block stays ≤ 163 KB (Orin's limit).
 """
 
 from __future__ import annotations
@@ -47,6 +52,14 @@ GEMV_TACTICS: dict[int, tuple[int, int, int]] = {
     20: (4, 1, 8), 21: (4, 2, 4), 22: (4, 1, 4), 23: (2, 1, 8), 24: (2, 2, 4), 25: (2, 1, 12),
     26: (1, 1, 16), 27: (1, 4, 4), 28: (4, 4, 2), 29: (2, 4, 2), 30: (4, 1, 2), 31: (1, 2, 8),
 }
+#: Decode path v2 (``bitmap_dec_*``) tactics → (K splits, strip pairs per block, stage set: 0 = default
+#: stages (fp16 values 4, int8 values 8), 1 = alternative (6 for both)).
+DEC_TACTICS: dict[int, tuple[int, int, int]] = {
+    40: (8, 1, 0), 41: (4, 2, 0), 42: (2, 4, 0), 43: (1, 8, 0), 44: (16, 1, 0), 45: (8, 2, 0),
+    46: (8, 1, 1), 47: (4, 2, 1), 48: (2, 4, 1),
+}
+_DEC_STAGES = {"float16": (4, 6), "int8": (8, 6)}
+_DEC_SCRATCH = 256  # bytes per warp: (bitmap word, value address) of 2 strips × 16 words
 _MAX_WARPS = 16
 _SMEM_LIMIT = 163 * 1024  # sm_87 (Orin) opt-in maximum per block; portable tactics
 _GEMV_STAGES = 4
@@ -64,7 +77,7 @@ def _attrs(attrs: dict) -> tuple[int, int, str, int]:
 def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
     """Tactic ids valid for any M (1 = heuristic, then the fixed configurations)."""
     _attrs(attrs)
-    return [1, *TACTICS, *GEMV_TACTICS]
+    return [1, *TACTICS, *GEMV_TACTICS, *DEC_TACTICS]
 
 
 def workspace_bytes(attrs: dict, m: int) -> int:
@@ -116,6 +129,43 @@ def _gemv_config(n, k, m, value_dtype, tactic, sm_count):
             "ks": ks, "spb": sbpb, "spw": spw}
 
 
+def _dec_slot(value_dtype: str) -> int:
+    """Bytes of one v2 pipeline stage: two strips × (bitmaps + max values + 16 B slack)."""
+    return 2 * (fmt.TILES_PER_GROUP * 8 + fmt.GROUP_K * fmt.STRIP * _V[value_dtype][1] + 16)
+
+
+def _dec_config(n, k, m, value_dtype, tactic, sm_count):
+    s, g = fmt.geometry(n, k)
+    pairs = -(-s // 2)
+    if tactic in DEC_TACTICS:
+        ks, pb, st = DEC_TACTICS[tactic]
+        stages = _DEC_STAGES[value_dtype][st]
+    else:
+        # Heuristic: one wave of ≤ 16 resident warps per SM (≤ 128 registers by __launch_bounds__,
+        # 2 blocks of 8 warps fit Orin's 164 KB of shared memory), K split as finely as needed to fill
+        # it; cost = waves × (groups per warp + ~3 groups of pipeline fill and reduction).
+        stages = _DEC_STAGES[value_dtype][0]
+        best = None
+        for ks_ in (1, 2, 4, 8, 16):
+            if ks_ > 1 and ks_ > g:
+                break
+            pb_ = max(1, min(8 // ks_, pairs))
+            warps = pb_ * ks_
+            waves = -(-(-(-pairs // pb_)) // (max(1, 16 // warps) * sm_count))
+            cost = waves * (-(-g // ks_) + 3)
+            if best is None or cost < best[0]:
+                best = (cost, ks_, pb_)
+        _, ks, pb = best
+    slot = _dec_slot(value_dtype) * stages + _DEC_SCRATCH  # per warp: ring + scan scratch
+    pb = max(1, min(pb, pairs, _SMEM_LIMIT // (slot * ks)))
+    ks = max(1, min(ks, _SMEM_LIMIT // (slot * pb)))
+    warps = pb * ks
+    mb = 1 if m <= 8 else 2
+    smem = max(warps * slot, warps * mb * 4 * 32 * 4)
+    return {"name": f"bitmap_dec_{_V[value_dtype][0]}_mb{mb}_s{stages}", "grid": (-(-pairs // pb), 1, 1),
+            "block": (32 * warps, 1, 1), "smem": smem, "ks": ks, "spb": pb, "spw": 2}
+
+
 def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int = 1,
            sm_count: int = 132, x_aligned: bool = True) -> dict:
     """Kernel name, grid, block and dynamic shared memory for one launch (pure function).
@@ -127,12 +177,14 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
     if x_dtype not in _X:
         raise EdgeSDKError(f"EdgeBitmapLinear: X dtype {x_dtype!r} is not supported",
                            "feed float16 or float32 activations")
-    if tactic != 1 and tactic not in TACTICS and tactic not in GEMV_TACTICS:
+    if tactic != 1 and tactic not in TACTICS and tactic not in GEMV_TACTICS and tactic not in DEC_TACTICS:
         raise EdgeSDKError(f"EdgeBitmapLinear: tactic {tactic} is not valid",
                            f"use one of {valid_tactics({'n': n, 'k': k, 'value_dtype': value_dtype})}")
     gemv_ok = x_dtype == "float16" and m <= 16 and k % 8 == 0 and x_aligned
-    if gemv_ok and tactic not in TACTICS:
+    if gemv_ok and tactic in GEMV_TACTICS:
         return _gemv_config(n, k, m, value_dtype, tactic, sm_count)
+    if gemv_ok and tactic not in TACTICS:
+        return _dec_config(n, k, m, value_dtype, tactic, sm_count)
     s, g = fmt.geometry(n, k)
     mt = 1 if m <= 16 else 2 if m <= 32 else 4
     gy = -(-m // (16 * mt))

@@ -251,6 +251,13 @@ __device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, boo
                "r"(valid ? 16 : 0));
 }
 
+__device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async16_zfill_s(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
 // Lane constants for decoding one 8×8 tile given as two 32-bit words.
 struct LaneBits {
   bool hi;         // this lane's bits live in the high word (lanes 16..31)
@@ -440,6 +447,261 @@ __device__ __forceinline__ void bitmap_gemv_body(
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Decode path v2 (fp16 X, M <= 16, K % 8 == 0, X 4-byte aligned): "swap AB". The weights are the
+// mma A operand (m16 = two strips, 16 output channels), X is the B operand (n8 = 8 rows of X; MB = 2
+// blocks of 8 rows for M <= 16), so one m16n8k16 consumes four decoded 8x8 tiles (vs two with X as A)
+// and M is never padded: B-fragment rows >= M are zero registers. A-fragment register r of lane l
+// holds bits 2l, 2l+1 of one tile (a0: strip 0 tile 2kk, a1: strip 1 tile 2kk, a2/a3: tile 2kk+1),
+// exactly the B-fragment decode of the v1 path.
+//
+// Latency, not issue rate, limited v1 (docs/bitmap_linear.md): per warp the next group's offsets
+// came from DRAM one group ahead (a dependent load on the critical path of every cp.async issue), and
+// short per-warp streams ran in 1.3-2 waves. Here each warp owns one strip pair and a K range; the
+// offsets of up to 31 groups of both strips are held in two lane registers (the next window is loaded
+// 31 groups ahead), so every issue is shfl + cp.async; the X fragments of group i+1 are loaded
+// (read-only path, L1/L2 resident) while group i decodes; tile starts are a short popc/add chain per
+// strip. The launcher sizes the grid to one wave of 8- or 16-warp blocks.
+// ---------------------------------------------------------------------------------------------
+// Non-volatile: pure functions of their operands, so the compiler may schedule them freely. The value
+// loads read bytes that a __syncwarp made visible; their addresses come from loads issued after that
+// __syncwarp, and their results feed the mma (volatile asm) that precedes the next cp.async into the
+// same slot, so program order is kept where it matters.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ void lds_u16x2(uint32_t addr, uint32_t& v0, uint32_t& v1) {
+  unsigned short a, b;
+  asm("ld.shared.u16 %0, [%2];\n\tld.shared.u16 %1, [%2+2];\n" : "=h"(a), "=h"(b) : "r"(addr));
+  v0 = a; v1 = b;
+}
+__device__ __forceinline__ void lds_u8x2(uint32_t addr, uint32_t& v0, uint32_t& v1) {
+  asm("ld.shared.u8 %0, [%2];\n\tld.shared.u8 %1, [%2+1];\n" : "=r"(v0), "=r"(v1) : "r"(addr));
+}
+
+// Lane's two values of one tile. w: the lane's 32-bit half of the tile bitmap; ea: shared address of
+// the first value of that half (tile start + popcount of the low half for lanes 16..31), prepared once
+// per group by a warp scan. Both candidate values are loaded unconditionally (an address past the
+// group's values stays inside the slot's 16-byte slack) and one byte permute, whose selector is looked
+// up (another byte permute) from the lane's two bitmap bits, places them or zeros: bits (1,1) ->
+// v0 | v1 << 16, (1,0) -> v0, (0,1) -> v0 << 16, (0,0) -> 0 (zero bytes: the loads zero-extend).
+__device__ __forceinline__ uint32_t dec_tile(uint32_t w, uint32_t ea, uint32_t below, uint32_t sh,
+                                             const unsigned short*) {
+  uint32_t v0, v1;
+  lds_u16x2(ea + 2u * __popc(w & below), v0, v1);
+  const uint32_t sel = prmt(0x22102222u, 0x54101022u, ((w >> sh) & 3u) * 0x22u + 0x10u);
+  return prmt(v0, v1, sel);
+}
+
+__device__ __forceinline__ uint32_t dec_tile(uint32_t w, uint32_t ea, uint32_t below, uint32_t sh,
+                                             const uint8_t*) {
+  uint32_t v0, v1;
+  lds_u8x2(ea + __popc(w & below), v0, v1);
+  const uint32_t sel = prmt(0x11101111u, 0x14101011u, ((w >> sh) & 3u) * 0x22u + 0x10u);
+  // raw int8 bytes (absent -> 0) in the low byte of each half; int8 v -> fp16 exactly: bits
+  // 0x6400 | (v ^ 0x80) is 1024 + v + 128; subtract 1152 per half.
+  const uint32_t bits = prmt(v0, v1, sel) ^ 0x64806480u;
+  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&bits),
+                            __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480)));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+template <typename VT, int MB, int STAGES>
+__device__ __forceinline__ void bitmap_dec_body(
+    const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
+    const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,
+    __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {
+  using RV = typename RawV<VT>::T;
+  constexpr int kVB = kGroupK * 8 * static_cast<int>(sizeof(VT));  // max value bytes of one strip-group
+  constexpr int kW = kTiles * 8 + kVB + 16;                          // one strip: bitmaps, values, slack
+  constexpr int kSlot = 2 * kW;                                      // one stage: a strip pair
+  extern __shared__ __align__(16) uint8_t smem[];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int S = (N + 7) >> 3;
+  const int G = (K + kGroupK - 1) / kGroupK;
+  const int pair = blockIdx.x * PB + warp / KS;
+  const int ks = warp % KS;
+  const int s0 = 2 * pair;
+  const bool active = s0 < S;
+  const bool has1 = s0 + 1 < S;
+  const int g0 = static_cast<int>((static_cast<long long>(G) * ks) / KS);
+  const int g1 = static_cast<int>((static_cast<long long>(G) * (ks + 1)) / KS);
+  const int ng = active ? g1 - g0 : 0;
+  const int gid = lane >> 2, t4 = lane & 3;
+
+
+  // Offsets windows: lane j holds offsets[(s0 + h) * G + g0 + wbase + j] (h = 0: oa, h = 1: ob); the
+  // next window (wbase + 31) is loaded when this one becomes current.
+  const int* oap = offsets + static_cast<size_t>(active ? s0 : 0) * G + g0;
+  const int* obp = oap + G;
+  int wbase = 0, oa = 0, ob = 0, na = 0, nb = 0;
+  auto ldwin = [&](int base, int& a, int& b) {
+    const int j = base + lane;
+    a = (active && j <= ng) ? __ldg(oap + j) : 0;
+    b = (has1 && j <= ng) ? __ldg(obp + j) : 0;
+  };
+  ldwin(0, oa, ob);
+  if (ng > 31) ldwin(31, na, nb);
+
+  const uint8_t* bsrc = bitmaps + (static_cast<size_t>(active ? s0 + (has1 ? (lane >> 2) & 1 : 0) : 0) * G + g0) *
+                                      (kTiles * 8) + 16 * (lane & 3);
+  const uint32_t sbase = smem_u32(smem);
+  const uint32_t sring = sbase + static_cast<uint32_t>(warp * STAGES) * kSlot;  // this warp's ring
+  const uint8_t* vbytes = reinterpret_cast<const uint8_t*>(values);
+  int islot = 0;  // stage slot of the next issue
+  auto issue = [&](int j) {  // warp-uniform j
+    if (j < ng) {
+      if (j - wbase >= 31) {
+        oa = na; ob = nb; wbase += 31;
+        if (ng > wbase + 31) ldwin(wbase + 31, na, nb);
+      }
+      const int r = j - wbase;
+      const int a0 = __shfl_sync(0xffffffffu, oa, r), a1 = __shfl_sync(0xffffffffu, oa, r + 1);
+      const int b0 = __shfl_sync(0xffffffffu, ob, r), b1 = __shfl_sync(0xffffffffu, ob, r + 1);
+      const uint32_t slot = sring + static_cast<uint32_t>(islot) * kSlot;
+      if (lane < 8)  // bitmaps: lanes 0-3 strip 0, lanes 4-7 strip 1 (zero-filled when absent)
+        cp_async16_zfill_s(slot + (lane >> 2) * kW + 16 * (lane & 3), bsrc + static_cast<size_t>(j) * (kTiles * 8),
+                           lane < 4 || has1);
+      // values: lane copies 16-byte chunks lane, lane + 32, ... of each strip (at most kVB / 512 each)
+      const int ca = ((a1 - a0) * static_cast<int>(sizeof(VT))) >> 4;
+      const int cb = ((b1 - b0) * static_cast<int>(sizeof(VT))) >> 4;
+      const uint8_t* va = vbytes + static_cast<uint32_t>(a0 * static_cast<int>(sizeof(VT)) + 16 * lane);
+      const uint8_t* vb = vbytes + static_cast<uint32_t>(b0 * static_cast<int>(sizeof(VT)) + 16 * lane);
+      const uint32_t da = slot + kTiles * 8 + 16 * lane;
+#pragma unroll
+      for (int q = 0; q < kVB / 512; ++q)
+        if (lane + 32 * q < ca) cp_async16_s(da + 512 * q, va + 512 * q);
+#pragma unroll
+      for (int q = 0; q < kVB / 512; ++q)
+        if (lane + 32 * q < cb) cp_async16_s(da + kW + 512 * q, vb + 512 * q);
+      islot = islot + 1 == STAGES ? 0 : islot + 1;
+    }
+    cp_async_commit();
+  };
+
+  // X fragments (B operand): row gid (+8 for mb = 1), columns 16 kk + 2 t4 (+8) of the group. Rows
+  // >= M are clamped to row M - 1: they only feed D columns >= M, which are never stored.
+  const unsigned int* xp0 = reinterpret_cast<const unsigned int*>(X + static_cast<size_t>(min(gid, M - 1)) * K + 2 * t4);
+  const unsigned int* xp1 = reinterpret_cast<const unsigned int*>(X + static_cast<size_t>(min(gid + 8, M - 1)) * K + 2 * t4);
+  auto ldx = [&](int j, uint32_t (&xf)[MB][8]) {
+    const int kb = (g0 + j) * kGroupK;  // in halves; 32-bit words: kb / 2
+    if (kb + kGroupK <= K) {  // warp-uniform: whole group inside K
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        xf[0][q] = __ldg(xp0 + kb / 2 + 4 * q);
+        if (MB == 2) xf[MB - 1][q] = __ldg(xp1 + kb / 2 + 4 * q);
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const bool ok = kb + 8 * q < K;  // this lane's column is kb + 8 q + 2 t4; K % 8 == 0
+        xf[0][q] = ok ? __ldg(xp0 + kb / 2 + 4 * q) : 0u;
+        if (MB == 2) xf[MB - 1][q] = ok ? __ldg(xp1 + kb / 2 + 4 * q) : 0u;
+      }
+    }
+  };
+
+  // Per-group scan: lane j owns bitmap word j & 15 of strip j >> 4; the exclusive prefix of the word
+  // popcounts gives the shared address of each word's first value. (word, address) pairs go to a
+  // per-warp scratch in [strip][half h][tile] order, so a lane of half h reads its words and addresses
+  // for two tiles with one 16-byte load.
+  const int wi = lane & 15, hs = lane >> 4;
+  const uint32_t scr = static_cast<uint32_t>(blockDim.x >> 5) * STAGES * kSlot + warp * 256;  // offsets
+  const uint32_t scr_st = scr + hs * 128 + (wi & 1) * 64 + (wi >> 1) * 8;
+  const uint32_t scr_ld = scr + (lane >= 16 ? 64 : 0);
+  const uint32_t sh = 2u * static_cast<uint32_t>(lane & 15);
+  const uint32_t below = (1u << sh) - 1u;
+
+  float acc[MB][4];
+#pragma unroll
+  for (int b = 0; b < MB; ++b)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[b][r] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) issue(s);
+  uint32_t xf[MB][8], xn[MB][8];
+  if (ng > 0) ldx(0, xf);
+  int cslot = 0;  // stage slot being consumed
+
+  for (int i = 0; i < ng; ++i) {
+    issue(i + STAGES - 1);
+    if (i + 1 < ng) ldx(i + 1, xn);
+    cp_async_wait<STAGES - 1>();
+    __syncwarp();
+    {
+      const uint32_t st = static_cast<uint32_t>(warp * STAGES + cslot) * kSlot + hs * kW;  // offset from smem
+      const uint32_t word = *reinterpret_cast<const uint32_t*>(smem + st + 4 * wi);
+      const uint32_t p = __popc(word);
+      uint32_t x = p;
+#pragma unroll
+      for (int d = 1; d < 16; d *= 2) {
+        const uint32_t y = __shfl_up_sync(0xffffffffu, x, d, 16);
+        if (wi >= d) x += y;
+      }
+      const uint32_t ea = sbase + st + kTiles * 8 + (x - p) * static_cast<uint32_t>(sizeof(VT));
+      *reinterpret_cast<uint2*>(smem + scr_st) = make_uint2(word, ea);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint4 m0 = *reinterpret_cast<const uint4*>(smem + scr_ld + 16 * kk);  // strip 0: (word, offset) of tiles 2kk, 2kk+1
+      const uint4 m1 = *reinterpret_cast<const uint4*>(smem + scr_ld + 128 + 16 * kk);  // strip 1
+      uint32_t a[4];
+      a[0] = dec_tile(m0.x, m0.y, below, sh, static_cast<const RV*>(nullptr));
+      a[1] = dec_tile(m1.x, m1.y, below, sh, static_cast<const RV*>(nullptr));
+      a[2] = dec_tile(m0.z, m0.w, below, sh, static_cast<const RV*>(nullptr));
+      a[3] = dec_tile(m1.z, m1.w, below, sh, static_cast<const RV*>(nullptr));
+#pragma unroll
+      for (int b = 0; b < MB; ++b) mma16816(acc[b], a, xf[b][2 * kk], xf[b][2 * kk + 1]);
+    }
+#pragma unroll
+    for (int b = 0; b < MB; ++b)
+#pragma unroll
+      for (int q = 0; q < 8; ++q) xf[b][q] = xn[b][q];
+    cslot = cslot + 1 == STAGES ? 0 : cslot + 1;
+    __syncwarp();
+  }
+  cp_async_wait<0>();
+
+  float* red = reinterpret_cast<float*>(smem);
+  if (KS > 1) {
+    __syncthreads();
+#pragma unroll
+    for (int b = 0; b < MB; ++b)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) red[((warp * MB + b) * 4 + r) * 32 + lane] = acc[b][r];
+    __syncthreads();
+    if (ks != 0) return;
+    for (int o = 1; o < KS; ++o)
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[b][r] += red[(((warp + o) * MB + b) * 4 + r) * 32 + lane];
+  }
+  if (!active) return;
+  // D (m16 x n8): lane holds channels 8 s0 + gid (acc 0, 1) and 8 (s0 + 1) + gid (acc 2, 3), X rows
+  // 8 b + 2 t4 (acc 0, 2) and + 1 (acc 1, 3).
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int n = 8 * (s0 + h) + gid;
+    if (n >= N) continue;
+    const float sc = scales[n];
+    const float bi = bias ? bias[n] : 0.f;
+#pragma unroll
+    for (int b = 0; b < MB; ++b) {
+      const int m = 8 * b + 2 * t4;
+      if (m < M) Y[static_cast<size_t>(m) * N + n] = __float2half_rn(acc[b][2 * h] * sc + bi);
+      if (m + 1 < M) Y[static_cast<size_t>(m + 1) * N + n] = __float2half_rn(acc[b][2 * h + 1] * sc + bi);
+    }
+  }
+}
+
 }  // namespace
 
 // extern "C" entry points: bitmap_linear_<x dtype>_<value dtype>_mt<MT>_s<STAGES>.
@@ -478,3 +740,24 @@ EDGESDK_BITMAP_GEMV(__half, f16, 4, 4)
 EDGESDK_BITMAP_GEMV(int8_t, i8, 1, 4)
 EDGESDK_BITMAP_GEMV(int8_t, i8, 2, 4)
 EDGESDK_BITMAP_GEMV(int8_t, i8, 4, 4)
+
+
+// Decode path v2 entry points: bitmap_dec_<value dtype>_mb<MB>_s<STAGES> (fp16 X and Y, M <= 8 MB,
+// K % 8 == 0). Launch: grid ceil(ceil(S / 2) / PB), block 32 PB KS (warp w: strip pair
+// blockIdx.x PB + w / KS, K split w % KS), dynamic smem = warps · STAGES · 2 · (64 + 512 · itemsize + 16).
+#define EDGESDK_BITMAP_DEC(VT, VN, MB, ST)                                                              \
+  extern "C" __global__ void __launch_bounds__(512, 1) bitmap_dec_##VN##_mb##MB##_s##ST(               \
+      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
+      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
+      __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
+    bitmap_dec_body<VT, MB, ST>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB);            \
+  }
+
+EDGESDK_BITMAP_DEC(__half, f16, 1, 4)
+EDGESDK_BITMAP_DEC(__half, f16, 2, 4)
+EDGESDK_BITMAP_DEC(__half, f16, 1, 6)
+EDGESDK_BITMAP_DEC(__half, f16, 2, 6)
+EDGESDK_BITMAP_DEC(int8_t, i8, 1, 6)
+EDGESDK_BITMAP_DEC(int8_t, i8, 2, 6)
+EDGESDK_BITMAP_DEC(int8_t, i8, 1, 8)
+EDGESDK_BITMAP_DEC(int8_t, i8, 2, 8)
