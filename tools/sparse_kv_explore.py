@@ -60,7 +60,7 @@ def run_shape(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
         torch.nn.functional.scaled_dot_product_attention(q4, kc[i], vc[i], enable_gqa=True)
     rec("sdpa", time_graph(sdpa, inner=inner, stream=st))
     ref = torch.nn.functional.scaled_dot_product_attention(q4, k, v, enable_gqa=True)[:, :, 0].float()
-    for tactic in ks.TACTICS:
+    for tactic in (ks.SPLIT_V1, ks.STREAM):
         ts0, _ = ks.plan_dense(d, hq, hkv, B, ctx, sms=sms, tactic=tactic)
         cap = ks.max_tokens_per_split(d, hq // hkv, 0, 0) if tactic == 0 else ks.MAX_TOKENS_PER_SPLIT2
         for ts in sorted({ts0, min(cap, 2 * ts0)}):
@@ -91,15 +91,14 @@ def run_shape(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
     cptr = [ks.CachePtrs(*(x.data_ptr() for x in c), lens.data_ptr()) for c in caches]
     inner_s = max(inner, n_sp)
     base = None
-    for tactic in ks.TACTICS:
+    for kname, tactic in [("v1", 0), ("attn2a", 1), ("attn2", 1), ("attn2", 2)]:
         ts0, _ = ks.plan_cache(cfg, B, ctx, sms=sms, tactic=tactic)
         cap = ks.max_tokens_per_split(d, hq // hkv, cfg.rk, cfg.rv) if tactic == 0 else ks.MAX_TOKENS_PER_SPLIT2
-        cands = {ts0, min(cap, 2 * ts0)} if tactic == 0 else {max(64, ts0 // 2 // 64 * 64), ts0, min(cap, 2 * ts0),
-                                                             min(cap, 4 * ts0)}
-        for ts in sorted(cands):
+        for ts in sorted({ts0, min(cap, 2 * ts0)}):
             _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts, tactic=tactic)
             ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
             it = iter(range(1 << 30))
+            ks._ATTN2 = "sparse_kv_" + kname
 
             def fn(ts=ts, ws=ws, tactic=tactic):
                 ks.decode_attention(cfg, B, ctx, q.data_ptr(), cptr[next(it) % n_sp], out.data_ptr(), ws.data_ptr(),
@@ -108,14 +107,15 @@ def run_shape(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
             o = out.float().clone()
             if base is None:
                 base = o
-            rec(f"sparse{s} t{tactic} ts{ts}", us, ns=ns, diff_vs_t0=(o - base).abs().max().item())
+            rec(f"sparse{s} {kname} t{tactic} ts{ts}", us, ns=ns, diff_vs_t0=(o - base).abs().max().item())
+    ks._ATTN2 = "sparse_kv_attn2"
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="sparse_kv_explore.json")
     ap.add_argument("--sparsity", type=float, default=0.7)
-    ap.add_argument("--shapes", default="llama:1:4096,smollm:1:4096,llama:4:16384,llama:16:32768")
+    ap.add_argument("--shapes", default="llama:1:4096,smollm:1:4096,llama:4:16384,llama:16:32768,smollm:16:32768")
     a = ap.parse_args()
     torch.cuda.init()
     _cuda.init()

@@ -106,7 +106,7 @@ MAX_TOKENS_PER_SPLIT2 = 8192
 
 
 def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, batch: int, max_len: int,
-         sms: int | None = None, tokens_per_split: int | None = None, tactic: int = STREAM_FUSED) -> tuple[int, int]:
+         sms: int | None = None, tokens_per_split: int | None = None, tactic: int = STREAM) -> tuple[int, int]:
     """(tokens per split, number of splits) for ``max_len`` tokens. ``rk``/``rv``: record bytes (0 for a
     dense cache).
 
@@ -131,14 +131,14 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
 
 
 def plan_cache(cfg: SparseKVConfig, batch: int, max_len: int, sms: int | None = None,
-               tokens_per_split: int | None = None, tactic: int = STREAM_FUSED) -> tuple[int, int]:
+               tokens_per_split: int | None = None, tactic: int = STREAM) -> tuple[int, int]:
     """:func:`plan` for a sparse cache (what :func:`decode_attention` uses)."""
     return plan(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, cfg.rk, cfg.rv, batch, max_len, sms,
                 tokens_per_split, tactic)
 
 
 def plan_dense(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: int, max_len: int, sms: int | None = None,
-               tokens_per_split: int | None = None, tactic: int = STREAM_FUSED) -> tuple[int, int]:
+               tokens_per_split: int | None = None, tactic: int = SPLIT_V1) -> tuple[int, int]:
     """:func:`plan` for a dense cache (what :func:`dense_decode_attention` uses)."""
     return plan(head_dim, num_q_heads, num_kv_heads, 0, 0, batch, max_len, sms, tokens_per_split, tactic)
 
@@ -207,6 +207,9 @@ def append(cfg: SparseKVConfig, batch: int, k_new: int, v_new: int, cache: Cache
              [_p(k_new), _p(v_new), *_cache_args(cfg, cache)], stream)
 
 
+_ATTN2 = "sparse_kv_attn2"  # kernel family of tactics 1, 2
+
+
 def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: int, out: int, workspace: int,
                stream: int, tensors: list, geometry: list, rk: int, rv: int, scale: float | None, sms: int | None,
                tokens_per_split: int | None, tactic: int) -> None:
@@ -220,7 +223,7 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
                   [_p(q), _p(parts), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale)],
                   stream, smem_bytes(head_dim, g, ts, rk, rv))
     else:
-        ka = _kernel(f"sparse_kv_attn2_d{head_dim}_g{gqa_pad(g)}", max_smem_carveout=True)
+        ka = _kernel(f"{_ATTN2}_d{head_dim}_g{gqa_pad(g)}", max_smem_carveout=True)
         ka.launch((ns, hkv, batch), (THREADS2,),
                   [_p(q), _p(workspace), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale),
                    _p(out), _i(tactic == STREAM_FUSED)],
@@ -233,7 +236,7 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
 
 def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cache: CachePtrs, out: int,
                      workspace: int, stream: int, scale: float | None = None, sms: int | None = None,
-                     tokens_per_split: int | None = None, tactic: int = STREAM_FUSED) -> None:
+                     tokens_per_split: int | None = None, tactic: int = STREAM) -> None:
     """``out[b, i] = softmax(q[b, i] · Kᵀ · scale) · V`` over the ``lens[b]`` cached tokens of sequence b.
 
     Args:
@@ -250,7 +253,7 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
         scale (float | None): Score scale, default ``1 / sqrt(d)``.
         sms (int | None): SM count for the split heuristic (default: the device's).
         tokens_per_split (int | None): Force the split size (multiple of 64).
-        tactic (int): :data:`SPLIT_V1`, :data:`STREAM` or :data:`STREAM_FUSED` (default).
+        tactic (int): :data:`SPLIT_V1`, :data:`STREAM` (default) or :data:`STREAM_FUSED`.
     """
     if not 1 <= max_len <= cfg.capacity or batch < 1:
         raise EdgeSDKError(f"sparse_kv decode_attention: max_len={max_len}, batch={batch}",
@@ -265,7 +268,7 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
 def dense_decode_attention(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: int, capacity: int,
                            max_len: int, q: int, k: int, v: int, lens: int, out: int, workspace: int,
                            stream: int, scale: float | None = None, sms: int | None = None,
-                           tokens_per_split: int | None = None, tactic: int = STREAM_FUSED) -> None:
+                           tokens_per_split: int | None = None, tactic: int = SPLIT_V1) -> None:
     """Dense fp16 baseline on the same split kernels: ``k``/``v`` fp16 ``[B, Hkv, capacity, d]``."""
     gqa_pad(num_q_heads // num_kv_heads)
     if head_dim not in (64, 128) or not 1 <= max_len <= capacity:

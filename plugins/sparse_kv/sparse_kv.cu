@@ -10,8 +10,11 @@
 // Per-token pruning keeps exactly `keep` channels per token (largest |x|, ties to the lower channel),
 // so every record has the same size: no offsets, O(1) append, random access for the token split.
 //
-// Kernels (Ampere instructions only: mma.sync, ldmatrix, redux.sync, popc; sm_87 and sm_90):
-//   sparse_kv_attn_d{D}_g{GP}   grid (NS, Hkv, B), 256 threads. One block = one (b, h) and TS tokens.
+// Kernels (Ampere instructions only: mma.sync, ldmatrix, movmatrix, cp.async, redux.sync, popc; sm_87, sm_90):
+//   sparse_kv_attn2_d{D}_g{GP}  tactics 1, 2 (default): grid (NS, Hkv, B), 128 threads, warp-streaming
+//       flash attention; see attn2_split. Tactic 2 also merges the splits (last block per (b, h)).
+//   sparse_kv_attn_d{D}_g{GP}   tactic 0 (and the dense baseline): grid (NS, Hkv, B), 256 threads. One
+//       block = one (b, h) and TS tokens.
 //       K: one thread per token, a sparse dot product over the record's set bits (GP query heads of
 //          the GQA group at once), scores in shared memory; block max/sum (fp32, exp2).
 //       V: each warp takes 16-token tiles, decompresses records (2 lanes per token) into a dense
@@ -378,8 +381,6 @@ constexpr int kW2 = 4;           // warps per block
 constexpr int kThreads2 = 32 * kW2;
 constexpr int kStages = 3;       // cp.async pipeline depth per warp
 
-__device__ __forceinline__ void cp_async8_cg(void* dst, const void* src) { cp_async8(dst, src); }
-
 __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -393,26 +394,59 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   return y;
 }
 
-// Scatter one compressed record into a dense fp16 row (zeros elsewhere).
+// Channels of set bits in descending order: one FLO per bit (31 - clz), where ffs costs BREV + FLO
+// (both on the quarter-rate pipe). Call next() at most popcount times.
+template <int NW>
+struct BitIterDesc {
+  uint32_t cur, n1, n2, n3;
+  int base;
+  __device__ __forceinline__ void init(const uint32_t* w) {
+    cur = w[NW - 1];
+    n1 = NW > 1 ? w[NW > 1 ? NW - 2 : 0] : 0u;
+    n2 = NW > 2 ? w[NW > 2 ? NW - 3 : 0] : 0u;
+    n3 = NW > 3 ? w[NW > 3 ? NW - 4 : 0] : 0u;
+    base = 32 * (NW - 1);
+  }
+  __device__ __forceinline__ int next() {
+    while (cur == 0u) {
+      cur = n1;
+      if constexpr (NW > 2) { n1 = n2; n2 = n3; n3 = 0u; }
+      base -= 32;
+    }
+    const int c = 31 - __clz(cur);
+    cur ^= 1u << c;
+    return base + c;
+  }
+};
+
+// Scatter one compressed record into a dense fp16 row (zeros elsewhere), highest channel first.
 template <int D>
-__device__ __forceinline__ void decode_row(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row) {
+__device__ __forceinline__ void decode_row_desc(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row) {
   uint4* row4 = reinterpret_cast<uint4*>(row);
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
-  BitIter<D / 32> it;
+  BitIterDesc<D / 32> it;
   it.init(reinterpret_cast<const uint32_t*>(rec));
   const uint2* vals = reinterpret_cast<const uint2*>(rec + D / 8);
-  for (int j = 0; j < keep; j += 4) {
+  int j = (keep - 1) & ~3;  // first value of the top (possibly partial) group of 4
+  {
     const uint2 raw = vals[j >> 2];
-    const __half h0 = __ushort_as_half(static_cast<unsigned short>(raw.x & 0xffffu));
-    const __half h1 = __ushort_as_half(static_cast<unsigned short>(raw.x >> 16));
-    const __half h2 = __ushort_as_half(static_cast<unsigned short>(raw.y & 0xffffu));
-    const __half h3 = __ushort_as_half(static_cast<unsigned short>(raw.y >> 16));
-    row[it.next()] = h0;
-    if (j + 1 < keep) row[it.next()] = h1;
-    if (j + 2 < keep) row[it.next()] = h2;
-    if (j + 3 < keep) row[it.next()] = h3;
+    if (j + 3 < keep) row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.y >> 16));
+    if (j + 2 < keep) row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.y & 0xffffu));
+    if (j + 1 < keep) row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.x >> 16));
+    row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.x & 0xffffu));
   }
+  for (j -= 4; j >= 0; j -= 4) {
+    const uint2 raw = vals[j >> 2];
+    row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.y >> 16));
+    row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.y & 0xffffu));
+    row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.x >> 16));
+    row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.x & 0xffffu));
+  }
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
 }
 
 // Bytes of one warp's region: K and V tiles [16][D + 8] fp16, then kStages record stages.
@@ -463,8 +497,8 @@ __device__ __forceinline__ void attn2_split(
       uint8_t* dst = stages + (i % kStages) * sb;
       const uint8_t* ks = k_rec + (bh * cap + tb) * static_cast<size_t>(rk);
       const uint8_t* vs = v_rec + (bh * cap + tb) * static_cast<size_t>(rv);
-      for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8_cg(dst + 8 * e, ks + 8 * e);
-      for (int e = lane; e < nrec * rv / 8; e += 32) cp_async8_cg(dst + kbytes + 8 * e, vs + 8 * e);
+      for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8(dst + 8 * e, ks + 8 * e);
+      for (int e = lane; e < nrec * rv / 8; e += 32) cp_async8(dst + kbytes + 8 * e, vs + 8 * e);
     }
     cp_async_commit();
   };
@@ -506,17 +540,19 @@ __device__ __forceinline__ void attn2_split(
     {
       const int t = tb + dr;
       if (t < ncomp_end) {
-        decode_row<D>(stages + (i % kStages) * sb + doff, dkeep, drow);
-      } else {
-        const uint4* src = reinterpret_cast<const uint4*>(dring + static_cast<size_t>(t % C) * D);
-        uint4* row4 = reinterpret_cast<uint4*>(drow);
-        if (t < t_end) {
-#pragma unroll 2
-          for (int e = 0; e < D / 8; ++e) row4[e] = src[e];
-        } else {
+        decode_row_desc<D>(stages + (i % kStages) * sb + doff, dkeep, drow);
+      } else if (t < t_end) {  // dense window row: all of it in flight at once
+        const __half* src = dring + static_cast<size_t>(t % C) * D;
 #pragma unroll
-          for (int e = 0; e < D / 8; ++e) row4[e] = make_uint4(0u, 0u, 0u, 0u);
-        }
+        for (int e = 0; e < D / 8; ++e) cp_async16(drow + 8 * e, src + 8 * e);
+      } else {
+        uint4* row4 = reinterpret_cast<uint4*>(drow);
+#pragma unroll
+        for (int e = 0; e < D / 8; ++e) row4[e] = make_uint4(0u, 0u, 0u, 0u);
+      }
+      if (tb + 16 > ncomp_end) {  // warp-uniform: this tile has window rows (or padding)
+        cp_async_commit();
+        cp_async_wait<0>();
       }
     }
     __syncwarp();
