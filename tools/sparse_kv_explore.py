@@ -60,7 +60,7 @@ def run_shape(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
         torch.nn.functional.scaled_dot_product_attention(q4, kc[i], vc[i], enable_gqa=True)
     rec("sdpa", time_graph(sdpa, inner=inner, stream=st))
     ref = torch.nn.functional.scaled_dot_product_attention(q4, k, v, enable_gqa=True)[:, :, 0].float()
-    for tactic in (ks.SPLIT_V1, ks.STREAM):
+    for tactic in (ks.SPLIT_V1,):
         ts0, _ = ks.plan_dense(d, hq, hkv, B, ctx, sms=sms, tactic=tactic)
         cap = ks.max_tokens_per_split(d, hq // hkv, 0, 0) if tactic == 0 else ks.MAX_TOKENS_PER_SPLIT2
         for ts in sorted({ts0, min(cap, 2 * ts0)}):
@@ -91,7 +91,7 @@ def run_shape(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
     cptr = [ks.CachePtrs(*(x.data_ptr() for x in c), lens.data_ptr()) for c in caches]
     inner_s = max(inner, n_sp)
     base = None
-    for kname, tactic in [("v1", 0), ("attn2a", 1), ("attn2", 1), ("attn2", 2)]:
+    for kname, tactic in [("v1", 0), ("attn2", 1), ("attn2", 2)]:
         ts0, _ = ks.plan_cache(cfg, B, ctx, sms=sms, tactic=tactic)
         cap = ks.max_tokens_per_split(d, hq // hkv, cfg.rk, cfg.rv) if tactic == 0 else ks.MAX_TOKENS_PER_SPLIT2
         for ts in sorted({ts0, min(cap, 2 * ts0)}):
