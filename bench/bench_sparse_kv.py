@@ -272,17 +272,20 @@ def main():
     models = dict(list(MODELS.items())[:1]) if a.quick else MODELS
     rows: list[dict] = []
     t0 = time.time()
+    info = meta({"green_sms": timers[1].sms if len(timers) > 1 else None, "rotate_bytes": ROTATE_BYTES,
+                 "note": "us per decode-attention call (attention + split merge); best of 2 split sizes for "
+                         "our kernels (sparse: and of tactics 0/1/2, tN_* per tactic); compress = one append "
+                         "that compresses a 32-token group"})
+    name = "sparse_kv" + ("_quick" if a.quick else "")
     for model, (hq, hkv, d) in models.items():
         for B in ((1, 4) if a.quick else BATCHES):
             for ctx in ((1024, 16384) if a.quick else CONTEXTS):
                 bench_shape(timers, model, hq, hkv, d, B, ctx, rows, a.quick)
                 print(f"{model} B={B} ctx={ctx} done at {time.time() - t0:.0f} s", flush=True)
+                write_results(name, rows, dict(info, partial=True))  # a cut-short run still leaves its rows
                 torch.cuda.empty_cache()
-    info = meta({"green_sms": timers[1].sms if len(timers) > 1 else None, "rotate_bytes": ROTATE_BYTES,
-                 "note": "us per decode-attention call (attention + split merge); best of 2 split sizes for "
-                         "our kernels (sparse: and of tactics 0/1/2, tN_* per tactic); compress = one append "
-                         "that compresses a 32-token group"})
-    path = write_results("sparse_kv" + ("_quick" if a.quick else ""), rows, info)
+    info["seconds"] = round(time.time() - t0, 1)
+    path = write_results(name, rows, info)
     print_table(rows, ["model", "batch", "context", "variant", "full", "vs_best_dense_full", "tactic_full", "green16",
                        "vs_best_dense_green16", "tactic_green16", "kv_ratio", "compress_vs_dense_full"])
     print(f"wrote {path}")
