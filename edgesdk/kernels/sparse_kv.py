@@ -11,8 +11,12 @@ step can be captured in a CUDA graph. Cache arrays (:class:`CachePtrs`) are laid
   ``group`` tokens when it reaches ``window + group``. Update ``lens`` (+1) *before* calling.
 - :func:`decode_attention` — one query per sequence ``[B, Hq, d]`` fp16 → ``out [B, Hq, d]`` fp16,
   split over tokens (flash-decoding) into a caller-preallocated workspace
-  (:func:`workspace_bytes`), then merged.
-- :func:`dense_decode_attention` — the same kernels on a plain dense fp16 cache (the dense baseline).
+  (:func:`workspace_bytes`), then merged. Tactics: :data:`STREAM` (default; warp-streaming flash
+  attention with K and V decompressed into tensor-core tiles), :data:`STREAM_FUSED` (the same, merge in
+  the last block; zero the workspace counters once with :func:`init_workspace`), :data:`SPLIT_V1` (the
+  first kernel; fastest at batch 1 of small GQA groups). Measured per shape in ``docs/sparse_kv.md``.
+- :func:`dense_decode_attention` — the same kernels on a plain dense fp16 cache (the dense baseline,
+  tactic :data:`SPLIT_V1` by default).
 """
 
 from __future__ import annotations
