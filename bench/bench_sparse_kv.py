@@ -3,9 +3,9 @@
 
 Shapes (issue 7): Llama-3.2-1B-like (32 q, 8 kv, d 64) and SmolLM2-135M-like (9 q, 3 kv, d 64), batch
 1/4/16, context 1k/4k/16k/32k, sparsity 0.5/0.7 (K and V). Side by side in one run: torch
-``scaled_dot_product_attention`` (fp16, GQA), our dense split-K decode kernel (same split machinery,
-plain fp16 cache), and the sparse kernel. Each of our kernels is timed at two split sizes (the
-heuristic and twice it) and the faster is kept, the same for dense and sparse. Caches are replicated
+``scaled_dot_product_attention`` (fp16, GQA), our dense split-K decode kernel (tactic 0 on a plain fp16
+cache), and the sparse kernel. Each of our kernels is timed at two split sizes (the heuristic and
+twice it), the sparse one for every tactic (``t0_full``… per tactic); the fastest is kept. Caches are replicated
 and rotated so every call reads beyond L2. Compression: one ``append`` call that compresses a group of
 32 tokens (all heads, all sequences) and writes the new token.
 
@@ -186,20 +186,24 @@ def bench_shape(timers, model, hq, hkv, d, B, ctx, rows, quick):
         row["kv_ratio_allocated"] = (sum(x.numel() for x in caches[0]) * 1.0) / (2 * B * hkv * ctx * d * 2)
         for t in timers:
             tag = "green16" if t.green else "full"
-            ts0, _ = ks.plan_cache(cfg, B, ctx, sms=t.sms)
             best = None
-            for ts in sorted({ts0, min(ks.max_tokens_per_split(d, G, cfg.rk, cfg.rv), 2 * ts0)}):
-                _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts)
-                ws = torch.empty(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
+            for tactic in ks.TACTICS:
+                ts0, _ = ks.plan_cache(cfg, B, ctx, sms=t.sms, tactic=tactic)
+                cap = (ks.max_tokens_per_split(d, G, cfg.rk, cfg.rv) if tactic == ks.SPLIT_V1
+                       else ks.MAX_TOKENS_PER_SPLIT2)
+                for ts in sorted({ts0, min(cap, 2 * ts0)}):
+                    _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts, tactic=tactic)
+                    ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")  # counters zeroed
 
-                def sparse(i, stream, ts=ts, ws=ws):
-                    ks.decode_attention(cfg, B, ctx, q.data_ptr(), cptr[i], out.data_ptr(), ws.data_ptr(), stream,
-                                        tokens_per_split=ts)
+                    def sparse(i, stream, ts=ts, ws=ws, tactic=tactic):
+                        ks.decode_attention(cfg, B, ctx, q.data_ptr(), cptr[i], out.data_ptr(), ws.data_ptr(), stream,
+                                            tokens_per_split=ts, tactic=tactic)
 
-                us = t.ours(sparse, n_sp, max(inner, n_sp))
-                if best is None or us < best[0]:
-                    best = (us, ts)
-            row[tag], row["ts_" + tag] = best
+                    us = t.ours(sparse, n_sp, max(inner, n_sp))
+                    row[f"t{tactic}_{tag}"] = min(us, row.get(f"t{tactic}_{tag}", math.inf))
+                    if best is None or us < best[0]:
+                        best = (us, ts, tactic)
+            row[tag], row["ts_" + tag], row["tactic_" + tag] = best
             # Compression of one group: lens chosen so that this append compresses 32 tokens.
             L = cfg.window + cfg.group * ((ctx - cfg.window) // cfg.group)
             lens_c = torch.full((B,), L, dtype=torch.int32, device="cuda")
@@ -268,18 +272,22 @@ def main():
     models = dict(list(MODELS.items())[:1]) if a.quick else MODELS
     rows: list[dict] = []
     t0 = time.time()
+    info = meta({"green_sms": timers[1].sms if len(timers) > 1 else None, "rotate_bytes": ROTATE_BYTES,
+                 "note": "us per decode-attention call (attention + split merge); best of 2 split sizes for "
+                         "our kernels (sparse: and of tactics 0/1/2, tN_* per tactic); compress = one append "
+                         "that compresses a 32-token group"})
+    name = "sparse_kv" + ("_quick" if a.quick else "")
     for model, (hq, hkv, d) in models.items():
         for B in ((1, 4) if a.quick else BATCHES):
             for ctx in ((1024, 16384) if a.quick else CONTEXTS):
                 bench_shape(timers, model, hq, hkv, d, B, ctx, rows, a.quick)
                 print(f"{model} B={B} ctx={ctx} done at {time.time() - t0:.0f} s", flush=True)
+                write_results(name, rows, dict(info, partial=True))  # a cut-short run still leaves its rows
                 torch.cuda.empty_cache()
-    info = meta({"green_sms": timers[1].sms if len(timers) > 1 else None, "rotate_bytes": ROTATE_BYTES,
-                 "note": "us per decode-attention call (attention + split merge); best of 2 split sizes for "
-                         "our kernels; compress = one append that compresses a 32-token group"})
-    path = write_results("sparse_kv" + ("_quick" if a.quick else ""), rows, info)
-    print_table(rows, ["model", "batch", "context", "variant", "full", "vs_best_dense_full", "green16",
-                       "vs_best_dense_green16", "kv_ratio", "compress_vs_dense_full"])
+    info["seconds"] = round(time.time() - t0, 1)
+    path = write_results(name, rows, info)
+    print_table(rows, ["model", "batch", "context", "variant", "full", "vs_best_dense_full", "tactic_full", "green16",
+                       "vs_best_dense_green16", "tactic_green16", "kv_ratio", "compress_vs_dense_full"])
     print(f"wrote {path}")
 
 

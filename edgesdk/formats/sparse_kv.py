@@ -20,9 +20,9 @@ word ``c // 64`` is set iff channel ``c`` is kept; exactly ``keep`` bits are set
 Layout choice (vs the paper's K tiles along tokens of one channel): per-token pruning makes every
 record the same size, so there is no per-tile offset array (MUSTAFAR's offsets + padding cost it ~15 %
 of dense), a record is found by ``token · R`` (the attention kernel splits tokens across blocks with
-no index), and appending a group of tokens is writing ``A`` records. K is then a sparse dot product per
-token (one thread per token walks the set bits, all query heads of the GQA group at once) and V is
-decompressed per 16-token tile into tensor-core fragments. Bytes per token and head at d = 64:
+no index), and appending a group of tokens is writing ``A`` records. The attention kernels decompress
+one record per lane (K and V into 16-token tensor-core tiles; the older tactic 0 computes K as a sparse
+dot product per token). Bytes per token and head at d = 64:
 70 % → 48 (0.375 of dense fp16), 50 % → 72 (0.5625), 0 % → 136 (1.0625).
 
 Cache of one sequence after ``L`` tokens (per KV head, for K and V alike)

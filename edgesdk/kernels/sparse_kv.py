@@ -11,8 +11,12 @@ step can be captured in a CUDA graph. Cache arrays (:class:`CachePtrs`) are laid
   ``group`` tokens when it reaches ``window + group``. Update ``lens`` (+1) *before* calling.
 - :func:`decode_attention` — one query per sequence ``[B, Hq, d]`` fp16 → ``out [B, Hq, d]`` fp16,
   split over tokens (flash-decoding) into a caller-preallocated workspace
-  (:func:`workspace_bytes`), then merged.
-- :func:`dense_decode_attention` — the same kernels on a plain dense fp16 cache (the dense baseline).
+  (:func:`workspace_bytes`), then merged. Tactics: :data:`STREAM` (default; warp-streaming flash
+  attention with K and V decompressed into tensor-core tiles), :data:`STREAM_FUSED` (the same, merge in
+  the last block; zero the workspace counters once with :func:`init_workspace`), :data:`SPLIT_V1` (the
+  first kernel; fastest at batch 1 of small GQA groups). Measured per shape in ``docs/sparse_kv.md``.
+- :func:`dense_decode_attention` — the same kernels on a plain dense fp16 cache (the dense baseline,
+  tactic :data:`SPLIT_V1` by default).
 """
 
 from __future__ import annotations
@@ -26,8 +30,19 @@ from edgesdk.formats.sparse_kv import SparseKVConfig
 from edgesdk.kernels import _cuda
 
 SOURCE = "sparse_kv/sparse_kv.cu"
-THREADS = 256  # attention block
+THREADS = 256  # attention block of tactic 0 (SPLIT_V1)
 WARPS = THREADS // 32
+THREADS2 = 128  # attention block of tactics 1 and 2 (warp-streaming)
+WARPS2 = THREADS2 // 32
+STAGES2 = 3  # cp.async stages per warp (tactics 1, 2)
+TILE2 = 16  # tokens per warp tile (tactics 1, 2)
+
+#: Attention tactics. SPLIT_V1: one thread per token for K (sparse dot product), V tiles decompressed
+#: per warp, block-wide softmax, then the merge kernel. STREAM: warp-streaming flash attention (K and V
+#: decompressed into tensor-core tiles, online softmax per warp), then the merge kernel. STREAM_FUSED:
+#: STREAM with the merge done by the last block of each (sequence, KV head): one launch.
+SPLIT_V1, STREAM, STREAM_FUSED = 0, 1, 2
+TACTICS = (SPLIT_V1, STREAM, STREAM_FUSED)
 COMP_THREADS = 128  # prefill / append block: one warp per token
 COMP_WARPS = COMP_THREADS // 32
 _LOG2E = 1.4426950408889634
@@ -83,17 +98,36 @@ def sm_count() -> int:
     return int(_cuda.check(cu.cuDeviceGetAttribute(attr, dev)))
 
 
+def smem_bytes2(head_dim: int, rk: int, rv: int) -> int:
+    """Dynamic shared memory of the warp-streaming kernel (tactics 1, 2): per warp two ``[16][d + 8]``
+    fp16 tiles and :data:`STAGES2` record stages (mirrors ``attn2_split`` in the .cu)."""
+    r16 = lambda x: -(-x // 16) * 16  # noqa: E731
+    return WARPS2 * (2 * TILE2 * (head_dim + 8) * 2 + STAGES2 * (r16(TILE2 * rk) + r16(TILE2 * rv)))
+
+
+#: Largest split of the warp-streaming kernel (its shared memory does not depend on the split).
+MAX_TOKENS_PER_SPLIT2 = 8192
+
+
 def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, batch: int, max_len: int,
-         sms: int | None = None, tokens_per_split: int | None = None) -> tuple[int, int]:
-    """(tokens per split, number of splits) for ``max_len`` tokens: about 4 blocks per SM in total,
-    at least 128 tokens per split, at most :func:`max_tokens_per_split`. ``rk``/``rv``: record bytes
-    (0 for a dense cache)."""
+         sms: int | None = None, tokens_per_split: int | None = None, tactic: int = STREAM) -> tuple[int, int]:
+    """(tokens per split, number of splits) for ``max_len`` tokens. ``rk``/``rv``: record bytes (0 for a
+    dense cache).
+
+    Tactic 0: about 4 blocks per SM in total, at least 128 tokens per split, at most
+    :func:`max_tokens_per_split`. Tactics 1, 2: about 2 waves of 6 blocks (24 warps) per SM, at least
+    64 tokens (one 16-token tile per warp), at most :data:`MAX_TOKENS_PER_SPLIT2`."""
+    if tactic not in TACTICS:
+        raise EdgeSDKError(f"sparse_kv tactic {tactic!r} is unknown", f"use one of {TACTICS}")
     g = num_q_heads // num_kv_heads
-    cap = max_tokens_per_split(head_dim, g, rk, rv)
+    if tactic == SPLIT_V1:
+        cap, lo, blocks_per_sm = max_tokens_per_split(head_dim, g, rk, rv), 128, 4
+    else:
+        cap, lo, blocks_per_sm = MAX_TOKENS_PER_SPLIT2, 64, 12
     if tokens_per_split is None:
         sms = sms or sm_count()
-        want = math.ceil(max(1, max_len) * batch * num_kv_heads / (4 * sms))
-        tokens_per_split = min(cap, max(128, -(-want // 64) * 64))
+        want = math.ceil(max(1, max_len) * batch * num_kv_heads / (blocks_per_sm * sms))
+        tokens_per_split = min(cap, max(lo, -(-want // 64) * 64))
     if tokens_per_split % 64 or not 64 <= tokens_per_split <= cap:
         raise EdgeSDKError(f"tokens_per_split={tokens_per_split} must be a multiple of 64 in [64, {cap}]",
                            "leave it None for the heuristic")
@@ -101,20 +135,33 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
 
 
 def plan_cache(cfg: SparseKVConfig, batch: int, max_len: int, sms: int | None = None,
-               tokens_per_split: int | None = None) -> tuple[int, int]:
+               tokens_per_split: int | None = None, tactic: int = STREAM) -> tuple[int, int]:
     """:func:`plan` for a sparse cache (what :func:`decode_attention` uses)."""
-    return plan(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, cfg.rk, cfg.rv, batch, max_len, sms, tokens_per_split)
+    return plan(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, cfg.rk, cfg.rv, batch, max_len, sms,
+                tokens_per_split, tactic)
 
 
 def plan_dense(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: int, max_len: int, sms: int | None = None,
-               tokens_per_split: int | None = None) -> tuple[int, int]:
+               tokens_per_split: int | None = None, tactic: int = SPLIT_V1) -> tuple[int, int]:
     """:func:`plan` for a dense cache (what :func:`dense_decode_attention` uses)."""
-    return plan(head_dim, num_q_heads, num_kv_heads, 0, 0, batch, max_len, sms, tokens_per_split)
+    return plan(head_dim, num_q_heads, num_kv_heads, 0, 0, batch, max_len, sms, tokens_per_split, tactic)
+
+
+def _counter_words(batch: int, num_q_heads: int) -> int:
+    return -(-batch * num_q_heads // 4) * 4
 
 
 def workspace_bytes(num_q_heads: int, head_dim: int, batch: int, num_splits: int) -> int:
-    """Bytes of the split workspace: ``B · Hq · splits · (d + 2)`` float32."""
-    return 4 * batch * num_q_heads * num_splits * (head_dim + 2)
+    """Bytes of the workspace: ``uint32`` merge counters ``[round_up(B · Hq, 4)]`` (tactic 2), then the
+    split partials ``B · Hq · splits · (d + 2)`` float32. Zero the counters once with
+    :func:`init_workspace` before the first fused call; the kernel resets them after each use."""
+    return 4 * (_counter_words(batch, num_q_heads) + batch * num_q_heads * num_splits * (head_dim + 2))
+
+
+def init_workspace(workspace: int, batch: int, num_q_heads: int, stream: int) -> None:
+    """Zero the merge counters at the start of ``workspace`` (once, before its first use; async on ``stream``)."""
+    cu = _cuda._driver()
+    _cuda.check(cu.cuMemsetD32Async(int(workspace), 0, _counter_words(batch, num_q_heads), stream))
 
 
 _carveout_set: set[int] = set()
@@ -164,23 +211,36 @@ def append(cfg: SparseKVConfig, batch: int, k_new: int, v_new: int, cache: Cache
              [_p(k_new), _p(v_new), *_cache_args(cfg, cache)], stream)
 
 
+_ATTN2 = "sparse_kv_attn2"  # kernel family of tactics 1, 2
+
+
 def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: int, out: int, workspace: int,
                stream: int, tensors: list, geometry: list, rk: int, rv: int, scale: float | None, sms: int | None,
-               tokens_per_split: int | None) -> None:
+               tokens_per_split: int | None, tactic: int) -> None:
     g = hq // hkv
-    ts, ns = plan(head_dim, hq, hkv, rk, rv, batch, max_len, sms, tokens_per_split)
+    ts, ns = plan(head_dim, hq, hkv, rk, rv, batch, max_len, sms, tokens_per_split, tactic)
     scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * _LOG2E
-    ka = _kernel(f"sparse_kv_attn_d{head_dim}_g{gqa_pad(g)}", max_smem_carveout=True)
-    ka.launch((ns, hkv, batch), (THREADS,),
-              [_p(q), _p(workspace), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale)],
-              stream, smem_bytes(head_dim, g, ts, rk, rv))
+    parts = workspace + 4 * _counter_words(batch, hq)
+    if tactic == SPLIT_V1:
+        ka = _kernel(f"sparse_kv_attn_d{head_dim}_g{gqa_pad(g)}", max_smem_carveout=True)
+        ka.launch((ns, hkv, batch), (THREADS,),
+                  [_p(q), _p(parts), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale)],
+                  stream, smem_bytes(head_dim, g, ts, rk, rv))
+    else:
+        ka = _kernel(f"{_ATTN2}_d{head_dim}_g{gqa_pad(g)}", max_smem_carveout=True)
+        ka.launch((ns, hkv, batch), (THREADS2,),
+                  [_p(q), _p(workspace), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale),
+                   _p(out), _i(tactic == STREAM_FUSED)],
+                  stream, smem_bytes2(head_dim, rk, rv))
+        if tactic == STREAM_FUSED:
+            return
     kc = _kernel(f"sparse_kv_combine_d{head_dim}")
-    kc.launch((batch * hq,), (head_dim,), [_p(workspace), tensors[0], _p(out), _i(hq), _i(ts), _i(ns)], stream)
+    kc.launch((batch * hq,), (head_dim,), [_p(parts), tensors[0], _p(out), _i(hq), _i(ts), _i(ns)], stream)
 
 
 def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cache: CachePtrs, out: int,
                      workspace: int, stream: int, scale: float | None = None, sms: int | None = None,
-                     tokens_per_split: int | None = None) -> None:
+                     tokens_per_split: int | None = None, tactic: int = STREAM) -> None:
     """``out[b, i] = softmax(q[b, i] · Kᵀ · scale) · V`` over the ``lens[b]`` cached tokens of sequence b.
 
     Args:
@@ -191,11 +251,13 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
         q (int): fp16 ``[B, Hq, d]``; query head ``i`` uses KV head ``i // (Hq / Hkv)``.
         cache (CachePtrs): The cache (records, rings, lens).
         out (int): fp16 ``[B, Hq, d]``; sequences of length 0 get zeros.
-        workspace (int): ``workspace_bytes(Hq, d, B, plan(...)[1])`` bytes, preallocated.
+        workspace (int): ``workspace_bytes(Hq, d, B, plan(...)[1])`` bytes, preallocated; its counters
+            zeroed once by :func:`init_workspace` (tactic 2).
         stream (int): CUDA stream.
         scale (float | None): Score scale, default ``1 / sqrt(d)``.
         sms (int | None): SM count for the split heuristic (default: the device's).
         tokens_per_split (int | None): Force the split size (multiple of 64).
+        tactic (int): :data:`SPLIT_V1`, :data:`STREAM` (default) or :data:`STREAM_FUSED`.
     """
     if not 1 <= max_len <= cfg.capacity or batch < 1:
         raise EdgeSDKError(f"sparse_kv decode_attention: max_len={max_len}, batch={batch}",
@@ -204,13 +266,13 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
     geometry = [_i(cfg.record_capacity), _i(cfg.ring), _i(cfg.window), _i(cfg.group), _i(cfg.keep_k),
                 _i(cfg.keep_v), _i(cfg.rk), _i(cfg.rv)]
     _attention(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, batch, max_len, q, out, workspace, stream,
-               tensors, geometry, cfg.rk, cfg.rv, scale, sms, tokens_per_split)
+               tensors, geometry, cfg.rk, cfg.rv, scale, sms, tokens_per_split, tactic)
 
 
 def dense_decode_attention(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: int, capacity: int,
                            max_len: int, q: int, k: int, v: int, lens: int, out: int, workspace: int,
                            stream: int, scale: float | None = None, sms: int | None = None,
-                           tokens_per_split: int | None = None) -> None:
+                           tokens_per_split: int | None = None, tactic: int = SPLIT_V1) -> None:
     """Dense fp16 baseline on the same split kernels: ``k``/``v`` fp16 ``[B, Hkv, capacity, d]``."""
     gqa_pad(num_q_heads // num_kv_heads)
     if head_dim not in (64, 128) or not 1 <= max_len <= capacity:
@@ -220,4 +282,4 @@ def dense_decode_attention(head_dim: int, num_q_heads: int, num_kv_heads: int, b
     # No records (n_comp is always 0): record sizes 0, no staging memory.
     geometry = [_i(1), _i(capacity), _i(_DENSE_WINDOW), _i(1), _i(1), _i(1), _i(0), _i(0)]
     _attention(head_dim, num_q_heads, num_kv_heads, batch, max_len, q, out, workspace, stream, tensors,
-               geometry, 0, 0, scale, sms, tokens_per_split)
+               geometry, 0, 0, scale, sms, tokens_per_split, tactic)

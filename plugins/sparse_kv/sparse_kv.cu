@@ -10,8 +10,11 @@
 // Per-token pruning keeps exactly `keep` channels per token (largest |x|, ties to the lower channel),
 // so every record has the same size: no offsets, O(1) append, random access for the token split.
 //
-// Kernels (Ampere instructions only: mma.sync, ldmatrix, redux.sync, popc; sm_87 and sm_90):
-//   sparse_kv_attn_d{D}_g{GP}   grid (NS, Hkv, B), 256 threads. One block = one (b, h) and TS tokens.
+// Kernels (Ampere instructions only: mma.sync, ldmatrix, movmatrix, cp.async, redux.sync, popc; sm_87, sm_90):
+//   sparse_kv_attn2_d{D}_g{GP}  tactics 1, 2 (default): grid (NS, Hkv, B), 128 threads, warp-streaming
+//       flash attention; see attn2_split. Tactic 2 also merges the splits (last block per (b, h)).
+//   sparse_kv_attn_d{D}_g{GP}   tactic 0 (and the dense baseline): grid (NS, Hkv, B), 256 threads. One
+//       block = one (b, h) and TS tokens.
 //       K: one thread per token, a sparse dot product over the record's set bits (GP query heads of
 //          the GQA group at once), scores in shared memory; block max/sum (fp32, exp2).
 //       V: each warp takes 16-token tiles, decompresses records (2 lanes per token) into a dense
@@ -362,6 +365,311 @@ __device__ __forceinline__ void attn_split(
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decode attention v2 ("warp-streaming"), one split per block of kW2 warps. Each warp owns the
+// 16-token tiles warp, warp + kW2, ... of the split and runs flash attention over them on its own:
+// per tile, lanes 0-15 decompress the K records and lanes 16-31 the V records of the tile's 16 tokens
+// (one lane per token, set bits scattered into a dense fp16 tile in shared memory), then
+//   S[16 (GQA heads, padded) x 16 tokens] = Q . K^T   (mma.sync m16n8k16, Q fragments held in registers)
+//   online softmax on the S fragments (fp32, exp2; P rounded to fp16, l summed from the same values)
+//   O += P . V                                        (P fragments straight from S, no shared memory)
+// Records are staged per warp with cp.async, kStages deep (no block-wide barrier inside the loop).
+// The warps' (m, l, O) are merged through shared memory at the end and written as the split's
+// partial result; with `fuse`, the last block of a (sequence, KV head) (atomic counter in the
+// workspace, reset by that block) also merges all splits and writes the fp16 output.
+constexpr int kW2 = 4;           // warps per block
+constexpr int kThreads2 = 32 * kW2;
+constexpr int kStages = 3;       // cp.async pipeline depth per warp
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+// Transpose an 8x8 b16 matrix held as mma fragments (lane l: row l / 4, columns 2 (l % 4) + {0, 1}).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// Channels of set bits in descending order: one FLO per bit (31 - clz), where ffs costs BREV + FLO
+// (both on the quarter-rate pipe). Call next() at most popcount times.
+template <int NW>
+struct BitIterDesc {
+  uint32_t cur, n1, n2, n3;
+  int base;
+  __device__ __forceinline__ void init(const uint32_t* w) {
+    cur = w[NW - 1];
+    n1 = NW > 1 ? w[NW > 1 ? NW - 2 : 0] : 0u;
+    n2 = NW > 2 ? w[NW > 2 ? NW - 3 : 0] : 0u;
+    n3 = NW > 3 ? w[NW > 3 ? NW - 4 : 0] : 0u;
+    base = 32 * (NW - 1);
+  }
+  __device__ __forceinline__ int next() {
+    while (cur == 0u) {
+      cur = n1;
+      if constexpr (NW > 2) { n1 = n2; n2 = n3; n3 = 0u; }
+      base -= 32;
+    }
+    const int c = 31 - __clz(cur);
+    cur ^= 1u << c;
+    return base + c;
+  }
+};
+
+// Scatter one compressed record into a dense fp16 row (zeros elsewhere), highest channel first.
+template <int D>
+__device__ __forceinline__ void decode_row_desc(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row) {
+  uint4* row4 = reinterpret_cast<uint4*>(row);
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
+  BitIterDesc<D / 32> it;
+  it.init(reinterpret_cast<const uint32_t*>(rec));
+  const uint2* vals = reinterpret_cast<const uint2*>(rec + D / 8);
+  int j = (keep - 1) & ~3;  // first value of the top (possibly partial) group of 4
+  {
+    const uint2 raw = vals[j >> 2];
+    if (j + 3 < keep) row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.y >> 16));
+    if (j + 2 < keep) row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.y & 0xffffu));
+    if (j + 1 < keep) row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.x >> 16));
+    row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.x & 0xffffu));
+  }
+  for (j -= 4; j >= 0; j -= 4) {
+    const uint2 raw = vals[j >> 2];
+    row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.y >> 16));
+    row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.y & 0xffffu));
+    row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.x >> 16));
+    row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.x & 0xffffu));
+  }
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+
+// Bytes of one warp's region: K and V tiles [16][D + 8] fp16, then kStages record stages.
+__device__ __forceinline__ int stage_bytes(int rk, int rv) { return round_up(16 * rk, 16) + round_up(16 * rv, 16); }
+
+template <int D, int GP>
+__device__ __forceinline__ void attn2_split(
+    const __half* __restrict__ q, float* __restrict__ ws, const int* __restrict__ lens,
+    const uint8_t* __restrict__ k_rec, const uint8_t* __restrict__ v_rec,
+    const __half* __restrict__ k_ring, const __half* __restrict__ v_ring,
+    int Hkv, int G, int cap, int C, int W, int A, int keep_k, int keep_v, int rk, int rv,
+    int TS, int NS, float scale_log2, __half* __restrict__ out, int fuse) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  __shared__ int s_last;
+  constexpr int TR = D + 8;  // padded tile row (halfs): conflict-free ldmatrix
+  constexpr int MT = D / 16; // m16 tiles over channels (V^T . P^T)
+  constexpr int KC = D / 16; // k16 chunks over channels (Q.K^T)
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int L = lens[b];
+  const int Hq = Hkv * G;
+  if (fuse && L <= 0) {  // nothing cached: zeros (the only block of this (b, h) that does anything)
+    if (split == 0)
+      for (int i = tid; i < G * D; i += kThreads2)
+        out[(static_cast<size_t>(b) * Hq + h * G) * D + i] = __ushort_as_half(0);
+    return;
+  }
+  const int t_begin = split * TS;
+  const int t_end = min(t_begin + TS, L);
+  const int n = t_end - t_begin;
+  if (n <= 0) return;  // the merge reads only splits below ceil(L / TS)
+  const int n_comp = min(n_compressed(L, W, A), cap);
+  const int ncomp_end = min(t_end, n_comp);
+  const size_t bh = static_cast<size_t>(b) * Hkv + h;
+  const int sb = stage_bytes(rk, rv);
+  const int kbytes = round_up(16 * rk, 16);
+  uint8_t* wbase = smem_raw + static_cast<size_t>(warp) * (2 * 16 * TR * 2 + kStages * sb);
+  __half* kt = reinterpret_cast<__half*>(wbase);
+  __half* vt = kt + 16 * TR;
+  uint8_t* stages = wbase + 2 * 16 * TR * 2;
+
+  const int ntiles = (n + 15) >> 4;
+  const int cnt = ntiles > warp ? (ntiles - warp + kW2 - 1) / kW2 : 0;
+  auto issue = [&](int i) {  // this warp's i-th tile into stage i % kStages
+    if (i < cnt) {
+      const int tb = t_begin + (warp + i * kW2) * 16;
+      const int nrec = max(0, min(16, ncomp_end - tb));
+      uint8_t* dst = stages + (i % kStages) * sb;
+      const uint8_t* ks = k_rec + (bh * cap + tb) * static_cast<size_t>(rk);
+      const uint8_t* vs = v_rec + (bh * cap + tb) * static_cast<size_t>(rv);
+      for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8(dst + 8 * e, ks + 8 * e);
+      for (int e = lane; e < nrec * rv / 8; e += 32) cp_async8(dst + kbytes + 8 * e, vs + 8 * e);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue(i);
+
+  // Q^T fragments (B operand of S^T = K . Q^T: k = channels, n = query heads; heads >= G are zero).
+  const int g_row = lane >> 2, q4 = lane & 3;
+  uint32_t qb[KC][2];
+  {
+    const uint32_t* qrow = reinterpret_cast<const uint32_t*>(q + (static_cast<size_t>(b) * Hq + h * G + g_row) * D);
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+      qb[kc][0] = g_row < G ? qrow[kc * 8 + q4] : 0u;
+      qb[kc][1] = g_row < G ? qrow[kc * 8 + 4 + q4] : 0u;
+    }
+  }
+  // O^T accumulators: acc[mt] = O^T[channels 16 mt + g_row (+8)][heads 2 q4, 2 q4 + 1].
+  float acc[MT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // heads 2 q4, 2 q4 + 1
+
+  const int dr = lane & 15;
+  const bool dv = lane >= 16;  // decode role: lanes 0-15 K rows, 16-31 V rows
+  __half* drow = (dv ? vt : kt) + dr * TR;
+  const int dkeep = dv ? keep_v : keep_k;
+  const int doff = dv ? kbytes + dr * rv : dr * rk;
+  const __half* dring = (dv ? v_ring : k_ring) + bh * C * D;
+  const int mi = lane >> 3, rr = lane & 7;
+  const __half* krow = kt + ((mi & 1) * 8 + rr) * TR + (mi >> 1) * 8;  // ldmatrix: A = K [tokens x channels]
+  const __half* vrow = vt + ((mi >> 1) * 8 + rr) * TR + (mi & 1) * 8;  // ldmatrix.trans: A = V^T [channels x tokens]
+
+  for (int i = 0; i < cnt; ++i) {
+    issue(i + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const int tb = t_begin + (warp + i * kW2) * 16;
+    {
+      const int t = tb + dr;
+      if (t < ncomp_end) {
+        decode_row_desc<D>(stages + (i % kStages) * sb + doff, dkeep, drow);
+      } else if (t < t_end) {  // dense window row: all of it in flight at once
+        const __half* src = dring + static_cast<size_t>(t % C) * D;
+#pragma unroll
+        for (int e = 0; e < D / 8; ++e) cp_async16(drow + 8 * e, src + 8 * e);
+      } else {
+        uint4* row4 = reinterpret_cast<uint4*>(drow);
+#pragma unroll
+        for (int e = 0; e < D / 8; ++e) row4[e] = make_uint4(0u, 0u, 0u, 0u);
+      }
+      if (tb + 16 > ncomp_end) {  // warp-uniform: this tile has window rows (or padding)
+        cp_async_commit();
+        cp_async_wait<0>();
+      }
+    }
+    __syncwarp();
+    // S^T[16 tokens x 8 heads] = K Q^T: s[0..1] token tb + g_row, s[2..3] token tb + g_row + 8; heads 2 q4 + {0, 1}.
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+      uint32_t ak[4];
+      ldmatrix_x4(ak, krow + kc * 16);
+      mma16816(s, ak, qb[kc][0], qb[kc][1]);
+    }
+    const bool ok0 = tb + g_row < t_end, ok1 = tb + g_row + 8 < t_end;
+    s[0] = ok0 ? s[0] * scale_log2 : -INFINITY;
+    s[1] = ok0 ? s[1] * scale_log2 : -INFINITY;
+    s[2] = ok1 ? s[2] * scale_log2 : -INFINITY;
+    s[3] = ok1 ? s[3] * scale_log2 : -INFINITY;
+    float mt0 = fmaxf(s[0], s[2]), mt1 = fmaxf(s[1], s[3]);
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, o));
+      mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, o));
+    }
+    const float mn0 = fmaxf(m_run[0], mt0), mn1 = fmaxf(m_run[1], mt1);
+    const float al0 = exp2f(m_run[0] - mn0), al1 = exp2f(m_run[1] - mn1);
+    m_run[0] = mn0;
+    m_run[1] = mn1;
+    // P rounded to fp16: the same values feed the mma and l.
+    const __half2 p01 = __floats2half2_rn(exp2f(s[0] - mn0), exp2f(s[1] - mn1));  // token g_row
+    const __half2 p23 = __floats2half2_rn(exp2f(s[2] - mn0), exp2f(s[3] - mn1));  // token g_row + 8
+    const float2 f01 = __half22float2(p01), f23 = __half22float2(p23);
+    l_run[0] = fmaf(l_run[0], al0, f01.x + f23.x);
+    l_run[1] = fmaf(l_run[1], al1, f01.y + f23.y);
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      acc[m][0] *= al0; acc[m][1] *= al1; acc[m][2] *= al0; acc[m][3] *= al1;
+    }
+    // B operand of O^T += V^T P^T: P^T[tokens 2 q4, +1 (+8)][head g_row], transposed in registers.
+    const uint32_t pb0 = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&p01));
+    const uint32_t pb1 = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&p23));
+    const uint32_t pb[2] = {pb0, pb1};
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      uint32_t av[4];
+      ldmatrix_x4_trans(av, vrow + m * 16);
+      mma16816(acc[m], av, pb[0], pb[1]);
+    }
+    __syncwarp();
+  }
+  cp_async_wait<0>();
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) {
+    l_run[0] += __shfl_xor_sync(0xffffffffu, l_run[0], o);
+    l_run[1] += __shfl_xor_sync(0xffffffffu, l_run[1], o);
+  }
+  __syncwarp();
+  // Per-warp partial (m, l, O[D]) for heads < GP, in this warp's tile area.
+  constexpr int PR = D + 2;
+  float* wr = reinterpret_cast<float*>(wbase);
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int g = 2 * q4 + e;
+    if (g < GP) {
+      if (g_row == 0) { wr[g * PR] = m_run[e]; wr[g * PR + 1] = l_run[e]; }
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        wr[g * PR + 2 + 16 * m + g_row] = acc[m][e];
+        wr[g * PR + 2 + 16 * m + g_row + 8] = acc[m][2 + e];
+      }
+    }
+  }
+  __syncthreads();
+  const size_t wstride = (2 * 16 * TR * 2 + kStages * sb) / 4;  // floats between warp regions
+  // Workspace: uint32 counters[round_up(B * Hq, 4)] (fused merge), then the split partials.
+  unsigned int* counters = reinterpret_cast<unsigned int*>(ws);
+  float* part0 = ws + round_up(static_cast<int>(gridDim.z) * Hq, 4) + (static_cast<size_t>(b) * Hq + h * G) * NS * PR;  // head g, split s: (g * NS + s) * PR
+  for (int e = tid; e < G * D; e += kThreads2) {
+    const int g = e / D, c = e % D;
+    const float* w0 = reinterpret_cast<const float*>(smem_raw) + g * PR;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kW2; ++w) M = fmaxf(M, w0[w * wstride]);
+    float lsum = 0.f, a = 0.f;
+#pragma unroll
+    for (int w = 0; w < kW2; ++w) {
+      const float f = exp2f(w0[w * wstride] - M);
+      lsum = fmaf(f, w0[w * wstride + 1], lsum);
+      a = fmaf(f, w0[w * wstride + 2 + c], a);
+    }
+    float* part = part0 + (static_cast<size_t>(g) * NS + split) * PR;
+    part[2 + c] = a;
+    if (c == 0) { part[0] = M; part[1] = lsum; }
+  }
+  if (!fuse) return;
+  // Last block of this (b, h) merges all splits (threadFenceReduction pattern).
+  __threadfence();
+  __syncthreads();
+  const int ns = min(NS, (L + TS - 1) / TS);
+  if (tid == 0) s_last = atomicAdd(&counters[bh], 1u) == static_cast<unsigned int>(ns - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int e = tid; e < G * D; e += kThreads2) {
+    const int g = e / D, c = e % D;
+    const float* pg = part0 + static_cast<size_t>(g) * NS * PR;
+    float M = -INFINITY;
+    for (int sidx = 0; sidx < ns; ++sidx) M = fmaxf(M, __ldcg(pg + sidx * PR));
+    float num = 0.f, den = 0.f;
+    for (int sidx = 0; sidx < ns; ++sidx) {
+      const float f = exp2f(__ldcg(pg + sidx * PR) - M);
+      den = fmaf(f, __ldcg(pg + sidx * PR + 1), den);
+      num = fmaf(f, __ldcg(pg + sidx * PR + 2 + c), num);
+    }
+    out[(static_cast<size_t>(b) * Hq + h * G + g) * D + c] = __float2half_rn(den > 0.f ? num / den : 0.f);
+  }
+  if (tid == 0) counters[bh] = 0u;  // ready for the next call (CUDA-graph replays)
+}
+
 template <int D>
 __device__ __forceinline__ void combine(const float* __restrict__ ws, const int* __restrict__ lens,
                                         __half* __restrict__ out, int Hq, int TS, int NS) {
@@ -509,6 +817,20 @@ DEF_ATTN(128, 1)
 DEF_ATTN(128, 2)
 DEF_ATTN(128, 4)
 DEF_ATTN(128, 8)
+
+#define DEF_ATTN2(D, GP)                                                                               \
+  extern "C" __global__ void __launch_bounds__(kThreads2, D == 64 ? 6 : 3) sparse_kv_attn2_d##D##_g##GP(     \
+      ATTN_ARGS, __half* out, int fuse) {                                                               \
+    attn2_split<D, GP>(ATTN_PASS, out, fuse);                                                          \
+  }
+DEF_ATTN2(64, 1)
+DEF_ATTN2(64, 2)
+DEF_ATTN2(64, 4)
+DEF_ATTN2(64, 8)
+DEF_ATTN2(128, 1)
+DEF_ATTN2(128, 2)
+DEF_ATTN2(128, 4)
+DEF_ATTN2(128, 8)
 
 #define CACHE_ARGS                                                                                     \
   const int *lens, uint8_t *k_rec, uint8_t *v_rec, __half *k_ring, __half *v_ring, int Hkv, int cap,  \

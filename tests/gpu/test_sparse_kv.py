@@ -65,16 +65,31 @@ def assert_same_cache(cfg, g: GpuCache, host: f.SparseKVCache):
         assert np.array_equal(v_ring[b, :, slots].view(np.uint16), host.v_ring[b, :, slots].view(np.uint16))
 
 
-def gpu_attention(cfg, g: GpuCache, q, max_len, tokens_per_split=None):
+def gpu_attention(cfg, g: GpuCache, q, max_len, tokens_per_split=None, tactic=ks.STREAM_FUSED, calls=2):
+    """Run decode attention ``calls`` times on one poisoned workspace (the fused merge's counters must
+    reset themselves); ``out`` is poisoned before every call and the last result is returned."""
     B = q.shape[0]
-    ts, ns = ks.plan_cache(cfg, B, max_len, tokens_per_split=tokens_per_split)
+    _, ns = ks.plan_cache(cfg, B, max_len, tokens_per_split=tokens_per_split, tactic=tactic)
     ws = torch.full((ks.workspace_bytes(cfg.num_q_heads, cfg.head_dim, B, ns) // 4,), float("nan"), device="cuda")
-    out = torch.full((B, cfg.num_q_heads, cfg.head_dim), float("nan"), dtype=torch.float16, device="cuda")
+    ks.init_workspace(ws.data_ptr(), B, cfg.num_q_heads, _stream())
+    out = torch.empty((B, cfg.num_q_heads, cfg.head_dim), dtype=torch.float16, device="cuda")
     qd = _dev(q)
-    ks.decode_attention(cfg, B, max_len, qd.data_ptr(), g.ptrs(), out.data_ptr(), ws.data_ptr(), _stream(),
-                        tokens_per_split=tokens_per_split)
-    torch.cuda.synchronize()
-    return out.cpu().numpy()
+    res = []
+    for _ in range(calls):
+        out.fill_(float("nan"))
+        ks.decode_attention(cfg, B, max_len, qd.data_ptr(), g.ptrs(), out.data_ptr(), ws.data_ptr(), _stream(),
+                            tokens_per_split=tokens_per_split, tactic=tactic)
+        torch.cuda.synchronize()
+        res.append(out.cpu().numpy())
+    for r in res[1:]:
+        assert np.array_equal(r.view(np.uint16), res[0].view(np.uint16)), "repeated call gave a different result"
+    return res[-1]
+
+
+# (tactic, tokens per split): the heuristic, one 16-token tile per warp (64), many tiles per warp (1024:
+# every cp.async stage reused several times), for tactic 0 its own range.
+SPLITS = [(ks.SPLIT_V1, None), (ks.SPLIT_V1, 64), (ks.STREAM, None), (ks.STREAM, 1024),
+          (ks.STREAM_FUSED, None), (ks.STREAM_FUSED, 64), (ks.STREAM_FUSED, 1024)]
 
 
 def check_attention(out, expect):
@@ -113,10 +128,11 @@ def test_prefill_bytes_and_attention(case):
     assert_same_cache(cfg, g, host)
     q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
     expect = ref.cache_attention(host, q)
-    for tps in (None, 64):
-        check_attention(gpu_attention(cfg, g, q, S, tps), expect)
+    for tactic, tps in SPLITS:
+        check_attention(gpu_attention(cfg, g, q, S, tps, tactic), expect)
     if sk == 0.0 and sv == 0.0:  # sparsity 0 == dense attention on the raw cache
-        check_attention(gpu_attention(cfg, g, q, S), ref.decode_attention(q, k, v, lens))
+        for tactic in ks.TACTICS:
+            check_attention(gpu_attention(cfg, g, q, S, tactic=tactic), ref.decode_attention(q, k, v, lens))
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -140,25 +156,32 @@ def test_append_steps_match_host(d):
             torch.cuda.synchronize()
             assert_same_cache(cfg, g, host)
     q = rng.standard_normal((B, hq, d)).astype(np.float16)
-    check_attention(gpu_attention(cfg, g, q, cfg.capacity), ref.cache_attention(host, q))
+    for tactic, tps in SPLITS:
+        check_attention(gpu_attention(cfg, g, q, cfg.capacity, tps, tactic), ref.cache_attention(host, q))
 
 
-def test_empty_sequence_gives_zeros_and_dense_kernel():
+@pytest.mark.parametrize("tactic", ks.TACTICS)
+def test_empty_sequence_gives_zeros_and_dense_kernel(tactic):
     rng = np.random.default_rng(7)
     d, hq, hkv, cap = 64, 8, 2, 700
     lens = np.array([0, 699, 45], np.int32)
     k, v = make(rng, 3, hkv, cap, d)
     q = rng.standard_normal((3, hq, d)).astype(np.float16)
     kd, vd, ld, qd = _dev(k), _dev(v), _dev(lens), _dev(q)
-    ts, ns = ks.plan_dense(d, hq, hkv, 3, cap)
-    ws = torch.full((ks.workspace_bytes(hq, d, 3, ns) // 4,), float("nan"), device="cuda")
-    out = torch.full((3, hq, d), float("nan"), dtype=torch.float16, device="cuda")
-    ks.dense_decode_attention(d, hq, hkv, 3, cap, cap, qd.data_ptr(), kd.data_ptr(), vd.data_ptr(), ld.data_ptr(),
-                              out.data_ptr(), ws.data_ptr(), _stream())
-    torch.cuda.synchronize()
-    o = out.cpu().numpy()
-    check_attention(o, ref.decode_attention(q, k, v, lens))
-    assert np.array_equal(o[0], np.zeros((hq, d), np.float16))
+    expect = ref.decode_attention(q, k, v, lens)
+    for tps in (None, 128):
+        _, ns = ks.plan_dense(d, hq, hkv, 3, cap, tokens_per_split=tps, tactic=tactic)
+        ws = torch.full((ks.workspace_bytes(hq, d, 3, ns) // 4,), float("nan"), device="cuda")
+        ks.init_workspace(ws.data_ptr(), 3, hq, _stream())
+        for _ in range(2):
+            out = torch.full((3, hq, d), float("nan"), dtype=torch.float16, device="cuda")
+            ks.dense_decode_attention(d, hq, hkv, 3, cap, cap, qd.data_ptr(), kd.data_ptr(), vd.data_ptr(),
+                                      ld.data_ptr(), out.data_ptr(), ws.data_ptr(), _stream(), tokens_per_split=tps,
+                                      tactic=tactic)
+            torch.cuda.synchronize()
+            o = out.cpu().numpy()
+            check_attention(o, expect)
+            assert np.array_equal(o[0], np.zeros((hq, d), np.float16))
 
 
 def test_small_for_sanitizer():
@@ -178,4 +201,5 @@ def test_small_for_sanitizer():
     torch.cuda.synchronize()
     assert_same_cache(cfg, g, host)
     q = rng.standard_normal((3, 6, 128)).astype(np.float16)
-    check_attention(gpu_attention(cfg, g, q, 200), ref.cache_attention(host, q))
+    for tactic in ks.TACTICS:
+        check_attention(gpu_attention(cfg, g, q, 200, 64, tactic), ref.cache_attention(host, q))

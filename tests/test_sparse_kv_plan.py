@@ -1,0 +1,42 @@
+"""sparse_kv launcher arithmetic (CPU): split plans per tactic, workspace layout, shared memory."""
+
+import math
+
+import pytest
+
+from edgesdk.errors import EdgeSDKError
+from edgesdk.formats.sparse_kv import SparseKVConfig
+from edgesdk.kernels import sparse_kv as ks
+
+
+@pytest.mark.parametrize("tactic", ks.TACTICS)
+@pytest.mark.parametrize("batch,max_len,sms", [(1, 1, 132), (1, 4096, 132), (16, 32768, 132), (3, 777, 16)])
+def test_plan_ranges(tactic, batch, max_len, sms):
+    cfg = SparseKVConfig(64, 32, 8, 0.7, 0.7, 32768)
+    ts, ns = ks.plan_cache(cfg, batch, max_len, sms=sms, tactic=tactic)
+    cap = ks.max_tokens_per_split(64, 4, cfg.rk, cfg.rv) if tactic == ks.SPLIT_V1 else ks.MAX_TOKENS_PER_SPLIT2
+    assert ts % 64 == 0 and 64 <= ts <= cap
+    assert ns == max(1, math.ceil(max_len / ts))
+
+
+def test_plan_rejects_bad_tactic_and_split():
+    with pytest.raises(EdgeSDKError):
+        ks.plan(64, 32, 8, 48, 48, 1, 4096, sms=132, tactic=3)
+    with pytest.raises(EdgeSDKError):
+        ks.plan(64, 32, 8, 48, 48, 1, 4096, tokens_per_split=96, tactic=ks.STREAM)
+    with pytest.raises(EdgeSDKError):
+        ks.plan(64, 32, 8, 48, 48, 1, 4096, tokens_per_split=ks.MAX_TOKENS_PER_SPLIT2 + 64, tactic=ks.STREAM)
+
+
+def test_workspace_has_counters_then_partials():
+    # 3 * 9 = 27 counters rounded up to 28 words, then B * Hq * splits * (d + 2) floats.
+    assert ks.workspace_bytes(9, 64, 3, 5) == 4 * (28 + 3 * 9 * 5 * 66)
+    assert ks.workspace_bytes(32, 128, 1, 1) == 4 * (32 + 32 * 130)
+
+
+def test_stream_smem_fits_orin():
+    # Per warp: K and V tiles [16][d + 8] fp16 and 3 stages of 16 K + 16 V records.
+    assert ks.smem_bytes2(64, 48, 48) == 4 * (2 * 16 * 72 * 2 + 3 * (768 + 768))
+    worst = max(ks.smem_bytes2(d, c.rk, c.rv) for d in (64, 128)
+                for c in [SparseKVConfig(d, 8, 8, 0.0, 0.0, 64)])
+    assert worst + 16 <= 163 * 1024  # sm_87 opt-in limit per block (static 16 B for the merge flag)
