@@ -42,6 +42,7 @@ class Config:
     stages: int
     tm: int = 4
     int_mode: int = 0  # 0 dp4a, 4/5 packed fields for 4/5-bit weights
+    tc2: bool = False  # second-generation tensor-core-only kernel (epilogue staged through smem)
 
     @property
     def bn(self) -> int:
@@ -54,7 +55,8 @@ class Config:
 
     @property
     def smem(self) -> int:
-        return self.stages * (self.bm + self.bn) * BK
+        pipe = self.stages * (self.bm + self.bn) * BK
+        return max(pipe, self.bm * (self.bn + 8) * 4) if self.tc2 else pipe
 
 
 _C = {c.name: c for c in [
@@ -62,6 +64,12 @@ _C = {c.name: c for c in [
     Config("tc_64x128", 64, CoreSplit(128), 32, 32, 4),
     Config("tc_64x64", 64, CoreSplit(64), 32, 32, 4),
     Config("tc_128x256", 128, CoreSplit(256), 64, 64, 3),
+    Config("tc2_128x128", 128, CoreSplit(128), 64, 32, 3, tc2=True),
+    Config("tc2_128x128w4", 128, CoreSplit(128), 64, 64, 3, tc2=True),
+    Config("tc2_128x256", 128, CoreSplit(256), 64, 64, 3, tc2=True),
+    Config("tc2_256x128", 256, CoreSplit(128), 64, 64, 3, tc2=True),
+    Config("tc2_64x128", 64, CoreSplit(128), 64, 32, 4, tc2=True),
+    Config("tc2_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True),
     Config("h128_tc128_i8", 128, CoreSplit(128, 8), 64, 32, 3),
     Config("h128_tc128_i8_f8", 128, CoreSplit(128, 8, 8), 64, 32, 3, tm=2),
     Config("h64_tc64_i8", 64, CoreSplit(64, 8), 32, 32, 4, tm=2),
@@ -100,6 +108,16 @@ TACTICS: dict[int, tuple[str, int]] = {
     19: ("h64_tc128_i8", 1),
     22: ("h64_tc64_i8", 4),
     23: ("h64_tc128_i8", 2),
+    30: ("tc2_128x128", 1),
+    31: ("tc2_128x128w4", 1),
+    32: ("tc2_128x256", 1),
+    33: ("tc2_256x128", 1),
+    34: ("tc2_64x128", 1),
+    35: ("tc2_64x64", 1),
+    36: ("tc2_64x64", 2),
+    37: ("tc2_64x64", 4),
+    38: ("tc2_64x128", 2),
+    39: ("tc2_128x128", 2),
     20: ("field:h128_tc96_i32", 1),
     21: ("field:h64_tc64_i16", 1),
 }

@@ -141,7 +141,7 @@ def test_gelu_tight_tolerance(dtype):
     x = _x_full_range(rng, (150, 256), p.x_scale, dtype)
     ref = R.vitbit_gemm(x, p).astype(np.float64)
     tol = dict(rtol=2e-3, atol=1e-3) if dtype == np.float16 else dict(rtol=2e-6, atol=2e-6)
-    for t in (1, 3, 5, 8, 11, 15, 17, 22):
+    for t in (1, 3, 5, 8, 11, 15, 17, 22, 30, 31, 32, 33, 34, 35, 37, 39):
         np.testing.assert_allclose(run(p, x, t).astype(np.float64), ref, **tol)
 
 
@@ -150,5 +150,5 @@ def test_cuda_graph_capture():
     p = _layer(rng, 96, 160)
     x = _x_full_range(rng, (70, 160), p.x_scale, np.float16)
     ref = R.vitbit_gemm(x, p)
-    for t in (1, 5, 11):
+    for t in (1, 5, 11, 30, 37):
         assert np.array_equal(run(p, x, t, graph=True), ref)
