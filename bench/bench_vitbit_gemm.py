@@ -169,7 +169,7 @@ def bench_config(label: str, ctx, prim, stream_int: int, tstream, triton_mm, rng
             except Exception as e:
                 print(f"[{label}] triton sm80 peak failed: {e!r}")
                 _cuda.check(cu.cuCtxSetCurrent(prim))
-    for t in (1, 8, 30, 32, 33):
+    for t in (1, 8, 9, 41):
         if _ENV_TACTICS and t not in _ENV_TACTICS:
             continue
         peak[f"ours tactic {t}"] = 2 * big**3 / timer(
@@ -246,9 +246,12 @@ def bench_config(label: str, ctx, prim, stream_int: int, tstream, triton_mm, rng
             bh = min(hyb, key=hyb.get) if hyb else None
             tc_only = {kk: v for kk, v in ours.items() if " tc" in kk}
             btc = min(tc_only, key=tc_only.get)
+            v1 = {kk: v for kk, v in ours.items() if " tc_" in kk}  # first-generation kernels (tactics 41-48)
+            bv1 = min(v1, key=v1.get) if v1 else None
             rows.append({"config": label, "K": k, "N": n, "B": b, "M": m, "variant": "summary",
                          "tuned": best, "tuned_us": ours[best], "tc1_us": tc1, "best_tc_only": btc,
-                         "best_tc_only_us": tc_only[btc], "best_hybrid": bh, "best_hybrid_us": hyb.get(bh),
+                         "best_tc_only_us": tc_only[btc], "best_tc_v1": bv1, "best_tc_v1_us": v1.get(bv1),
+                         "best_hybrid": bh, "best_hybrid_us": hyb.get(bh),
                          "hybrid_vs_best_tc": (tc_only[btc] / hyb[bh]) if bh else None,
                          "int_mm_us": res.get("torch._int_mm"), "triton_us": res.get("triton int8"),
                          "triton_sm80_us": res.get("triton int8 sm80"),

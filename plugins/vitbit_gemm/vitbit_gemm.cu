@@ -730,4 +730,34 @@ VITBIT_TC2(tc2_128x128w4, 128, 128, 64, 64, 3, 2)    // 4 warps of 64x64 (fewer 
 VITBIT_TC2(tc2_128x256, 128, 256, 64, 64, 3, 1)      // 8 warps of 64x64
 VITBIT_TC2(tc2_256x128, 256, 128, 64, 64, 3, 1)      // 8 warps of 64x64
 VITBIT_TC2(tc2_64x128, 64, 128, 64, 32, 4, 2)        // 4 warps of 64x32
+VITBIT_TC2(tc2_64x128s3, 64, 128, 64, 32, 3, 3)      // 3 stages: 3 blocks per SM
 VITBIT_TC2(tc2_64x64, 64, 64, 32, 32, 4, 3)          // 4 warps of 32x32
+VITBIT_TC2(tc2_64x64s3, 64, 64, 32, 32, 3, 4)        // 3 stages: 4 blocks per SM
+VITBIT_TC2(tc2_64x64s6, 64, 64, 32, 32, 6, 2)        // 6 stages: all of K = 768 in flight at once (small M)
+
+// Split-K epilogue, 8 consecutive columns per thread (N % 8 == 0): 16-byte loads of the partials, exact
+// int32 sum, then the same put8 as the tc2 kernels.
+extern "C" __global__ void vitbit_splitk_epilogue8(const int* __restrict__ partial, int splits, void* y,
+                                                   const float* __restrict__ w_scale,
+                                                   const float* __restrict__ bias, float x_scale, int flags,
+                                                   int M, int N) {
+  Out o{y, nullptr, w_scale, bias, x_scale, flags, M, N};
+  const long total = (long)M * N, chunks = total >> 3;
+  const bool vec = !(reinterpret_cast<size_t>(partial) & 15);
+  for (long g = blockIdx.x * (long)blockDim.x + threadIdx.x; g < chunks; g += (long)gridDim.x * blockDim.x) {
+    const long i = g << 3;
+    int v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int z = 0; z < splits; z++) {
+      const int* p = partial + (size_t)z * total + i;
+      if (vec) {
+        int4 a = __ldg(reinterpret_cast<const int4*>(p)), b = __ldg(reinterpret_cast<const int4*>(p) + 1);
+        v[0] += a.x; v[1] += a.y; v[2] += a.z; v[3] += a.w;
+        v[4] += b.x; v[5] += b.y; v[6] += b.z; v[7] += b.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] += p[e];
+      }
+    }
+    put8(o, (int)(i / N), (int)(i % N), v);
+  }
+}
