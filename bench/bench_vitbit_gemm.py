@@ -306,6 +306,8 @@ def main() -> int:
     info = meta({"peaks_tops": peaks, "method": __doc__.strip().split("\n\n")[1], "inner": INNER, "reps": REPS,
                  "rotations": ROT, "tactics": _ENV_TACTICS or "all", "configs": _ENV_CONFIGS,
                  "triton_sm80": tt80.meta if tt80 is not None else None})
+    if os.environ.get("EDGESDK_COMMIT"):  # a staged copy of a worktree: git would name the enclosing checkout
+        info["commit"] = os.environ["EDGESDK_COMMIT"]
     path = write_results(os.environ.get("VITBIT_BENCH_NAME", "vitbit_gemm"), all_rows, info)
     summ = [r for r in all_rows if r.get("variant") == "summary"]
     print_table(summ, ["config", "K", "N", "M", "int_mm_us", "triton_us", "triton_sm80_us", "cublas_fp16_us", "tc1_us",

@@ -151,7 +151,14 @@ def main() -> int:
     torch.zeros(1, device="cuda")
     _cuda.init()
     prim = _cuda.check(cu.cuCtxGetCurrent())
-    res = {"device": torch.cuda.get_device_name(0)}
+    import datetime
+    import os
+
+    from bench._common import git_commit
+
+    res = {"device": torch.cuda.get_device_name(0),
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "commit": os.environ.get("EDGESDK_COMMIT") or git_commit()}
     res["full"] = run_config(Ctx(prim, torch.cuda.get_device_properties(0).multi_processor_count))
     try:
         g, sms = _cuda.green_context(16)
