@@ -19,6 +19,8 @@ no dequantization, no fp16 rounding).
 from __future__ import annotations
 
 import ctypes
+import importlib.util
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -36,6 +38,28 @@ from edgesdk.kernels import vitbit_gemm as K  # noqa: E402
 SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]
 BATCHES = [1, 8, 32]
 INNER, REPS, ROT = 20, 7, 4
+# Exploration knobs (the committed results use the defaults: every tactic, both configurations):
+#   VITBIT_BENCH_TACTICS=1,30,...  only these tactics;  VITBIT_BENCH_CONFIGS=full  skip the green context;
+#   VITBIT_BENCH_NAME=name  results file name;  VITBIT_TRITON_SM80=DIR  PTX of the sm_80 Triton build
+#   (tools/vitbit_gemm_triton_sm80.py; default /work/main/.ext/vitbit_triton_sm80 or ../../.ext/... ).
+_ENV_TACTICS = [int(t) for t in os.environ.get("VITBIT_BENCH_TACTICS", "").split(",") if t.strip()]
+_ENV_CONFIGS = os.environ.get("VITBIT_BENCH_CONFIGS", "full,green16").split(",")
+
+
+def _triton_sm80():
+    """The sm_80 (mma.sync) build of the Triton kernel, or None when its PTX is not there."""
+    root = Path(__file__).resolve().parents[1]
+    cands = [os.environ.get("VITBIT_TRITON_SM80", ""), str(root / ".ext" / "vitbit_triton_sm80"),
+             str(root.parents[1] / ".ext" / "vitbit_triton_sm80"), "/work/main/.ext/vitbit_triton_sm80"]
+    d = next((c for c in cands if c and (Path(c) / "meta.json").exists()), None)
+    if d is None:
+        print("Triton sm_80 build not found (tools/vitbit_gemm_triton_sm80.py builds it): column skipped")
+        return None
+    spec = importlib.util.spec_from_file_location("vitbit_gemm_triton_sm80",
+                                                  root / "tools" / "vitbit_gemm_triton_sm80.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.Sm80Matmul(d)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -108,7 +132,7 @@ class Timer:
         return statistics.median(times)
 
 
-def bench_config(label: str, ctx, prim, stream_int: int, tstream, triton_mm, rng) -> list[dict]:
+def bench_config(label: str, ctx, prim, stream_int: int, tstream, triton_mm, rng, tt80=None) -> list[dict]:
     from cuda.bindings import driver as cu
 
     _cuda.check(cu.cuCtxSetCurrent(ctx))
@@ -137,7 +161,17 @@ def bench_config(label: str, ctx, prim, stream_int: int, tstream, triton_mm, rng
     pa = F.validate_attributes({"n": big, "k": big, "bits": 8, "x_scale": 0.01, "has_bias": 0, "gelu": 0})
     ws1 = torch.full((big,), 0.001, device="cuda")
     y16 = torch.empty(big, big, dtype=torch.float16, device="cuda")
-    for t in (1, 8):
+    if tt80 is not None:  # mma.sync Triton, its 128x128x64 config (the best of its configs at 8192^3 here)
+        for j in (0,):
+            try:
+                peak[f"triton sm80 {tt80.meta[j]['name']}"] = 2 * big**3 / timer(
+                    lambda i, j=j: tt80.run(j, a8, b8, c32, stream_int)) / 1e6
+            except Exception as e:
+                print(f"[{label}] triton sm80 peak failed: {e!r}")
+                _cuda.check(cu.cuCtxSetCurrent(prim))
+    for t in (1, 8, 9, 41):
+        if _ENV_TACTICS and t not in _ENV_TACTICS:
+            continue
         peak[f"ours tactic {t}"] = 2 * big**3 / timer(
             lambda i, t=t: K.gemm(pa, "float16", big, a8.data_ptr(), b8.data_ptr(), ws1.data_ptr(), 0,
                                   y16.data_ptr(), stream_int, t)) / 1e6
@@ -179,7 +213,20 @@ def bench_config(label: str, ctx, prim, stream_int: int, tstream, triton_mm, rng
             safe("torch._int_mm", torch_call(lambda i: torch._int_mm(xq, dev[i % ROT]["weight"].t(), out=c)))
             safe("triton int8", torch_call(lambda i: triton_mm(xq, dev[i % ROT]["weight"], c)))
             safe("cublas fp16", torch_call(lambda i: torch.matmul(x, wf[i % ROT].t(), out=y)))
+            if tt80 is not None:
+                def tt_fn(j):
+                    return lambda i: tt80.run(j, xq, dev[i % ROT]["weight"], c, stream_int)
+                try:
+                    j = tt80.tune((label, m, n, k), timer, tt_fn)
+                    safe("triton int8 sm80", tt_fn(j))
+                    rows[-1]["triton_sm80_config"] = tt80.meta[j]["name"]
+                except Exception as e:
+                    rows.append({"config": label, "K": k, "N": n, "B": b, "M": m, "variant": "triton int8 sm80",
+                                 "error": repr(e)[:200]})
+                    _cuda.check(cu.cuCtxSetCurrent(prim))
             for t in K.valid_tactics(a, m):
+                if _ENV_TACTICS and t not in _ENV_TACTICS:
+                    continue
                 name = K.config(t)[0].name + (f"/splitk{K.TACTICS[t][1]}" if K.TACTICS[t][1] > 1 else "")
                 safe(f"ours gemm t{t} {name}",
                      lambda i, t=t: K.gemm(a, "float16", m, xq.data_ptr(), ins[i % ROT][1], ins[i % ROT][2],
@@ -194,23 +241,30 @@ def bench_config(label: str, ctx, prim, stream_int: int, tstream, triton_mm, rng
                                   ins[i % ROT][3], y.data_ptr(), stream_int, 1))
             ours = {kk: v for kk, v in res.items() if kk.startswith("ours gemm") and "repeat" not in kk}
             best = min(ours, key=ours.get)
-            tc1 = res.get("ours gemm t1 tc_128x128")
+            tc1 = res.get(f"ours gemm t1 {K.config(1)[0].name}")
             hyb = {kk: v for kk, v in ours.items() if " h" in kk}
             bh = min(hyb, key=hyb.get) if hyb else None
-            tc_only = {kk: v for kk, v in ours.items() if " tc_" in kk}
+            tc_only = {kk: v for kk, v in ours.items() if " tc" in kk}
             btc = min(tc_only, key=tc_only.get)
+            v1 = {kk: v for kk, v in ours.items() if " tc_" in kk}  # first-generation kernels (tactics 41-48)
+            bv1 = min(v1, key=v1.get) if v1 else None
             rows.append({"config": label, "K": k, "N": n, "B": b, "M": m, "variant": "summary",
                          "tuned": best, "tuned_us": ours[best], "tc1_us": tc1, "best_tc_only": btc,
-                         "best_tc_only_us": tc_only[btc], "best_hybrid": bh, "best_hybrid_us": hyb.get(bh),
+                         "best_tc_only_us": tc_only[btc], "best_tc_v1": bv1, "best_tc_v1_us": v1.get(bv1),
+                         "best_hybrid": bh, "best_hybrid_us": hyb.get(bh),
                          "hybrid_vs_best_tc": (tc_only[btc] / hyb[bh]) if bh else None,
                          "int_mm_us": res.get("torch._int_mm"), "triton_us": res.get("triton int8"),
+                         "triton_sm80_us": res.get("triton int8 sm80"),
                          "cublas_fp16_us": res.get("cublas fp16"),
                          "speedup_vs_int_mm": (res["torch._int_mm"] / tc_only[btc]) if "torch._int_mm" in res
                          else None,
                          "speedup_vs_triton": (res["triton int8"] / tc_only[btc]) if "triton int8" in res
-                         else None})
+                         else None,
+                         "speedup_vs_triton_sm80": (res["triton int8 sm80"] / tc_only[btc])
+                         if "triton int8 sm80" in res else None})
             s = rows[-1]
             print(f"[{label}] K={k} N={n} M={m}: int_mm {s['int_mm_us']} triton {s['triton_us']} "
+                  f"triton-sm80 {s['triton_sm80_us']} "
                   f"fp16 {s['cublas_fp16_us']} | t1 {tc1} best-TC {btc} {tc_only[btc]:.2f} | "
                   f"best hybrid {bh} {hyb.get(bh, float('nan')):.2f} | tuned {best}", flush=True)
             del dev, wf, ws, x, xq, y, c
@@ -226,29 +280,37 @@ def main() -> int:
     prim = _cuda.check(cu.cuCtxGetCurrent())
     rng = np.random.default_rng(0)
     triton_mm = _triton_matmul()
+    tt80 = _triton_sm80()
     all_rows, peaks = [], {}
     # Full GPU.
     full_stream = torch.cuda.Stream()
-    rows, peaks["full"] = bench_config("full", prim, prim, full_stream.cuda_stream, full_stream, triton_mm, rng)
-    all_rows += rows
+    if "full" in _ENV_CONFIGS:
+        rows, peaks["full"] = bench_config("full", prim, prim, full_stream.cuda_stream, full_stream, triton_mm, rng,
+                                           tt80)
+        all_rows += rows
     # 16-SM green context.
     try:
+        if "green16" not in _ENV_CONFIGS:
+            raise RuntimeError("skipped (VITBIT_BENCH_CONFIGS)")
         gctx, sms = _cuda.green_context(16)
         _cuda.check(cu.cuCtxSetCurrent(gctx))
         gstream = _cuda.check(cu.cuStreamCreate(1))
         _cuda.check(cu.cuCtxSetCurrent(prim))
         rows, peaks[f"green{sms}"] = bench_config(f"green{sms}", gctx, prim, int(gstream),
-                                                  torch.cuda.ExternalStream(int(gstream)), triton_mm, rng)
+                                                  torch.cuda.ExternalStream(int(gstream)), triton_mm, rng, tt80)
         all_rows += rows
     except Exception as e:
         print(f"green context failed: {e!r}")
         peaks["green_error"] = repr(e)
     _cuda.check(cu.cuCtxSetCurrent(prim))
     info = meta({"peaks_tops": peaks, "method": __doc__.strip().split("\n\n")[1], "inner": INNER, "reps": REPS,
-                 "rotations": ROT})
-    path = write_results("vitbit_gemm", all_rows, info)
+                 "rotations": ROT, "tactics": _ENV_TACTICS or "all", "configs": _ENV_CONFIGS,
+                 "triton_sm80": tt80.meta if tt80 is not None else None})
+    if os.environ.get("EDGESDK_COMMIT"):  # a staged copy of a worktree: git would name the enclosing checkout
+        info["commit"] = os.environ["EDGESDK_COMMIT"]
+    path = write_results(os.environ.get("VITBIT_BENCH_NAME", "vitbit_gemm"), all_rows, info)
     summ = [r for r in all_rows if r.get("variant") == "summary"]
-    print_table(summ, ["config", "K", "N", "M", "int_mm_us", "triton_us", "cublas_fp16_us", "tc1_us",
+    print_table(summ, ["config", "K", "N", "M", "int_mm_us", "triton_us", "triton_sm80_us", "cublas_fp16_us", "tc1_us",
                        "best_tc_only_us", "best_hybrid_us", "tuned_us", "speedup_vs_int_mm", "speedup_vs_triton",
                        "hybrid_vs_best_tc", "tuned"])
     print(f"wrote {path}")

@@ -209,7 +209,9 @@ def test_launcher_tactics_and_workspace_without_gpu():
     a = {"n": 768, "k": 768, "bits": 8, "x_scale": 0.02, "has_bias": 1, "gelu": 0}
     small, big = K.valid_tactics(a, 197), K.valid_tactics(a, 197 * 32)
     assert small[0] == K.TC_ONLY == 1 and {4, 5, 10, 11, 12, 14, 15} <= set(small)
-    assert not {4, 5, 6, 7, 22, 23} & set(big) and not {20, 21} & set(small)
+    assert not {4, 5, 6, 7, 22, 23, 26, 27, 44, 45, 46, 47} & set(big) and not {20, 21} & set(small)
+    assert {26, 27, 44, 45} <= set(small) and {1, 8, 9, 24, 25, 28, 29, 41, 48} <= set(big)
+    assert K.config(1)[0].name == "tc2_128x128" and K.config(41)[0].name == "tc_128x128"
     assert {20, 21} <= set(K.valid_tactics(dict(a, bits=4), 197))
     assert K.workspace_bytes(a, 197) == 197 * 768 + 4 * 4 * 197 * 768
     assert K.workspace_bytes(a, 197 * 32) == 197 * 32 * 768

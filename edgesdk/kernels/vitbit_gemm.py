@@ -6,12 +6,15 @@ A launch is two or three kernels on the caller's stream, with no allocation and 
 2. ``vitbit_gemm_<config>``: the fused GEMM, whose block tile is split by columns between tensor-core,
    INT-core and FP-core warps (the tactic's :class:`~edgesdk.formats.vitbit_gemm.CoreSplit`); with
    split-K it writes int32 partials to the workspace instead of Y;
-3. ``vitbit_splitk_epilogue`` (split-K only): exact int32 sum of the partials, then the epilogue.
+3. ``vitbit_splitk_epilogue[8]`` (split-K only): exact int32 sum of the partials, then the epilogue
+   (8 columns per thread with 16-byte loads when N % 8 == 0).
 
-Tactics (``valid_tactics``): 1 = tensor cores only, 128x128 tiles (default); 2, 3, 8 other tile sizes;
-4-7 split-K for small M; 10-19 hybrids (TC : INT : FP column ratios from 128:8:0 to 96:0:32); 22-23
-hybrids with split-K; 20-21 hybrids whose INT share uses packed 16-bit fields (4- and 5-bit weights
-only). Every tactic gives bit-identical results.
+Tactics (``valid_tactics``): 1 = tensor cores only, 128x128 tiles (default); 2, 3, 8, 9, 24, 25, 28, 29
+other tile sizes / pipeline depths; 4-7, 26, 27 split-K for small M (all "tc2" kernels: epilogue staged
+through shared memory); 41-48 the first-generation tensor-core kernels (old tactics 1-8) kept as
+fallbacks; 10-19 hybrids (TC : INT : FP column ratios from 128:8:0 to 96:0:32); 22-23 hybrids with
+split-K; 20-21 hybrids whose INT share uses packed 16-bit fields (4- and 5-bit weights only). Every
+tactic gives bit-identical results.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class Config:
     stages: int
     tm: int = 4
     int_mode: int = 0  # 0 dp4a, 4/5 packed fields for 4/5-bit weights
+    tc2: bool = False  # second-generation tensor-core-only kernel (epilogue staged through smem)
 
     @property
     def bn(self) -> int:
@@ -54,7 +58,8 @@ class Config:
 
     @property
     def smem(self) -> int:
-        return self.stages * (self.bm + self.bn) * BK
+        pipe = self.stages * (self.bm + self.bn) * BK
+        return max(pipe, self.bm * (self.bn + 8) * 4) if self.tc2 else pipe
 
 
 _C = {c.name: c for c in [
@@ -62,6 +67,15 @@ _C = {c.name: c for c in [
     Config("tc_64x128", 64, CoreSplit(128), 32, 32, 4),
     Config("tc_64x64", 64, CoreSplit(64), 32, 32, 4),
     Config("tc_128x256", 128, CoreSplit(256), 64, 64, 3),
+    Config("tc2_128x128", 128, CoreSplit(128), 64, 32, 3, tc2=True),
+    Config("tc2_128x128w4", 128, CoreSplit(128), 64, 64, 3, tc2=True),
+    Config("tc2_128x256", 128, CoreSplit(256), 64, 64, 3, tc2=True),
+    Config("tc2_256x128", 256, CoreSplit(128), 64, 64, 3, tc2=True),
+    Config("tc2_64x128", 64, CoreSplit(128), 64, 32, 4, tc2=True),
+    Config("tc2_64x128s3", 64, CoreSplit(128), 64, 32, 3, tc2=True),
+    Config("tc2_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True),
+    Config("tc2_64x64s3", 64, CoreSplit(64), 32, 32, 3, tc2=True),
+    Config("tc2_64x64s6", 64, CoreSplit(64), 32, 32, 6, tc2=True),
     Config("h128_tc128_i8", 128, CoreSplit(128, 8), 64, 32, 3),
     Config("h128_tc128_i8_f8", 128, CoreSplit(128, 8, 8), 64, 32, 3, tm=2),
     Config("h64_tc64_i8", 64, CoreSplit(64, 8), 32, 32, 4, tm=2),
@@ -80,14 +94,23 @@ _C = {c.name: c for c in [
 
 # tactic -> (config name, or "field:<base>" for the bits-dependent field variant; K splits)
 TACTICS: dict[int, tuple[str, int]] = {
-    1: ("tc_128x128", 1),
-    2: ("tc_64x128", 1),
-    3: ("tc_64x64", 1),
-    4: ("tc_64x64", 2),
-    5: ("tc_64x64", 4),
-    6: ("tc_64x128", 2),
-    7: ("tc_128x128", 2),
-    8: ("tc_128x256", 1),
+    # tensor cores only, second generation (tc2: epilogue staged through smem, 16-byte stores)
+    1: ("tc2_128x128", 1),
+    2: ("tc2_64x128", 1),
+    3: ("tc2_64x64", 1),
+    4: ("tc2_64x64", 2),
+    5: ("tc2_64x64", 4),
+    6: ("tc2_64x128", 2),
+    7: ("tc2_128x128", 2),
+    8: ("tc2_128x256", 1),
+    9: ("tc2_256x128", 1),
+    24: ("tc2_128x128w4", 1),
+    25: ("tc2_64x64s6", 1),
+    26: ("tc2_64x64s6", 2),
+    27: ("tc2_64x64s6", 4),
+    28: ("tc2_64x64s3", 1),
+    29: ("tc2_64x128s3", 1),
+    # hybrids: tensor-core warps + INT-core (dp4a) and/or FP-core warps
     10: ("h128_tc96_i32", 1),
     11: ("h128_tc96_i16_f16", 1),
     12: ("h128_tc96_f32", 1),
@@ -102,6 +125,15 @@ TACTICS: dict[int, tuple[str, int]] = {
     23: ("h64_tc128_i8", 2),
     20: ("field:h128_tc96_i32", 1),
     21: ("field:h64_tc64_i16", 1),
+    # tensor cores only, first generation (the tactics 1-8 of commit 8f28b82), kept as fallbacks: 40 + old number
+    41: ("tc_128x128", 1),
+    42: ("tc_64x128", 1),
+    43: ("tc_64x64", 1),
+    44: ("tc_64x64", 2),
+    45: ("tc_64x64", 4),
+    46: ("tc_64x128", 2),
+    47: ("tc_128x128", 2),
+    48: ("tc_128x256", 1),
 }
 TC_ONLY = 1
 MAX_SPLITS = max(s for _, s in TACTICS.values())
@@ -250,8 +282,9 @@ def _gemm_launches(a: dict, x_dtype: str, m: int, tactic: int, xq, w, ws, bias, 
         _cuda.ArgBlock([xq, w, y, part, ws, bias, xs, ctypes.c_int(flags), ctypes.c_int(m), ctypes.c_int(n),
                         ctypes.c_int(kp), ctypes.c_int(kps)]), cfg.smem)]
     if splits > 1:
-        out.append(_kernel("vitbit_splitk_epilogue").plan(
-            (min(-(-(m * n) // 256), 4096),), (256,),
+        per = 8 if n % 8 == 0 else 1  # 8 consecutive columns per thread where rows are whole chunks
+        out.append(_kernel("vitbit_splitk_epilogue8" if per == 8 else "vitbit_splitk_epilogue").plan(
+            (min(-(-(m * n // per) // 256), 4096),), (256,),
             _cuda.ArgBlock([part, ctypes.c_int(splits), y, ws, bias, xs, ctypes.c_int(flags), ctypes.c_int(m),
                             ctypes.c_int(n)])))
     return out

@@ -544,3 +544,220 @@ VITBIT_GEMM(h128_tc96_i32_field4, 128, 96, 64, 32, 3, 32, 0, 4, 4, 1)
 VITBIT_GEMM(h128_tc96_i32_field5, 128, 96, 64, 32, 3, 32, 0, 4, 5, 1)
 VITBIT_GEMM(h64_tc64_i16_field4, 64, 64, 32, 32, 4, 16, 0, 4, 4, 2)
 VITBIT_GEMM(h64_tc64_i16_field5, 64, 64, 32, 32, 4, 16, 0, 4, 5, 2)
+
+// ------------------------------------------------------------------------------------------------
+// Tensor-core-only GEMM, second generation ("tc2"): same math and pipeline as the TC role above, with
+//  * cp.async addresses computed once per thread: every thread copies the same 16-byte chunk column of
+//    a fixed set of rows, so a stage costs one pointer add per copy; rows past M (or N) are clamped to
+//    the last row instead of predicated off: they only feed output rows (columns) that are never
+//    stored. Only the K tail is zero-filled (src-size 0), as before;
+//  * the epilogue staged through shared memory (int32 tile, padded rows: conflict-free 8-byte writes
+//    and 16-byte reads), then each thread finishes 8 consecutive columns of one row: 16-byte fp16
+//    stores (2 x 16 B fp32, 2 x 16 B int32 partials), per-column constants loaded once per chunk.
+//    The epilogue code is one small loop instead of 64 inlined element stores per thread.
+// ------------------------------------------------------------------------------------------------
+template <int BM, int BN, int WM, int WN, int STAGES>
+struct Tc2Cfg {
+  static constexpr int WARPS = (BM / WM) * (BN / WN);
+  static constexpr int THREADS = WARPS * 32;
+  static constexpr int STAGE_BYTES = (BM + BN) * BK;
+  static constexpr int RSTEP = THREADS / 8;  // tile rows one copy step covers (8 chunks of 16 B per row)
+  static constexpr int LA = BM / RSTEP, LW = BN / RSTEP;
+  static constexpr int CSTRIDE = BN + 8;  // 32-bit words per staged epilogue row (+8: no bank conflicts)
+  static constexpr int EPI_BYTES = BM * CSTRIDE * 4;
+  static constexpr int SMEM = STAGES * STAGE_BYTES > EPI_BYTES ? STAGES * STAGE_BYTES : EPI_BYTES;
+  static_assert(BM % RSTEP == 0 && BN % RSTEP == 0 && RSTEP % 8 == 0, "copy mapping");
+  static_assert(BM % WM == 0 && BN % WN == 0 && WM % 16 == 0 && WN % 16 == 0, "warp tile");
+  static_assert((BM * BN / 8) % THREADS == 0, "epilogue mapping");
+};
+
+// The epilogue of 8 consecutive columns col..col+7 of one row (v: exact int32 sums).
+__device__ __forceinline__ void put8(const Out& o, int row, int col, const int* v) {
+  const int M = o.M, N = o.N;
+  const size_t i = (size_t)row * N + col;
+  const bool full = col + 8 <= N;
+  if (o.partial) {
+    int* p = o.partial + (size_t)blockIdx.z * M * N + i;
+    if (full && !(N & 3) && !(reinterpret_cast<size_t>(o.partial) & 15)) {
+      reinterpret_cast<int4*>(p)[0] = make_int4(v[0], v[1], v[2], v[3]);
+      reinterpret_cast<int4*>(p)[1] = make_int4(v[4], v[5], v[6], v[7]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; e++)
+        if (col + e < N) p[e] = v[e];
+    }
+    return;
+  }
+  float y[8];
+#pragma unroll
+  for (int e = 0; e < 8; e++) {
+    const int c = min(col + e, N - 1);  // columns past N are computed on a valid index, never stored
+    float alpha = __fmul_rn(o.x_scale, __ldg(o.w_scale + c));
+    float t = __fmul_rn(__int2float_rn(v[e]), alpha);
+    if (o.flags & FLAG_BIAS) t = __fadd_rn(t, __ldg(o.bias + c));
+    y[e] = t;
+  }
+  if (o.flags & FLAG_GELU) {
+#pragma unroll
+    for (int e = 0; e < 8; e++) y[e] = 0.5f * y[e] * (1.0f + erff(y[e] * 0.70710678118654752f));
+  }
+  if (o.flags & FLAG_HALF) {
+    __half* p = reinterpret_cast<__half*>(o.y) + i;
+    if (full && !(N & 7) && !(reinterpret_cast<size_t>(o.y) & 15)) {
+      uint4 u;
+      __half2 h0 = __halves2half2(__float2half_rn(y[0]), __float2half_rn(y[1]));
+      __half2 h1 = __halves2half2(__float2half_rn(y[2]), __float2half_rn(y[3]));
+      __half2 h2 = __halves2half2(__float2half_rn(y[4]), __float2half_rn(y[5]));
+      __half2 h3 = __halves2half2(__float2half_rn(y[6]), __float2half_rn(y[7]));
+      u.x = *reinterpret_cast<u32*>(&h0);
+      u.y = *reinterpret_cast<u32*>(&h1);
+      u.z = *reinterpret_cast<u32*>(&h2);
+      u.w = *reinterpret_cast<u32*>(&h3);
+      *reinterpret_cast<uint4*>(p) = u;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; e++)
+        if (col + e < N) p[e] = __float2half_rn(y[e]);
+    }
+  } else {
+    float* p = reinterpret_cast<float*>(o.y) + i;
+    if (full && !(N & 3) && !(reinterpret_cast<size_t>(o.y) & 15)) {
+      reinterpret_cast<float4*>(p)[0] = make_float4(y[0], y[1], y[2], y[3]);
+      reinterpret_cast<float4*>(p)[1] = make_float4(y[4], y[5], y[6], y[7]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; e++)
+        if (col + e < N) p[e] = y[e];
+    }
+  }
+}
+
+template <int BM, int BN, int WM, int WN, int STAGES>
+__device__ __forceinline__ void tc2_body(const s8* __restrict__ A, const s8* __restrict__ W, const Out& o,
+                                         int Kp, int kt_per_split) {
+  typedef Tc2Cfg<BM, BN, WM, WN, STAGES> C;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  const int KT = (Kp + BK - 1) / BK;
+  const int kt0 = blockIdx.z * kt_per_split;
+  const int nkt = max(0, min(KT, kt0 + kt_per_split) - kt0);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int M = o.M, N = o.N;
+
+  // Copy mapping: chunk column c of rows r0 + j * RSTEP (A rows, then W rows after BM).
+  const int c = threadIdx.x & 7, r0 = threadIdx.x >> 3;
+  const u32 dst0 = smem_u32(smem) + r0 * BK + ((c ^ (r0 & 7)) << 4);
+  const s8* ga[C::LA];
+  const s8* gw[C::LW];
+#pragma unroll
+  for (int j = 0; j < C::LA; j++) ga[j] = A + (size_t)min(m0 + r0 + j * C::RSTEP, M - 1) * Kp + c * 16;
+#pragma unroll
+  for (int j = 0; j < C::LW; j++) gw[j] = W + (size_t)min(n0 + r0 + j * C::RSTEP, N - 1) * Kp + c * 16;
+
+  auto load = [&](int s, int kt) {
+    const u32 dst = dst0 + s * C::STAGE_BYTES;
+    const int kb = kt * BK;
+    const bool ok = kb + c * 16 < Kp;  // K tail: zero-fill
+#pragma unroll
+    for (int j = 0; j < C::LA; j++) cp_async16(dst + j * C::RSTEP * BK, ok ? ga[j] + kb : A, ok);
+#pragma unroll
+    for (int j = 0; j < C::LW; j++) cp_async16(dst + (BM + j * C::RSTEP) * BK, ok ? gw[j] + kb : W, ok);
+  };
+
+  const int wm0 = (warp % (BM / WM)) * WM, wn0 = (warp / (BM / WM)) * WN;
+  TcRole<BM, WM, WN> tc;
+  tc.zero();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < nkt) load(s, kt0 + s);
+    cp_async_commit();
+  }
+#pragma unroll 1
+  for (int t = 0; t < nkt; t++) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    const int nx = t + STAGES - 1;
+    if (nx < nkt) load(nx % STAGES, kt0 + nx);
+    cp_async_commit();
+    tc.compute(smem + (t % STAGES) * C::STAGE_BYTES, wm0, wn0, lane);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the stages: reuse them for the epilogue tile
+
+  int* cs = reinterpret_cast<int*>(smem);
+  {
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int i = 0; i < TcRole<BM, WM, WN>::MI; i++)
+#pragma unroll
+      for (int j = 0; j < TcRole<BM, WM, WN>::NI; j++) {
+        int* p = cs + (wm0 + i * 16 + g) * C::CSTRIDE + wn0 + j * 8 + t4 * 2;
+        *reinterpret_cast<int2*>(p) = make_int2(tc.acc[i][j][0], tc.acc[i][j][1]);
+        *reinterpret_cast<int2*>(p + 8 * C::CSTRIDE) = make_int2(tc.acc[i][j][2], tc.acc[i][j][3]);
+      }
+  }
+  __syncthreads();
+  constexpr int CPR = BN / 8;  // 8-column chunks per row
+  // Lanes 4-7 of each quarter warp read the high half of their chunk first: the 8 lanes of a
+  // 16-byte access then cover 32 distinct banks.
+  const int h = (lane >> 2) & 1;
+#pragma unroll 1
+  for (int idx = threadIdx.x; idx < BM * CPR; idx += C::THREADS) {
+    const int r = idx / CPR, cc = (idx % CPR) * 8;
+    const int row = m0 + r, col = n0 + cc;
+    const int* p = cs + r * C::CSTRIDE + cc;
+    int4 u0 = *reinterpret_cast<const int4*>(p + 4 * h);
+    int4 u1 = *reinterpret_cast<const int4*>(p + 4 - 4 * h);
+    if (row >= M || col >= N) continue;
+    int4 lo = h ? u1 : u0, hi = h ? u0 : u1;
+    int v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    put8(o, row, col, v);
+  }
+}
+
+// name, BM, BN, WM, WN, STAGES, min blocks per SM
+#define VITBIT_TC2(NAME, BM, BN, WM, WN, ST, MINB)                                                            \
+  extern "C" __global__ void __launch_bounds__(Tc2Cfg<BM, BN, WM, WN, ST>::THREADS, MINB)                      \
+      vitbit_gemm_##NAME(const s8* __restrict__ A, const s8* __restrict__ W, void* y, int* partial,           \
+                         const float* __restrict__ w_scale, const float* __restrict__ bias, float x_scale,     \
+                         int flags, int M, int N, int Kp, int kt_per_split) {                                  \
+    Out o{y, partial, w_scale, bias, x_scale, flags, M, N};                                                    \
+    tc2_body<BM, BN, WM, WN, ST>(A, W, o, Kp, kt_per_split);                                                   \
+  }
+
+VITBIT_TC2(tc2_128x128, 128, 128, 64, 32, 3, 2)      // 8 warps of 64x32
+VITBIT_TC2(tc2_128x128w4, 128, 128, 64, 64, 3, 2)    // 4 warps of 64x64 (fewer ldmatrix per mma)
+VITBIT_TC2(tc2_128x256, 128, 256, 64, 64, 3, 1)      // 8 warps of 64x64
+VITBIT_TC2(tc2_256x128, 256, 128, 64, 64, 3, 1)      // 8 warps of 64x64
+VITBIT_TC2(tc2_64x128, 64, 128, 64, 32, 4, 2)        // 4 warps of 64x32
+VITBIT_TC2(tc2_64x128s3, 64, 128, 64, 32, 3, 3)      // 3 stages: 3 blocks per SM
+VITBIT_TC2(tc2_64x64, 64, 64, 32, 32, 4, 3)          // 4 warps of 32x32
+VITBIT_TC2(tc2_64x64s3, 64, 64, 32, 32, 3, 4)        // 3 stages: 4 blocks per SM
+VITBIT_TC2(tc2_64x64s6, 64, 64, 32, 32, 6, 2)        // 6 stages: all of K = 768 in flight at once (small M)
+
+// Split-K epilogue, 8 consecutive columns per thread (N % 8 == 0): 16-byte loads of the partials, exact
+// int32 sum, then the same put8 as the tc2 kernels.
+extern "C" __global__ void vitbit_splitk_epilogue8(const int* __restrict__ partial, int splits, void* y,
+                                                   const float* __restrict__ w_scale,
+                                                   const float* __restrict__ bias, float x_scale, int flags,
+                                                   int M, int N) {
+  Out o{y, nullptr, w_scale, bias, x_scale, flags, M, N};
+  const long total = (long)M * N, chunks = total >> 3;
+  const bool vec = !(reinterpret_cast<size_t>(partial) & 15);
+  for (long g = blockIdx.x * (long)blockDim.x + threadIdx.x; g < chunks; g += (long)gridDim.x * blockDim.x) {
+    const long i = g << 3;
+    int v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int z = 0; z < splits; z++) {
+      const int* p = partial + (size_t)z * total + i;
+      if (vec) {
+        int4 a = __ldg(reinterpret_cast<const int4*>(p)), b = __ldg(reinterpret_cast<const int4*>(p) + 1);
+        v[0] += a.x; v[1] += a.y; v[2] += a.z; v[3] += a.w;
+        v[4] += b.x; v[5] += b.y; v[6] += b.z; v[7] += b.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) v[e] += p[e];
+      }
+    }
+    put8(o, (int)(i / N), (int)(i % N), v);
+  }
+}
