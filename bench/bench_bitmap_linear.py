@@ -101,8 +101,11 @@ class GraphTimer:
         return statistics.median(times)
 
 
-def bench(shapes, ms, packed, l2, tactics, green=None, check_outputs=True):
-    """Rows of timings. ``green``: (ctx, prim_ctx, stream) to run on a green context."""
+def bench(shapes, ms, packed, l2, tactics, green=None, check_outputs=True, label_tactics=()):
+    """Rows of timings. ``green``: (ctx, prim_ctx, stream) to run on a green context.
+
+    Per layer and M: a ``default`` row (tactic 1), a ``best`` row (fastest timed tactic) and a
+    ``t<id>`` row for every tactic of ``label_tactics`` (heuristics compared side by side)."""
     import torch
 
     from edgesdk.kernels import _cuda
@@ -177,7 +180,7 @@ def bench(shapes, ms, packed, l2, tactics, green=None, check_outputs=True):
                         err = np.abs(yc.double().cpu().numpy() - ref).max() / max(np.abs(ref).max(), 1e-6)
                         assert err < 2e-3, f"bench sanity check failed: rel err {err} for {k}x{n} {s} {vd} tactic {tac}"
                 best = min(res, key=res.get)
-                for label, tac in (("default", 1), ("best", best)):
+                for label, tac in (("default", 1), ("best", best), *((f"t{t}", t) for t in label_tactics)):
                     t = res[tac]
                     rows.append({"K": k, "N": n, "M": m, "kernel": f"bitmap_{vd}_{label}", "sparsity": s,
                                  "tactic": tac, "us": t, "bytes": nb + io, "GBps": (nb + io) / t / 1e3,
@@ -248,6 +251,9 @@ def main(argv=None):
     ap.add_argument("--published-json", type=Path,
                     help="reuse the published-kernel rows of an earlier results JSON (their date/commit are kept)")
     ap.add_argument("--tactics", default="decode", help="'all', 'decode' (DECODE_TACTICS) or comma-separated ids")
+    ap.add_argument("--label-tactics", default="", help="comma-separated timed tactics that also get rows of "
+                    "their own (kernel bitmap_<vd>_t<id>), e.g. a second heuristic")
+    ap.add_argument("--green-tactics", default=",".join(map(str, GREEN_TACTICS)), help="comma-separated tactics timed on the 16-SM context")
     args = ap.parse_args(argv)
     import torch
 
@@ -262,6 +268,9 @@ def main(argv=None):
         tactics = DECODE_TACTICS
     else:
         tactics = [int(t) for t in args.tactics.split(",")]
+    labels = [int(t) for t in args.label_tactics.split(",") if t]
+    green_tactics = [int(t) for t in args.green_tactics.split(",") if t]
+    assert set(labels) <= set(tactics) and 1 in tactics and 1 in green_tactics
     t0 = time.time()
     packed = _pack_all(shapes)
     print(f"packed {len(packed)} layers in {time.time() - t0:.1f} s", flush=True)
@@ -273,7 +282,7 @@ def main(argv=None):
                            ">= 2x L2 bytes per replay; GB/s = (format bytes + X + Y) / time",
                  "shapes_KN": shapes, "M": ms, "tactics": tactics})
     t0 = time.time()
-    rows = bench(shapes, ms, packed, l2, tactics)
+    rows = bench(shapes, ms, packed, l2, tactics, label_tactics=labels)
     print(f"full GPU: {time.time() - t0:.1f} s", flush=True)
     cols = ["K", "N", "M", "kernel", "sparsity", "tactic", "us", "GBps", "speedup"]
     print_table([r for r in rows if not r["kernel"].endswith("default")], cols)
@@ -304,12 +313,13 @@ def main(argv=None):
     gstream = _cuda.check(cu.cuStreamCreate(1))
     _cuda.check(cu.cuCtxSetCurrent(prim))
     t0 = time.time()
-    grows = bench(shapes, ms, packed, l2, GREEN_TACTICS, green=(gctx, prim, gstream), check_outputs=False)
+    grows = bench(shapes, ms, packed, l2, green_tactics, green=(gctx, prim, gstream), check_outputs=False,
+                  label_tactics=[t for t in labels if t in green_tactics])
     print(f"green context ({sms} SMs): {time.time() - t0:.1f} s", flush=True)
     print_table([r for r in grows if not r["kernel"].endswith("default")], cols)
     gsum = summarize(grows)
     print_table(gsum, list(gsum[0]))
-    write_results("bitmap_linear_green16", grows, {**info, "green_context_sms": sms, "tactics": GREEN_TACTICS,
+    write_results("bitmap_linear_green16", grows, {**info, "green_context_sms": sms, "tactics": green_tactics,
                                                    "summary": gsum})
     return 0
 

@@ -248,7 +248,9 @@ def test_launcher_config_is_valid_everywhere():
                                 assert tac in kbl.GEMV_TACTICS
                             elif c["name"].startswith("bitmap_dec"):
                                 assert xd == "float16" and m <= 16 and k % 8 == 0 and c["grid"][1] == 1
-                                assert tac == 1 or tac in kbl.DEC_TACTICS
+                                r80 = tac == kbl.R80_HEURISTIC or tac in kbl.R80_TACTICS
+                                assert tac == 1 or tac in kbl.DEC_TACTICS or r80
+                                assert c["name"].endswith(("_r80", "_r80n")) == r80
                                 assert c["spw"] == 2 and c["name"].split("_mb")[1][0] == ("1" if m <= 8 else "2")
                             else:
                                 mt = int(c["name"].split("_mt")[1].split("_")[0])

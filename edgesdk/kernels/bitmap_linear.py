@@ -59,6 +59,16 @@ DEC_TACTICS: dict[int, tuple[int, int, int]] = {
     46: (8, 1, 1), 47: (4, 2, 1), 48: (2, 4, 1),
 }
 _DEC_STAGES = {"float16": (4, 6), "int8": (8, 6)}
+#: Decode path, 80-register kernels (``bitmap_dec_*_r80`` / ``_r80n``: up to 24 resident warps per SM)
+#: → (K splits, strip pairs per block); 49 = their heuristic. Stages: fp16 values 4, int8 values 6.
+R80_TACTICS: dict[int, tuple[int, int]] = {
+    50: (12, 1), 51: (8, 1), 52: (6, 2), 53: (4, 2), 54: (16, 1), 55: (4, 4), 56: (3, 4), 57: (2, 8),
+}
+R80_HEURISTIC = 49
+_R80_STAGES = {"float16": 4, "int8": 6}
+_R80_WARPS_PER_SM = 25  # 80 registers × 32 lanes per warp: 65 536 / 2 560
+_BLOCK_RESERVED_SMEM = 1024  # per-block shared memory the driver keeps (sm_80+)
+_SMEM_PER_SM = 233472  # H100 / sm_90 default for the pure config(); launches query the device
 _DEC_SCRATCH = 256  # bytes per warp: (bitmap word, value address) of 2 strips × 16 words
 _MAX_WARPS = 16
 _SMEM_LIMIT = 163 * 1024  # sm_87 (Orin) opt-in maximum per block; portable tactics
@@ -77,7 +87,7 @@ def _attrs(attrs: dict) -> tuple[int, int, str, int]:
 def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
     """Tactic ids valid for any M (1 = heuristic, then the fixed configurations)."""
     _attrs(attrs)
-    return [1, *TACTICS, *GEMV_TACTICS, *DEC_TACTICS]
+    return [1, *TACTICS, *GEMV_TACTICS, *DEC_TACTICS, R80_HEURISTIC, *R80_TACTICS]
 
 
 def workspace_bytes(attrs: dict, m: int) -> int:
@@ -96,6 +106,15 @@ def _sm_count(ctx: int) -> int:
         dev = _cuda.check(cu.cuCtxGetDevice())
         return int(_cuda.check(cu.cuDeviceGetAttribute(
             cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)))
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_per_sm(ctx: int) -> int:
+    """Shared memory per SM of the current device (bytes; 228 KB on sm_90, 164 KB on Orin)."""
+    cu = _cuda._driver()
+    dev = _cuda.check(cu.cuCtxGetDevice())
+    return int(_cuda.check(cu.cuDeviceGetAttribute(
+        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, dev)))
 
 
 def _gemv_slot(value_dtype: str, spw: int, m: int) -> int:
@@ -166,8 +185,46 @@ def _dec_config(n, k, m, value_dtype, tactic, sm_count):
             "block": (32 * warps, 1, 1), "smem": smem, "ks": ks, "spb": pb, "spw": 2}
 
 
+def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm):
+    """80-register decode kernels: same layout as :func:`_dec_config`, up to 24 warps per SM."""
+    s, g = fmt.geometry(n, k)
+    pairs = -(-s // 2)
+    stages = _R80_STAGES[value_dtype]
+    slot = _dec_slot(value_dtype) * stages + _DEC_SCRATCH  # per warp: ring + scan scratch
+    if tactic in R80_TACTICS:
+        ks, pb = R80_TACTICS[tactic]
+    else:
+        # Heuristic: one wave if possible, as many resident warps per SM as registers (25) and shared
+        # memory allow, K split as finely as needed; cost = waves × (groups per warp + ~3 groups of
+        # pipeline fill and reduction); ties keep the coarser K split.
+        best = None
+        for ks_ in (1, 2, 3, 4, 6, 8, 12, 16):
+            if ks_ > 1 and ks_ > g:
+                break
+            for pb_ in (1, 2, 4, 8, 16):
+                warps = pb_ * ks_
+                if warps > _MAX_WARPS or (pb_ > 1 and pb_ > pairs) or warps * slot > _SMEM_LIMIT:
+                    continue
+                bps = min(_R80_WARPS_PER_SM // warps, smem_per_sm // (warps * slot + _BLOCK_RESERVED_SMEM))
+                if bps < 1:
+                    continue
+                waves = -(-(-(-pairs // pb_)) // (bps * sm_count))
+                cost = waves * (-(-g // ks_) + 3)
+                if best is None or cost < best[0]:
+                    best = (cost, ks_, pb_)
+        _, ks, pb = best
+    pb = max(1, min(pb, pairs, _SMEM_LIMIT // (slot * ks)))
+    ks = max(1, min(ks, _SMEM_LIMIT // (slot * pb)))
+    warps = pb * ks
+    mb = 1 if m <= 8 else 2
+    smem = max(warps * slot, warps * mb * 4 * 32 * 4)
+    sfx = "r80" if mb == 1 else "r80n"  # MB = 2 loads X per group (prefetching it would spill at 80)
+    return {"name": f"bitmap_dec_{_V[value_dtype][0]}_mb{mb}_s{stages}_{sfx}", "grid": (-(-pairs // pb), 1, 1),
+            "block": (32 * warps, 1, 1), "smem": smem, "ks": ks, "spb": pb, "spw": 2}
+
+
 def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int = 1,
-           sm_count: int = 132, x_aligned: bool = True) -> dict:
+           sm_count: int = 132, x_aligned: bool = True, smem_per_sm: int = _SMEM_PER_SM) -> dict:
     """Kernel name, grid, block and dynamic shared memory for one launch (pure function).
 
     fp16 X with M ≤ 16 and K % 8 == 0 takes the decode path (``bitmap_gemv_*``) under tactic 1 and
@@ -177,12 +234,14 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
     if x_dtype not in _X:
         raise EdgeSDKError(f"EdgeBitmapLinear: X dtype {x_dtype!r} is not supported",
                            "feed float16 or float32 activations")
-    if tactic != 1 and tactic not in TACTICS and tactic not in GEMV_TACTICS and tactic not in DEC_TACTICS:
+    if tactic not in valid_tactics({"n": n, "k": k, "value_dtype": value_dtype}):
         raise EdgeSDKError(f"EdgeBitmapLinear: tactic {tactic} is not valid",
                            f"use one of {valid_tactics({'n': n, 'k': k, 'value_dtype': value_dtype})}")
     gemv_ok = x_dtype == "float16" and m <= 16 and k % 8 == 0 and x_aligned
     if gemv_ok and tactic in GEMV_TACTICS:
         return _gemv_config(n, k, m, value_dtype, tactic, sm_count)
+    if gemv_ok and (tactic == R80_HEURISTIC or tactic in R80_TACTICS):
+        return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm)
     if gemv_ok and tactic not in TACTICS:
         return _dec_config(n, k, m, value_dtype, tactic, sm_count)
     s, g = fmt.geometry(n, k)
@@ -229,8 +288,13 @@ def _layer(attrs: dict) -> tuple[int, int, str, int]:
 
 def _plan(n: int, k: int, vd: str, x_dtype: str, m: int, tactic: int, x_aligned: bool) -> _cuda.Launch:
     """Kernel (resolved in the current context), grid, block, smem and arg block of one launch shape."""
-    c = config(n, k, m, x_dtype, vd, tactic, _sm_count(_cuda.current_context()), x_aligned)
+    ctx = _cuda.current_context()
+    c = config(n, k, m, x_dtype, vd, tactic, _sm_count(ctx), x_aligned, _smem_per_sm(ctx))
     kern = _cuda.get_kernel(SOURCE, c["name"])
+    if c["name"].startswith("bitmap_dec"):  # several ring-sized blocks per SM: ask for the full carveout
+        cu = _cuda._driver()
+        _cuda.check(cu.cuFuncSetAttribute(
+            kern.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))
     slots, addr = _cuda.ArgBlock.pointer_slots(7)  # X, bitmaps, values, offsets, scales, bias, Y
     args = _cuda.ArgBlock([*addr, *(ctypes.c_int(v) for v in (m, n, k, c["ks"], c["spb"]))], slots)
     return kern.plan(c["grid"], c["block"], args, c["smem"])

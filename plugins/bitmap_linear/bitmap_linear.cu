@@ -509,7 +509,7 @@ __device__ __forceinline__ uint32_t dec_tile(uint32_t w, uint32_t ea, uint32_t b
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-template <typename VT, int MB, int STAGES>
+template <typename VT, int MB, int STAGES, bool PF>
 __device__ __forceinline__ void bitmap_dec_body(
     const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
     const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,
@@ -625,13 +625,20 @@ __device__ __forceinline__ void bitmap_dec_body(
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) issue(s);
-  uint32_t xf[MB][8], xn[MB][8];
-  if (ng > 0) ldx(0, xf);
+  // X fragments of the current group (xf) and, with PF, of the next one (xn, loaded a group ahead).
+  // Without PF (80-register kernels with MB = 2) the group's X is loaded at the top of its iteration,
+  // before the ring wait and the scan, and other resident warps cover the L1/L2 latency.
+  uint32_t xf[MB][8], xn[PF ? MB : 1][PF ? 8 : 1];
+  if (PF && ng > 0) ldx(0, xf);
   int cslot = 0;  // stage slot being consumed
 
   for (int i = 0; i < ng; ++i) {
     issue(i + STAGES - 1);
-    if (i + 1 < ng) ldx(i + 1, xn);
+    if constexpr (PF) {
+      if (i + 1 < ng) ldx(i + 1, xn);
+    } else {
+      ldx(i, xf);
+    }
     cp_async_wait<STAGES - 1>();
     __syncwarp();
     {
@@ -660,10 +667,12 @@ __device__ __forceinline__ void bitmap_dec_body(
 #pragma unroll
       for (int b = 0; b < MB; ++b) mma16816(acc[b], a, xf[b][2 * kk], xf[b][2 * kk + 1]);
     }
+    if constexpr (PF) {
 #pragma unroll
-    for (int b = 0; b < MB; ++b)
+      for (int b = 0; b < MB; ++b)
 #pragma unroll
-      for (int q = 0; q < 8; ++q) xf[b][q] = xn[b][q];
+        for (int q = 0; q < 8; ++q) xf[b][q] = xn[PF ? b : 0][PF ? q : 0];
+    }
     cslot = cslot + 1 == STAGES ? 0 : cslot + 1;
     __syncwarp();
   }
@@ -750,7 +759,7 @@ EDGESDK_BITMAP_GEMV(int8_t, i8, 4, 4)
       const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
       const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
       __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
-    bitmap_dec_body<VT, MB, ST>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB);            \
+    bitmap_dec_body<VT, MB, ST, true>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB);            \
   }
 
 EDGESDK_BITMAP_DEC(__half, f16, 1, 4)
@@ -761,3 +770,22 @@ EDGESDK_BITMAP_DEC(int8_t, i8, 1, 6)
 EDGESDK_BITMAP_DEC(int8_t, i8, 2, 6)
 EDGESDK_BITMAP_DEC(int8_t, i8, 1, 8)
 EDGESDK_BITMAP_DEC(int8_t, i8, 2, 8)
+
+// 80-register variants of the decode path: bitmap_dec_<value dtype>_mb<MB>_s<STAGES>_r<PF><...>, suffix
+// "_r80" (X prefetched one group ahead) or "_r80n" (X loaded per group). __launch_bounds__(768, 1)
+// caps registers at 80 so that 24 warps fit an SM (H100: three 8-warp or two 12-warp blocks; the
+// shared memory of the ring decides how many blocks fit on Orin). Same launch and layout as above.
+#define EDGESDK_BITMAP_DEC_R80(VT, VN, MB, ST, PF, SFX)                                                  \
+  extern "C" __global__ void __launch_bounds__(768, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_##SFX(       \
+      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
+      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
+      __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
+    bitmap_dec_body<VT, MB, ST, PF>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB);        \
+  }
+
+EDGESDK_BITMAP_DEC_R80(__half, f16, 1, 4, true, r80)
+EDGESDK_BITMAP_DEC_R80(__half, f16, 2, 4, true, r80)
+EDGESDK_BITMAP_DEC_R80(__half, f16, 2, 4, false, r80n)
+EDGESDK_BITMAP_DEC_R80(int8_t, i8, 1, 6, true, r80)
+EDGESDK_BITMAP_DEC_R80(int8_t, i8, 2, 6, true, r80)
+EDGESDK_BITMAP_DEC_R80(int8_t, i8, 2, 6, false, r80n)

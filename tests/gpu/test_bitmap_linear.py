@@ -120,7 +120,7 @@ def test_memcheck_subset():
                                  ((3, 40, 1000), 1.0, "float16", np.float16), ((70, 33, 65), 0.7, "int8", np.float16),
                                  ((1, 299, 2120), 0.6, "int8", np.float16), ((12, 299, 2120), 0.3, "float16", np.float16)]:
         x, p = make(rng, m, n, k, s, vd, xd, bias=True)
-        for tactic in (1, 6, 9, 21, 25, 26, 28, 43, 44, 46):
+        for tactic in (1, 6, 9, 21, 25, 26, 28, 43, 44, 46, 49, 53, 57):
             check(x, p, run_kernel(x, p, tactic))
 
 
@@ -137,12 +137,12 @@ def test_unaligned_x_falls_back_to_generic_path():
     check(x, p, y.cpu().numpy())
 
 
-@pytest.mark.parametrize("tactic", [1, 43, 44, 48])
+@pytest.mark.parametrize("tactic", [1, 43, 44, 48, 49, 50, 54, 56, 57])
 @pytest.mark.parametrize("m", [1, 8, 9, 16])
 def test_decode_v2_long_k_odd_strips(tactic, m):
     """Decode path v2 (``bitmap_dec_*``): K long enough that one warp refreshes its offsets window twice
-    (tactic 43: no K split, 66 groups), an odd number of strips (the last strip pair has one strip),
-    N not a multiple of 8, M on both sides of the 8-row B block."""
+    (tactic 43: no K split, 66 groups; 80-register tactic 57: two K splits), an odd number of strips
+    (the last strip pair has one strip), N not a multiple of 8, M on both sides of the 8-row B block."""
     rng = np.random.default_rng(1000 + 10 * tactic + m)
     for vd, s in (("float16", 0.3), ("int8", 0.5), ("float16", 0.95), ("int8", 0.0)):
         x, p = make(rng, m, 77, 4168, s, vd, np.float16, bias=m % 2 == 1)
