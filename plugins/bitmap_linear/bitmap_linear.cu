@@ -784,8 +784,6 @@ EDGESDK_BITMAP_DEC(int8_t, i8, 2, 8)
   }
 
 EDGESDK_BITMAP_DEC_R80(__half, f16, 1, 4, true, r80)
-EDGESDK_BITMAP_DEC_R80(__half, f16, 2, 4, true, r80)
 EDGESDK_BITMAP_DEC_R80(__half, f16, 2, 4, false, r80n)
 EDGESDK_BITMAP_DEC_R80(int8_t, i8, 1, 6, true, r80)
-EDGESDK_BITMAP_DEC_R80(int8_t, i8, 2, 6, true, r80)
 EDGESDK_BITMAP_DEC_R80(int8_t, i8, 2, 6, false, r80n)
