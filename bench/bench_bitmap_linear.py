@@ -239,7 +239,7 @@ def published_rows_from_json(path: Path, rows: list[dict]) -> tuple[list[dict], 
                 == (*key, r["sparsity"])]
         out.append({**r, "speedup": dense[0] / r["us"] if dense else None,
                     "ours_fp16_vs_published": r["us"] / ours[0] if ours else None,
-                    "measured": f"{old['meta']['date']} ({old['meta']['commit']})"})
+                    "measured": r.get("measured") or f"{old['meta']['date']} ({old['meta']['commit']})"})
     return out, old["meta"]
 
 
@@ -299,8 +299,9 @@ def main(argv=None):
         pub, pmeta = published_rows_from_json(args.published_json, rows)
         print_table(pub, cols + ["ours_fp16_vs_published"])
         rows += pub
-        info["published"] = (pmeta.get("published", "") + f"; rows reused from the run of {pmeta['date']} "
-                             f"(commit {pmeta['commit']}, {pmeta['device']}), not re-timed in this run")
+        info["published"] = (pmeta.get("published", "").split("; rows reused")[0]
+                             + "; rows reused from an earlier run (date and commit per row, 'measured'), "
+                             f"via {pmeta['date']}'s results ({pmeta['device']}); not re-timed in this run")
         if "coruscant_sparsities" in pmeta:
             info["coruscant_sparsities"] = pmeta["coruscant_sparsities"]
     write_results("bitmap_linear", rows, {**info, "summary": summ})

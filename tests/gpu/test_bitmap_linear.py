@@ -66,6 +66,17 @@ def test_matches_reference(sparsity, vd, xd):
         check(x, p, run_kernel(x, p))
 
 
+@pytest.mark.parametrize("sparsity", [0.0, 0.3, 0.5, 0.7, 0.9, 1.0])
+@pytest.mark.parametrize("vd", ["float16", "int8"])
+def test_matches_reference_r80(sparsity, vd):
+    """The 80-register decode kernels (heuristic tactic 49) on every SHAPES entry with fp16 X (those with
+    M <= 16 and K % 8 == 0 take them; the others fall back to the generic path)."""
+    rng = np.random.default_rng(int(sparsity * 10) + 100 * (vd == "int8") + 5000)
+    for i, (m, n, k) in enumerate(SHAPES):
+        x, p = make(rng, m, n, k, sparsity, vd, np.float16, bias=i % 2 == 1)
+        check(x, p, run_kernel(x, p, kbl.R80_HEURISTIC))
+
+
 @pytest.mark.parametrize("tactic", kbl.valid_tactics({"n": 1, "k": 1, "value_dtype": "float16"}))
 @pytest.mark.parametrize("m", [1, 7, 9, 16, 33, 70])
 def test_every_tactic(tactic, m):
