@@ -250,7 +250,7 @@ def test_launcher_config_is_valid_everywhere():
                                 assert xd == "float16" and m <= 16 and k % 8 == 0 and c["grid"][1] == 1
                                 r80 = tac == kbl.R80_HEURISTIC or tac in kbl.R80_TACTICS
                                 assert tac == 1 or tac in kbl.DEC_TACTICS or r80
-                                assert c["name"].endswith(("_r80", "_r80n")) == r80
+                                assert tac == 1 or c["name"].endswith(("_r80", "_r80n")) == r80
                                 assert c["spw"] == 2 and c["name"].split("_mb")[1][0] == ("1" if m <= 8 else "2")
                             else:
                                 mt = int(c["name"].split("_mt")[1].split("_")[0])
@@ -258,5 +258,23 @@ def test_launcher_config_is_valid_everywhere():
                                 assert c["name"].startswith(f"bitmap_linear_{'f16' if xd == 'float16' else 'f32'}")
     with pytest.raises(EdgeSDKError, match="tactic"):
         kbl.config(8, 8, 1, "float16", "float16", 99)
+
+
+def test_heuristic_picks_80_register_kernel_only_when_cheaper():
+    """Tactic 1 takes the 80-register decode kernel where its modelled cost is ≤ 3/4 of the
+    108-register kernel's (one wave instead of several, or half the groups per warp), else the latter."""
+    from edgesdk.kernels import bitmap_linear as kbl
+
+    for (k, n), want in {(4096, 4096): False, (4096, 11008): True, (2048, 5632): True, (5632, 2048): False,
+                         (896, 4864): True, (1536, 576): False}.items():
+        for m in (1, 16):
+            for vd in fmt.VALUE_DTYPES:
+                c = kbl.config(n, k, m, "float16", vd, 1, 132)
+                c16 = kbl.config(n, k, m, "float16", vd, 40, 132)  # any 108-register tactic: name family
+                assert c["name"].endswith(("_r80", "_r80n")) == want, (k, n, m, vd, c)
+                assert c["name"].split("_mb")[1][0] == c16["name"].split("_mb")[1][0]
+    # fp32 X, odd K and M > 16 never take a decode kernel
+    assert kbl.config(4096, 4096, 17, "float16", "float16", 1)["name"].startswith("bitmap_linear_")
+    assert kbl.config(5632, 2048, 1, "float32", "float16", 1)["name"].startswith("bitmap_linear_")
     with pytest.raises(EdgeSDKError, match="dtype"):
         kbl.config(8, 8, 1, "bfloat16", "float16", 1)

@@ -25,8 +25,10 @@ dense fp16 bytes at 50 %), or let tactic timing against a dense layer decide.
 Tactics (``valid_tactics``): 1 = heuristic (from M, N, K and the SM count of the current context);
 2–11 fix generic-path (strips per block, K splits, stages) configurations; 20–31 fix v1 decode-path
 (strips per warp, strip blocks per block, K splits) configurations; 40–48 fix decode-path (K splits,
-strip pairs per block, stage set) configurations. Decode-path tactics act like tactic 1 where the decode
-path does not apply. Shared memory per block stays ≤ 163 KB (Orin's limit).
+strip pairs per block, stage set) configurations; 49 (heuristic) and 50–57 (K splits, strip pairs per
+block) use the 80-register decode kernels (``bitmap_dec_*_r80``/``_r80n``, up to 24 warps per SM), which
+tactic 1 takes where they cut the modelled cost by ≥ 1/4. Decode-path tactics act like tactic 1 where the
+decode path does not apply. Shared memory per block stays ≤ 163 KB (Orin's limit).
 """
 
 from __future__ import annotations
@@ -181,8 +183,10 @@ def _dec_config(n, k, m, value_dtype, tactic, sm_count):
     warps = pb * ks
     mb = 1 if m <= 8 else 2
     smem = max(warps * slot, warps * mb * 4 * 32 * 4)
+    waves = -(-(-(-pairs // pb)) // (max(1, _MAX_WARPS // warps) * sm_count))
     return {"name": f"bitmap_dec_{_V[value_dtype][0]}_mb{mb}_s{stages}", "grid": (-(-pairs // pb), 1, 1),
-            "block": (32 * warps, 1, 1), "smem": smem, "ks": ks, "spb": pb, "spw": 2}
+            "block": (32 * warps, 1, 1), "smem": smem, "ks": ks, "spb": pb, "spw": 2,
+            "cost": waves * (-(-g // ks) + 3)}
 
 
 def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm):
@@ -219,8 +223,11 @@ def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm):
     mb = 1 if m <= 8 else 2
     smem = max(warps * slot, warps * mb * 4 * 32 * 4)
     sfx = "r80" if mb == 1 else "r80n"  # MB = 2 loads X per group (prefetching it would spill at 80)
+    bps = max(1, min(_R80_WARPS_PER_SM // warps, smem_per_sm // (warps * slot + _BLOCK_RESERVED_SMEM)))
+    waves = -(-(-(-pairs // pb)) // (bps * sm_count))
     return {"name": f"bitmap_dec_{_V[value_dtype][0]}_mb{mb}_s{stages}_{sfx}", "grid": (-(-pairs // pb), 1, 1),
-            "block": (32 * warps, 1, 1), "smem": smem, "ks": ks, "spb": pb, "spw": 2}
+            "block": (32 * warps, 1, 1), "smem": smem, "ks": ks, "spb": pb, "spw": 2,
+            "cost": waves * (-(-g // ks) + 3)}
 
 
 def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int = 1,
@@ -242,6 +249,16 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
         return _gemv_config(n, k, m, value_dtype, tactic, sm_count)
     if gemv_ok and (tactic == R80_HEURISTIC or tactic in R80_TACTICS):
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm)
+    if gemv_ok and tactic == 1:
+        # Two decode kernels of one design: 108-127 registers (≤ 16 warps per SM) and 80 registers (≤ 24).
+        # At the same (K splits, pairs per block) the 80-register kernel is 0-5 % slower (H100,
+        # 2026-11-22T05:47Z: 5632×2048, 4864×896), and more warps per SM alone did not pay (4096², fp16
+        # values: 12 K splits × 24 warps 8 % slower than 8 × 16); it pays where it removes a wave or
+        # halves the groups per warp. So it is taken only when its modelled cost (waves × (groups per
+        # warp + 3)) is at most 3/4 of the 108-register kernel's.
+        c16 = _dec_config(n, k, m, value_dtype, tactic, sm_count)
+        c24 = _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm)
+        return c24 if 4 * c24["cost"] <= 3 * c16["cost"] else c16
     if gemv_ok and tactic not in TACTICS:
         return _dec_config(n, k, m, value_dtype, tactic, sm_count)
     s, g = fmt.geometry(n, k)
