@@ -2,7 +2,7 @@
 
 Three kernel families (``docs/bitmap_linear.md``):
 
-* decode path ``bitmap_dec_*`` (fp16 X, M ≤ 16, K % 8 == 0, X 16-byte aligned; tactic 1 and 40–48):
+* decode path ``bitmap_dec_*`` (fp16 X, M ≤ 16, K % 8 == 0, X 16-byte aligned; tactic 1, 40–48 and 49–57):
   weights as the mma A operand (two strips per m16 fragment), X as the B operand (M ≤ 8 or ≤ 16 rows,
   never padded in memory); per warp a cp.async ring of compressed groups, a per-group warp scan of the
   bitmap-word popcounts, and a branch-free tile decode (two shared loads and a byte permute);
@@ -15,8 +15,8 @@ Warps that share a strip (pair) split K (``KS``) and are reduced in shared memor
 atomics, deterministic.
 
 Where dense wins (a build-time decision for the rewrite pass, not made here): measured on an H100
-(``bench/results/bitmap_linear.json``, 2026-11-22T05:25Z) the decode path runs at 0.49–1.44× of cuBLAS
-fp16 for M ≤ 16 at 30–70 % sparsity (median over the large LLM layers 0.88× for fp16 values and 0.87× for
+(``bench/results/bitmap_linear.json``, 2026-11-22T05:51Z) the decode path runs at 0.54–1.35× of cuBLAS
+fp16 for M ≤ 16 at 30–70 % sparsity (median over the large LLM layers 0.89× for fp16 values and 0.94× for
 int8 values at 50 %); it beats cuBLAS only for M ≤ 4 on large layers. It is decode-bound (instructions
 per 8×8 tile and launch latency), not bandwidth-bound. For prefill (M ≫ 16) decoding is repeated per
 64-row tile of M and dense is faster still. Elsewhere choose this op for its footprint (0.57× / 0.32× of
@@ -250,12 +250,12 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
     if gemv_ok and (tactic == R80_HEURISTIC or tactic in R80_TACTICS):
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm)
     if gemv_ok and tactic == 1:
-        # Two decode kernels of one design: 108-127 registers (≤ 16 warps per SM) and 80 registers (≤ 24).
-        # At the same (K splits, pairs per block) the 80-register kernel is 0-5 % slower (H100,
-        # 2026-11-22T05:47Z: 5632×2048, 4864×896), and more warps per SM alone did not pay (4096², fp16
-        # values: 12 K splits × 24 warps 8 % slower than 8 × 16); it pays where it removes a wave or
-        # halves the groups per warp. So it is taken only when its modelled cost (waves × (groups per
-        # warp + 3)) is at most 3/4 of the 108-register kernel's.
+        # Two decode kernels of one design: 103-127 registers (≤ 16 warps per SM) and 80 registers (≤ 24).
+        # At the same configuration and occupancy the 80-register kernel is ~4 % slower (H100,
+        # 2026-11-22T05:51Z, tactics 51 vs 40 on six layers: 0.91-1.06×), and more warps per SM alone did
+        # not pay (4096², fp16 values: 12 K splits × 23 warps/SM at 0.90-1.00× of 8 × 15.5); it pays where
+        # it removes a wave or halves the groups per warp (2048×5632, 896×4864: 1.17-1.43×). So it is taken
+        # only when its modelled cost (waves × (groups per warp + 3)) is ≤ 3/4 of the other kernel's.
         c16 = _dec_config(n, k, m, value_dtype, tactic, sm_count)
         c24 = _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm)
         return c24 if 4 * c24["cost"] <= 3 * c16["cost"] else c16
