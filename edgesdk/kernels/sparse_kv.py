@@ -212,6 +212,8 @@ def append(cfg: SparseKVConfig, batch: int, k_new: int, v_new: int, cache: Cache
 
 
 _ATTN2 = "sparse_kv_attn2"  # kernel family of tactics 1, 2
+_COMBINE = "sparse_kv_combine2"  # split merge of tactics 0, 1
+COMBINE_THREADS = 256  # merge block: one per (sequence, query head), splits spread over its threads
 
 
 def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: int, out: int, workspace: int,
@@ -234,8 +236,11 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
                   stream, smem_bytes2(head_dim, rk, rv))
         if tactic == STREAM_FUSED:
             return
-    kc = _kernel(f"sparse_kv_combine_d{head_dim}")
-    kc.launch((batch * hq,), (head_dim,), [_p(parts), tensors[0], _p(out), _i(hq), _i(ts), _i(ns)], stream)
+    if _COMBINE == "sparse_kv_combine":  # the serial merge of round 1 (exploration only)
+        kc, threads = _kernel(f"sparse_kv_combine_d{head_dim}"), head_dim
+    else:
+        kc, threads = _kernel(f"{_COMBINE}_d{head_dim}"), COMBINE_THREADS
+    kc.launch((batch * hq,), (threads,), [_p(parts), tensors[0], _p(out), _i(hq), _i(ts), _i(ns)], stream)
 
 
 def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cache: CachePtrs, out: int,

@@ -86,9 +86,10 @@ def gpu_attention(cfg, g: GpuCache, q, max_len, tokens_per_split=None, tactic=ks
     return res[-1]
 
 
-# (tactic, tokens per split): the heuristic, one 16-token tile per warp (64), many tiles per warp (1024:
+# (tactic, tokens per split): the heuristic, one 16-token tile per warp (64; also the most splits, up to
+# 47, so the block-parallel merges run their 4-split steps and remainders), many tiles per warp (1024:
 # every cp.async stage reused several times), for tactic 0 its own range.
-SPLITS = [(ks.SPLIT_V1, None), (ks.SPLIT_V1, 64), (ks.STREAM, None), (ks.STREAM, 1024),
+SPLITS = [(ks.SPLIT_V1, None), (ks.SPLIT_V1, 64), (ks.STREAM, None), (ks.STREAM, 64), (ks.STREAM, 1024),
           (ks.STREAM_FUSED, None), (ks.STREAM_FUSED, 64), (ks.STREAM_FUSED, 1024)]
 
 
@@ -203,3 +204,22 @@ def test_small_for_sanitizer():
     q = rng.standard_normal((3, 6, 128)).astype(np.float16)
     for tactic in ks.TACTICS:
         check_attention(gpu_attention(cfg, g, q, 200, 64, tactic), ref.cache_attention(host, q))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] == 64], ids=lambda c: f"d{c[0]}-{c[1]}q{c[2]}kv-{c[3]}-{c[4]}")
+def test_branch_free_decode_d64(case, monkeypatch):
+    """The attn2b family (d = 64, branch-free bit walk in the record decode) vs float64, tactics 1 and 2,
+    splits of 64 (many splits: the block-parallel merges), the heuristic and 1024."""
+    d, hq, hkv, sk, sv, lens = case
+    rng = np.random.default_rng(len(lens) * 1000 + d + hq + 1)
+    S = max(lens) + 6
+    cfg = f.SparseKVConfig(d, hq, hkv, sk, sv, S)
+    k, v = make(rng, len(lens), hkv, S, d)
+    host = f.SparseKVCache.prefill(cfg, k, v, lens)
+    g = gpu_prefill(cfg, k, v, lens)
+    q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
+    expect = ref.cache_attention(host, q)
+    monkeypatch.setattr(ks, "_ATTN2", "sparse_kv_attn2b")
+    for tactic in (ks.STREAM, ks.STREAM_FUSED):
+        for tps in (64, None, 1024):
+            check_attention(gpu_attention(cfg, g, q, S, tps, tactic), expect)
