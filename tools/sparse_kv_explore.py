@@ -111,9 +111,10 @@ def run_shape(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
     ks._ATTN2 = "sparse_kv_attn2"
 
 
-def run_sweep(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> None:
-    """Split-size sweep of tactics 1 and 2 (new block-parallel merge) beside tactic 1 with the round-1
-    serial merge kernel and tactic 0, all at the heuristic split, plus torch SDPA: one shape."""
+def run_sweep(model: str, B: int, ctx: int, s: float, rows: list, sms: int, families: tuple = ()) -> None:
+    """Split-size sweep of tactic 1 beside tactics 0 and 2 at their heuristic splits, plus torch SDPA:
+    one shape. (The sweep of commit 73df276, ``bench/results/sparse_kv_sweep_73df276.json``, also timed
+    the round-1 serial merge kernel and the branch-loop record decode, since removed.)"""
     hq, hkv, d = MODELS[model]
     st = torch.cuda.Stream()
     sp = st.cuda_stream
@@ -158,18 +159,15 @@ def run_sweep(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
         cands = {64, 128, 256, 512, 1024, 2048} | {h1}
     else:
         cands = {min(8192, max(64, int(h1 * f) // 64 * 64)) for f in (0.5, 1, 2)}
-    c2, a2, a2b = "sparse_kv_combine2", "sparse_kv_attn2", "sparse_kv_attn2b"
-    variants = [("t0 heur", 0, h0, c2, a2), ("t1 oldmerge heur", 1, h1, "sparse_kv_combine", a2),
-                (f"t2 ts{h1}", 2, h1, c2, a2)]
+    fam = ks._ATTN2
+    variants = [("t0 heur", 0, h0, fam), (f"t2 ts{h1}", 2, h1, fam)]
     for ts in sorted(cands):
-        variants += [(f"t1 ts{ts}", 1, ts, c2, a2), (f"t1b ts{ts}", 1, ts, c2, a2b)]
-        if B == 1 or ts == h1:
-            variants.append((f"t2b ts{ts}", 2, ts, c2, a2b))
-    for name, tactic, ts, comb, fam in variants:
+        variants += [(f"t1 ts{ts}", 1, ts, fam)] + [(f"t1 {x} ts{ts}", 1, ts, x) for x in families]
+    for name, tactic, ts, family in variants:
+        ks._ATTN2 = family
         _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts, tactic=tactic)
         ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
         it2 = iter(range(1 << 30))
-        ks._COMBINE, ks._ATTN2 = comb, fam
 
         def fn(ts=ts, ws=ws, tactic=tactic):
             ks.decode_attention(cfg, B, ctx, q.data_ptr(), cptr[next(it2) % n_sp], out.data_ptr(), ws.data_ptr(),
@@ -178,17 +176,16 @@ def run_sweep(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
         o = out.float().clone()
         if base is None:
             base = o
-        rec(f"sparse{s} {name}", us, tactic=tactic, ts=ts, ns=ns, heur=ts == h1, family=fam, merge=comb,
+        rec(f"sparse{s} {name}", us, tactic=tactic, ts=ts, ns=ns, heur=ts == h1, family=family,
             diff_vs_first=(o - base).abs().max().item())
-    ks._ATTN2 = a2
-    ks._COMBINE = "sparse_kv_combine2"
-
+    ks._ATTN2 = fam
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="sparse_kv_explore.json")
     ap.add_argument("--sparsity", type=float, default=0.7)
     ap.add_argument("--sweep", action="store_true", help="split-size sweep of tactics 1, 2 (run_sweep)")
+    ap.add_argument("--families", default="", help="with --sweep: other tactic-1 kernel families, comma-separated")
     ap.add_argument("--shapes", default="llama:1:4096,smollm:1:4096,llama:4:16384,llama:16:32768,smollm:16:32768")
     a = ap.parse_args()
     torch.cuda.init()
@@ -197,7 +194,10 @@ def main():
     rows: list[dict] = []
     for spec in a.shapes.split(","):
         m, b, c = spec.split(":")
-        (run_sweep if a.sweep else run_shape)(m, int(b), int(c), a.sparsity, rows, sms)
+        if a.sweep:
+            run_sweep(m, int(b), int(c), a.sparsity, rows, sms, tuple(x for x in a.families.split(",") if x))
+        else:
+            run_shape(m, int(b), int(c), a.sparsity, rows, sms)
         torch.cuda.empty_cache()
     Path(a.out).write_text(json.dumps({"meta": meta(), "rows": rows}, indent=1))
 

@@ -21,7 +21,7 @@
 //          fp16 tile in shared memory and multiplies P[16 (heads) x 16] x V[16 x D] with
 //          mma.sync.m16n8k16 (fp32 accumulation; P rounded to fp16, l summed from the same values).
 //       Writes the split's (m, l, acc[D]) to the workspace.
-//   sparse_kv_combine_d{D}      grid (B * Hq), D threads: merges the splits, writes fp16 out.
+//   sparse_kv_combine_d{D}      grid (B * Hq), 256 threads: merges the splits (merge_splits), writes fp16 out.
 //   sparse_kv_prefill_d{D}      grid (ceil(S / 4), Hkv, B), 128 threads: compress tokens [0, n_comp), copy the
 //                               rest into the ring (one warp per token, K then V).
 //   sparse_kv_append_d{D}       grid (ceil((A + 1) / 4), Hkv, B), 128 threads: write token lens[b]-1 into the ring;
@@ -520,10 +520,10 @@ __device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec,
 }
 
 // Scatter one compressed record into a dense fp16 row (zeros elsewhere), highest channel first.
-// BF: the branch-free bit iterator (D = 64 only).
-template <int D, bool BF>
+// D = 64: decode_row64_bf; D = 128: BitIterDesc over four words.
+template <int D>
 __device__ __forceinline__ void decode_row_desc(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row) {
-  if constexpr (D == 64 && BF) {
+  if constexpr (D == 64) {
     decode_row64_bf(rec, keep, row);
     return;
   }
@@ -557,7 +557,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 // Bytes of one warp's region: K and V tiles [16][D + 8] fp16, then kStages record stages.
 __device__ __forceinline__ int stage_bytes(int rk, int rv) { return round_up(16 * rk, 16) + round_up(16 * rv, 16); }
 
-template <int D, int GP, bool BF>
+template <int D, int GP, bool C16>
 __device__ __forceinline__ void attn2_split(
     const __half* __restrict__ q, float* __restrict__ ws, const int* __restrict__ lens,
     const uint8_t* __restrict__ k_rec, const uint8_t* __restrict__ v_rec,
@@ -595,6 +595,9 @@ __device__ __forceinline__ void attn2_split(
 
   const int ntiles = (n + 15) >> 4;
   const int cnt = ntiles > warp ? (ntiles - warp + kW2 - 1) / kW2 : 0;
+  // Records of 16 tokens starting at a multiple of 16 are 16-byte aligned when this (b, h)'s arrays are.
+  const bool a16 = ((reinterpret_cast<uintptr_t>(k_rec + bh * cap * static_cast<size_t>(rk)) |
+                     reinterpret_cast<uintptr_t>(v_rec + bh * cap * static_cast<size_t>(rv))) & 15u) == 0u;
   auto issue = [&](int i) {  // this warp's i-th tile into stage i % kStages
     if (i < cnt) {
       const int tb = t_begin + (warp + i * kW2) * 16;
@@ -602,8 +605,16 @@ __device__ __forceinline__ void attn2_split(
       uint8_t* dst = stages + (i % kStages) * sb;
       const uint8_t* ks = k_rec + (bh * cap + tb) * static_cast<size_t>(rk);
       const uint8_t* vs = v_rec + (bh * cap + tb) * static_cast<size_t>(rv);
-      for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8(dst + 8 * e, ks + 8 * e);
-      for (int e = lane; e < nrec * rv / 8; e += 32) cp_async8(dst + kbytes + 8 * e, vs + 8 * e);
+      if (C16 && a16) {  // 16-byte copies (the tile's records are contiguous), an 8-byte tail
+        const int nk = nrec * rk, nv = nrec * rv;
+        for (int e = lane; e < nk / 16; e += 32) cp_async16(dst + 16 * e, ks + 16 * e);
+        for (int e = lane; e < nv / 16; e += 32) cp_async16(dst + kbytes + 16 * e, vs + 16 * e);
+        if (lane == 0 && (nk & 8)) cp_async8(dst + nk - 8, ks + nk - 8);
+        if (lane == 1 && (nv & 8)) cp_async8(dst + kbytes + nv - 8, vs + nv - 8);
+      } else {
+        for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8(dst + 8 * e, ks + 8 * e);
+        for (int e = lane; e < nrec * rv / 8; e += 32) cp_async8(dst + kbytes + 8 * e, vs + 8 * e);
+      }
     }
     cp_async_commit();
   };
@@ -645,7 +656,7 @@ __device__ __forceinline__ void attn2_split(
     {
       const int t = tb + dr;
       if (t < ncomp_end) {
-        decode_row_desc<D, BF>(stages + (i % kStages) * sb + doff, dkeep, drow);
+        decode_row_desc<D>(stages + (i % kStages) * sb + doff, dkeep, drow);
       } else if (t < t_end) {  // dense window row: all of it in flight at once
         const __half* src = dring + static_cast<size_t>(t % C) * D;
 #pragma unroll
@@ -766,29 +777,11 @@ __device__ __forceinline__ void attn2_split(
   if (tid == 0) counters[bh] = 0u;  // ready for the next call (CUDA-graph replays)
 }
 
-template <int D>
-__device__ __forceinline__ void combine(const float* __restrict__ ws, const int* __restrict__ lens,
-                                        __half* __restrict__ out, int Hq, int TS, int NS) {
-  const int bq = blockIdx.x, b = bq / Hq, c = threadIdx.x;
-  const int L = lens[b];
-  const int ns = L > 0 ? min(NS, (L + TS - 1) / TS) : 0;
-  const float* part = ws + static_cast<size_t>(bq) * NS * (D + 2);
-  float M = -INFINITY;
-  for (int s = 0; s < ns; ++s) M = fmaxf(M, part[s * (D + 2)]);
-  float num = 0.f, den = 0.f;
-  for (int s = 0; s < ns; ++s) {
-    const float w = exp2f(part[s * (D + 2)] - M);
-    den = fmaf(w, part[s * (D + 2) + 1], den);
-    num = fmaf(w, part[s * (D + 2) + 2 + c], num);
-  }
-  out[static_cast<size_t>(bq) * D + c] = __float2half_rn(den > 0.f ? num / den : 0.f);
-}
-
 // Split merge, one block of kCombThreads per (sequence, query head), splits spread over the threads.
 constexpr int kCombThreads = 256;
 template <int D>
-__device__ __forceinline__ void combine2(const float* __restrict__ ws, const int* __restrict__ lens,
-                                         __half* __restrict__ out, int Hq, int TS, int NS) {
+__device__ __forceinline__ void combine(const float* __restrict__ ws, const int* __restrict__ lens,
+                                        __half* __restrict__ out, int Hq, int TS, int NS) {
   __shared__ float sred[kCombThreads + kCombThreads / D + kCombThreads / 32];
   const int bq = blockIdx.x, b = bq / Hq;
   const int L = lens[b];
@@ -932,15 +925,6 @@ DEF_ATTN(128, 8)
       ATTN_ARGS, __half* out, int fuse) {                                                               \
     attn2_split<D, GP, false>(ATTN_PASS, out, fuse);                                                   \
   }
-#define DEF_ATTN2B(D, GP)                                                                              \
-  extern "C" __global__ void __launch_bounds__(kThreads2, D == 64 ? 6 : 3) sparse_kv_attn2b_d##D##_g##GP(    \
-      ATTN_ARGS, __half* out, int fuse) {                                                               \
-    attn2_split<D, GP, true>(ATTN_PASS, out, fuse);                                                    \
-  }
-DEF_ATTN2B(64, 1)
-DEF_ATTN2B(64, 2)
-DEF_ATTN2B(64, 4)
-DEF_ATTN2B(64, 8)
 DEF_ATTN2(64, 1)
 DEF_ATTN2(64, 2)
 DEF_ATTN2(64, 4)
@@ -949,6 +933,19 @@ DEF_ATTN2(128, 1)
 DEF_ATTN2(128, 2)
 DEF_ATTN2(128, 4)
 DEF_ATTN2(128, 8)
+#define DEF_ATTN2C(D, GP)                                                                              \
+  extern "C" __global__ void __launch_bounds__(kThreads2, D == 64 ? 6 : 3) sparse_kv_attn2c_d##D##_g##GP(    \
+      ATTN_ARGS, __half* out, int fuse) {                                                               \
+    attn2_split<D, GP, true>(ATTN_PASS, out, fuse);                                                    \
+  }
+DEF_ATTN2C(64, 1)
+DEF_ATTN2C(64, 2)
+DEF_ATTN2C(64, 4)
+DEF_ATTN2C(64, 8)
+DEF_ATTN2C(128, 1)
+DEF_ATTN2C(128, 2)
+DEF_ATTN2C(128, 4)
+DEF_ATTN2C(128, 8)
 
 #define CACHE_ARGS                                                                                     \
   const int *lens, uint8_t *k_rec, uint8_t *v_rec, __half *k_ring, __half *v_ring, int Hkv, int cap,  \
@@ -956,14 +953,10 @@ DEF_ATTN2(128, 8)
 #define CACHE_PASS lens, k_rec, v_rec, k_ring, v_ring, Hkv, cap, C, W, A, keep_k, keep_v, rk, rv
 
 #define DEF_D(D)                                                                                       \
-  extern "C" __global__ void __launch_bounds__(D) sparse_kv_combine_d##D(const float* ws, const int* lens, \
-                                                                          __half* out, int Hq, int TS, int NS) { \
+  extern "C" __global__ void __launch_bounds__(kCombThreads) sparse_kv_combine_d##D(const float* ws,     \
+                                                                                const int* lens, __half* out, \
+                                                                                int Hq, int TS, int NS) {     \
     combine<D>(ws, lens, out, Hq, TS, NS);                                                             \
-  }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kCombThreads) sparse_kv_combine2_d##D(const float* ws,    \
-                                                                                 const int* lens, __half* out, \
-                                                                                 int Hq, int TS, int NS) {    \
-    combine2<D>(ws, lens, out, Hq, TS, NS);                                                            \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(kCompThreads) sparse_kv_prefill_d##D(                      \
       const __half* k_src, const __half* v_src, int S, CACHE_ARGS) {                                  \

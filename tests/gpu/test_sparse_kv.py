@@ -206,20 +206,52 @@ def test_small_for_sanitizer():
         check_attention(gpu_attention(cfg, g, q, 200, 64, tactic), ref.cache_attention(host, q))
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c[0] == 64], ids=lambda c: f"d{c[0]}-{c[1]}q{c[2]}kv-{c[3]}-{c[4]}")
-def test_branch_free_decode_d64(case, monkeypatch):
-    """The attn2b family (d = 64, branch-free bit walk in the record decode) vs float64, tactics 1 and 2,
-    splits of 64 (many splits: the block-parallel merges), the heuristic and 1024."""
-    d, hq, hkv, sk, sv, lens = case
-    rng = np.random.default_rng(len(lens) * 1000 + d + hq + 1)
+@pytest.mark.parametrize("tactic", [ks.STREAM, ks.STREAM_FUSED])
+def test_record_words_empty_d64(tactic):
+    """d = 64, 50 %: tokens whose 32 kept channels are exactly the low or the high bitmap word (the other
+    word is 0: the branch-free decode starts on the low word, or never reads it), mixed with random ones."""
+    rng = np.random.default_rng(3)
+    d, hq, hkv, lens = 64, 8, 2, [300, 171]
+    S = max(lens)
+    cfg = f.SparseKVConfig(d, hq, hkv, 0.5, 0.5, S)
+    k, v = make(rng, len(lens), hkv, S, d)
+    t = np.arange(S)
+    for x in (k, v):
+        for sel, big, small in ((t % 3 == 0, slice(0, 32), slice(32, 64)),    # low word kept
+                                (t % 3 == 1, slice(32, 64), slice(0, 32))):   # high word kept
+            a = x[:, :, sel].astype(np.float32)
+            a[..., big] = np.where(a[..., big] < 0, -4, 4) + a[..., big]
+            a[..., small] = np.clip(a[..., small], -0.9, 0.9)
+            x[:, :, sel] = a.astype(np.float16)
+    host = f.SparseKVCache.prefill(cfg, k, v, lens)
+    bm = host.k_rec[0, 0, :6, :8].copy().view(np.uint64)[:, 0]
+    assert bm[0] == 0xFFFFFFFF and bm[1] == 0xFFFFFFFF00000000  # the edge cases are really there
+    g = gpu_prefill(cfg, k, v, lens)
+    assert_same_cache(cfg, g, host)
+    q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
+    expect = ref.cache_attention(host, q)
+    for tps in (64, None, 1024):
+        check_attention(gpu_attention(cfg, g, q, S, tps, tactic), expect)
+
+
+# + window 5, group 7: 301 record slots of 72 bytes, so every odd (b, h) starts 8 bytes off 16.
+STAGING_CASES = [c + (32, 32) for c in CASES] + [(64, 8, 2, 0.5, 0.5, [300, 171, 250], 5, 7)]
+
+
+@pytest.mark.parametrize("case", STAGING_CASES, ids=lambda c: f"d{c[0]}-{c[1]}q{c[2]}kv-{c[3]}-{c[4]}-w{c[6]}g{c[7]}")
+def test_attn2c_16byte_staging(case, monkeypatch):
+    """The attn2c family (records staged by 16-byte cp.async where this (b, h)'s arrays are 16-byte
+    aligned, 8-byte copies elsewhere) vs float64, tactics 1 and 2, splits 64, heuristic, 1024."""
+    d, hq, hkv, sk, sv, lens, window, group = case
+    rng = np.random.default_rng(len(lens) * 1000 + d + hq + 2)
     S = max(lens) + 6
-    cfg = f.SparseKVConfig(d, hq, hkv, sk, sv, S)
+    cfg = f.SparseKVConfig(d, hq, hkv, sk, sv, S, window=window, group=group)
     k, v = make(rng, len(lens), hkv, S, d)
     host = f.SparseKVCache.prefill(cfg, k, v, lens)
     g = gpu_prefill(cfg, k, v, lens)
     q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
     expect = ref.cache_attention(host, q)
-    monkeypatch.setattr(ks, "_ATTN2", "sparse_kv_attn2b")
+    monkeypatch.setattr(ks, "_ATTN2", "sparse_kv_attn2c")
     for tactic in (ks.STREAM, ks.STREAM_FUSED):
         for tps in (64, None, 1024):
             check_attention(gpu_attention(cfg, g, q, S, tps, tactic), expect)
