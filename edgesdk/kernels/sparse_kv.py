@@ -14,7 +14,7 @@ step can be captured in a CUDA graph. Cache arrays (:class:`CachePtrs`) are laid
   (:func:`workspace_bytes`), then merged. Tactics: :data:`STREAM` (default; warp-streaming flash
   attention with K and V decompressed into tensor-core tiles), :data:`STREAM_FUSED` (the same, merge in
   the last block; zero the workspace counters once with :func:`init_workspace`), :data:`SPLIT_V1` (the
-  first kernel; fastest at batch 1 of small GQA groups). Measured per shape in ``docs/sparse_kv.md``.
+  first kernel). Measured per shape in ``docs/sparse_kv.md``.
 - :func:`dense_decode_attention` — the same kernels on a plain dense fp16 cache (the dense baseline,
   tactic :data:`SPLIT_V1` by default).
 """

@@ -557,7 +557,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 // Bytes of one warp's region: K and V tiles [16][D + 8] fp16, then kStages record stages.
 __device__ __forceinline__ int stage_bytes(int rk, int rv) { return round_up(16 * rk, 16) + round_up(16 * rv, 16); }
 
-template <int D, int GP, bool C16>
+template <int D, int GP>
 __device__ __forceinline__ void attn2_split(
     const __half* __restrict__ q, float* __restrict__ ws, const int* __restrict__ lens,
     const uint8_t* __restrict__ k_rec, const uint8_t* __restrict__ v_rec,
@@ -595,9 +595,6 @@ __device__ __forceinline__ void attn2_split(
 
   const int ntiles = (n + 15) >> 4;
   const int cnt = ntiles > warp ? (ntiles - warp + kW2 - 1) / kW2 : 0;
-  // Records of 16 tokens starting at a multiple of 16 are 16-byte aligned when this (b, h)'s arrays are.
-  const bool a16 = ((reinterpret_cast<uintptr_t>(k_rec + bh * cap * static_cast<size_t>(rk)) |
-                     reinterpret_cast<uintptr_t>(v_rec + bh * cap * static_cast<size_t>(rv))) & 15u) == 0u;
   auto issue = [&](int i) {  // this warp's i-th tile into stage i % kStages
     if (i < cnt) {
       const int tb = t_begin + (warp + i * kW2) * 16;
@@ -605,16 +602,8 @@ __device__ __forceinline__ void attn2_split(
       uint8_t* dst = stages + (i % kStages) * sb;
       const uint8_t* ks = k_rec + (bh * cap + tb) * static_cast<size_t>(rk);
       const uint8_t* vs = v_rec + (bh * cap + tb) * static_cast<size_t>(rv);
-      if (C16 && a16) {  // 16-byte copies (the tile's records are contiguous), an 8-byte tail
-        const int nk = nrec * rk, nv = nrec * rv;
-        for (int e = lane; e < nk / 16; e += 32) cp_async16(dst + 16 * e, ks + 16 * e);
-        for (int e = lane; e < nv / 16; e += 32) cp_async16(dst + kbytes + 16 * e, vs + 16 * e);
-        if (lane == 0 && (nk & 8)) cp_async8(dst + nk - 8, ks + nk - 8);
-        if (lane == 1 && (nv & 8)) cp_async8(dst + kbytes + nv - 8, vs + nv - 8);
-      } else {
-        for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8(dst + 8 * e, ks + 8 * e);
-        for (int e = lane; e < nrec * rv / 8; e += 32) cp_async8(dst + kbytes + 8 * e, vs + 8 * e);
-      }
+      for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8(dst + 8 * e, ks + 8 * e);
+      for (int e = lane; e < nrec * rv / 8; e += 32) cp_async8(dst + kbytes + 8 * e, vs + 8 * e);
     }
     cp_async_commit();
   };
@@ -923,7 +912,7 @@ DEF_ATTN(128, 8)
 #define DEF_ATTN2(D, GP)                                                                               \
   extern "C" __global__ void __launch_bounds__(kThreads2, D == 64 ? 6 : 3) sparse_kv_attn2_d##D##_g##GP(     \
       ATTN_ARGS, __half* out, int fuse) {                                                               \
-    attn2_split<D, GP, false>(ATTN_PASS, out, fuse);                                                   \
+    attn2_split<D, GP>(ATTN_PASS, out, fuse);                                                          \
   }
 DEF_ATTN2(64, 1)
 DEF_ATTN2(64, 2)
@@ -933,19 +922,6 @@ DEF_ATTN2(128, 1)
 DEF_ATTN2(128, 2)
 DEF_ATTN2(128, 4)
 DEF_ATTN2(128, 8)
-#define DEF_ATTN2C(D, GP)                                                                              \
-  extern "C" __global__ void __launch_bounds__(kThreads2, D == 64 ? 6 : 3) sparse_kv_attn2c_d##D##_g##GP(    \
-      ATTN_ARGS, __half* out, int fuse) {                                                               \
-    attn2_split<D, GP, true>(ATTN_PASS, out, fuse);                                                    \
-  }
-DEF_ATTN2C(64, 1)
-DEF_ATTN2C(64, 2)
-DEF_ATTN2C(64, 4)
-DEF_ATTN2C(64, 8)
-DEF_ATTN2C(128, 1)
-DEF_ATTN2C(128, 2)
-DEF_ATTN2C(128, 4)
-DEF_ATTN2C(128, 8)
 
 #define CACHE_ARGS                                                                                     \
   const int *lens, uint8_t *k_rec, uint8_t *v_rec, __half *k_ring, __half *v_ring, int Hkv, int cap,  \

@@ -232,26 +232,3 @@ def test_record_words_empty_d64(tactic):
     expect = ref.cache_attention(host, q)
     for tps in (64, None, 1024):
         check_attention(gpu_attention(cfg, g, q, S, tps, tactic), expect)
-
-
-# + window 5, group 7: 301 record slots of 72 bytes, so every odd (b, h) starts 8 bytes off 16.
-STAGING_CASES = [c + (32, 32) for c in CASES] + [(64, 8, 2, 0.5, 0.5, [300, 171, 250], 5, 7)]
-
-
-@pytest.mark.parametrize("case", STAGING_CASES, ids=lambda c: f"d{c[0]}-{c[1]}q{c[2]}kv-{c[3]}-{c[4]}-w{c[6]}g{c[7]}")
-def test_attn2c_16byte_staging(case, monkeypatch):
-    """The attn2c family (records staged by 16-byte cp.async where this (b, h)'s arrays are 16-byte
-    aligned, 8-byte copies elsewhere) vs float64, tactics 1 and 2, splits 64, heuristic, 1024."""
-    d, hq, hkv, sk, sv, lens, window, group = case
-    rng = np.random.default_rng(len(lens) * 1000 + d + hq + 2)
-    S = max(lens) + 6
-    cfg = f.SparseKVConfig(d, hq, hkv, sk, sv, S, window=window, group=group)
-    k, v = make(rng, len(lens), hkv, S, d)
-    host = f.SparseKVCache.prefill(cfg, k, v, lens)
-    g = gpu_prefill(cfg, k, v, lens)
-    q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
-    expect = ref.cache_attention(host, q)
-    monkeypatch.setattr(ks, "_ATTN2", "sparse_kv_attn2c")
-    for tactic in (ks.STREAM, ks.STREAM_FUSED):
-        for tps in (64, None, 1024):
-            check_attention(gpu_attention(cfg, g, q, S, tps, tactic), expect)
