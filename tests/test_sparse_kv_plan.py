@@ -40,3 +40,19 @@ def test_stream_smem_fits_orin():
     worst = max(ks.smem_bytes2(d, c.rk, c.rv) for d in (64, 128)
                 for c in [SparseKVConfig(d, 8, 8, 0.0, 0.0, 64)])
     assert worst + 16 <= 163 * 1024  # sm_87 opt-in limit per block (static 16 B for the merge flag)
+
+
+def test_stream_split_heuristic():
+    # k = round(sqrt(t) / 1.6) tiles per warp, t = 16-token tiles per SM; tokens per split = 64 k.
+    # SmolLM2 B=1 4k: t = 3 * 256 / 132 = 5.82 -> 1.51 -> k 2; Llama B=16 32k: t = 128 * 2048 / 132
+    # = 1985.9 -> 27.85 -> k 28 (1792 tokens, 19 splits); on 16 SMs t = 16384 -> 80 -> 5120 tokens.
+    assert ks.plan(64, 9, 3, 48, 48, 1, 4096, sms=132, tactic=ks.STREAM) == (128, 32)
+    assert ks.plan(64, 32, 8, 48, 48, 16, 32768, sms=132, tactic=ks.STREAM) == (1792, 19)
+    assert ks.plan(64, 32, 8, 48, 48, 16, 32768, sms=16, tactic=ks.STREAM_FUSED) == (5120, 7)
+    assert ks.plan(64, 32, 8, 48, 48, 1, 1, sms=132, tactic=ks.STREAM) == (64, 1)
+    prev = 0
+    for max_len in (1, 100, 1000, 10_000, 100_000, 10_000_000):  # more work: never smaller splits, capped
+        ts, _ = ks.plan(64, 32, 8, 48, 48, 4, max_len, sms=132, tactic=ks.STREAM)
+        assert prev <= ts <= ks.MAX_TOKENS_PER_SPLIT2
+        prev = ts
+    assert prev == ks.MAX_TOKENS_PER_SPLIT2

@@ -111,10 +111,81 @@ def run_shape(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
     ks._ATTN2 = "sparse_kv_attn2"
 
 
+def run_sweep(model: str, B: int, ctx: int, s: float, rows: list, sms: int, families: tuple = ()) -> None:
+    """Split-size sweep of tactic 1 beside tactics 0 and 2 at their heuristic splits, plus torch SDPA:
+    one shape. (The sweep of commit 73df276, ``bench/results/sparse_kv_sweep_73df276.json``, also timed
+    the round-1 serial merge kernel and the branch-loop record decode, since removed.)"""
+    hq, hkv, d = MODELS[model]
+    st = torch.cuda.Stream()
+    sp = st.cuda_stream
+    gen = torch.Generator(device="cuda").manual_seed(ctx + B)
+    k = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
+    v = torch.randn_like(k)
+    q = torch.randn((B, hq, d), device="cuda", dtype=torch.float16, generator=gen)
+    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    out = torch.empty((B, hq, d), device="cuda", dtype=torch.float16)
+    nd = copies(2 * k.numel() * 2)
+    kc = [k] + [k.clone() for _ in range(nd - 1)]
+    vc = [v] + [v.clone() for _ in range(nd - 1)]
+    q4 = q[:, :, None, :]
+    it = iter(range(1 << 30))
+
+    def rec(variant, us, **kw):
+        rows.append(dict(model=model, batch=B, context=ctx, variant=variant, us=us, **kw))
+        print(f"{model:7s} B={B:2d} ctx={ctx:5d} {variant:28s} {us:9.2f} us {kw if kw else ''}", flush=True)
+
+    def sdpa():
+        i = next(it) % nd
+        torch.nn.functional.scaled_dot_product_attention(q4, kc[i], vc[i], enable_gqa=True)
+    rec("sdpa", time_graph(sdpa, inner=max(10, nd), reps=7, stream=st))
+    del kc[1:], vc[1:]
+    cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
+    mk = lambda r: torch.empty((B, hkv, cfg.record_capacity, r), device="cuda", dtype=torch.uint8)  # noqa: E731
+    k_rec, v_rec = mk(cfg.rk), mk(cfg.rv)
+    k_ring = torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16)
+    v_ring = torch.empty_like(k_ring)
+    ptr = ks.CachePtrs(k_rec.data_ptr(), v_rec.data_ptr(), k_ring.data_ptr(), v_ring.data_ptr(), lens.data_ptr())
+    ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(), ptr, sp)
+    torch.cuda.synchronize()
+    n_sp = copies(cfg.kv_bytes(ctx) * B * hkv)
+    caches = [(k_rec, v_rec, k_ring, v_ring)] + [tuple(x.clone() for x in (k_rec, v_rec, k_ring, v_ring))
+                                                 for _ in range(n_sp - 1)]
+    cptr = [ks.CachePtrs(*(x.data_ptr() for x in c), lens.data_ptr()) for c in caches]
+    inner = max(10, n_sp)
+    base = None
+    h1, _ = ks.plan_cache(cfg, B, ctx, sms=sms, tactic=1)
+    h0, _ = ks.plan_cache(cfg, B, ctx, sms=sms, tactic=0)
+    if B == 1:
+        cands = {64, 128, 256, 512, 1024, 2048} | {h1}
+    else:
+        cands = {min(8192, max(64, int(h1 * f) // 64 * 64)) for f in (0.5, 1, 2)}
+    fam = ks._ATTN2
+    variants = [("t0 heur", 0, h0, fam), (f"t2 ts{h1}", 2, h1, fam)]
+    for ts in sorted(cands):
+        variants += [(f"t1 ts{ts}", 1, ts, fam)] + [(f"t1 {x} ts{ts}", 1, ts, x) for x in families]
+    for name, tactic, ts, family in variants:
+        ks._ATTN2 = family
+        _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts, tactic=tactic)
+        ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
+        it2 = iter(range(1 << 30))
+
+        def fn(ts=ts, ws=ws, tactic=tactic):
+            ks.decode_attention(cfg, B, ctx, q.data_ptr(), cptr[next(it2) % n_sp], out.data_ptr(), ws.data_ptr(),
+                                sp, tokens_per_split=ts, tactic=tactic)
+        us = time_graph(fn, inner=inner, reps=7, stream=st)
+        o = out.float().clone()
+        if base is None:
+            base = o
+        rec(f"sparse{s} {name}", us, tactic=tactic, ts=ts, ns=ns, heur=ts == h1, family=family,
+            diff_vs_first=(o - base).abs().max().item())
+    ks._ATTN2 = fam
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="sparse_kv_explore.json")
     ap.add_argument("--sparsity", type=float, default=0.7)
+    ap.add_argument("--sweep", action="store_true", help="split-size sweep of tactics 1, 2 (run_sweep)")
+    ap.add_argument("--families", default="", help="with --sweep: other tactic-1 kernel families, comma-separated")
     ap.add_argument("--shapes", default="llama:1:4096,smollm:1:4096,llama:4:16384,llama:16:32768,smollm:16:32768")
     a = ap.parse_args()
     torch.cuda.init()
@@ -123,7 +194,10 @@ def main():
     rows: list[dict] = []
     for spec in a.shapes.split(","):
         m, b, c = spec.split(":")
-        run_shape(m, int(b), int(c), a.sparsity, rows, sms)
+        if a.sweep:
+            run_sweep(m, int(b), int(c), a.sparsity, rows, sms, tuple(x for x in a.families.split(",") if x))
+        else:
+            run_shape(m, int(b), int(c), a.sparsity, rows, sms)
         torch.cuda.empty_cache()
     Path(a.out).write_text(json.dumps({"meta": meta(), "rows": rows}, indent=1))
 

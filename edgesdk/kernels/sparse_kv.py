@@ -14,7 +14,7 @@ step can be captured in a CUDA graph. Cache arrays (:class:`CachePtrs`) are laid
   (:func:`workspace_bytes`), then merged. Tactics: :data:`STREAM` (default; warp-streaming flash
   attention with K and V decompressed into tensor-core tiles), :data:`STREAM_FUSED` (the same, merge in
   the last block; zero the workspace counters once with :func:`init_workspace`), :data:`SPLIT_V1` (the
-  first kernel; fastest at batch 1 of small GQA groups). Measured per shape in ``docs/sparse_kv.md``.
+  first kernel). Measured per shape in ``docs/sparse_kv.md``.
 - :func:`dense_decode_attention` — the same kernels on a plain dense fp16 cache (the dense baseline,
   tactic :data:`SPLIT_V1` by default).
 """
@@ -115,19 +115,26 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
     dense cache).
 
     Tactic 0: about 4 blocks per SM in total, at least 128 tokens per split, at most
-    :func:`max_tokens_per_split`. Tactics 1, 2: about 2 waves of 6 blocks (24 warps) per SM, at least
-    64 tokens (one 16-token tile per warp), at most :data:`MAX_TOKENS_PER_SPLIT2`."""
+    :func:`max_tokens_per_split`. Tactics 1, 2: each warp of a split walks ``k`` 16-token tiles one after
+    the other (``tokens_per_split = 64 k``), so ``k`` trades the serial latency of one warp (about
+    1.5 µs per tile on a lightly loaded H100) against the number of blocks and partials to merge.
+    ``k = round(sqrt(t) / 1.6)`` with ``t`` = 16-token tiles per SM (``B · Hkv · ⌈max_len / 16⌉ / sms``),
+    at least 1, at most :data:`MAX_TOKENS_PER_SPLIT2` / 64: the fit of the split sweep in
+    ``bench/results/sparse_kv_sweep_73df276.json`` (best measured ``k``: 2 at t = 6 and 16, 4 at 47,
+    8 at 124 and 186, 6–12 at 248, 21–42 at 1986)."""
     if tactic not in TACTICS:
         raise EdgeSDKError(f"sparse_kv tactic {tactic!r} is unknown", f"use one of {TACTICS}")
     g = num_q_heads // num_kv_heads
-    if tactic == SPLIT_V1:
-        cap, lo, blocks_per_sm = max_tokens_per_split(head_dim, g, rk, rv), 128, 4
-    else:
-        cap, lo, blocks_per_sm = MAX_TOKENS_PER_SPLIT2, 64, 12
+    cap = max_tokens_per_split(head_dim, g, rk, rv) if tactic == SPLIT_V1 else MAX_TOKENS_PER_SPLIT2
     if tokens_per_split is None:
         sms = sms or sm_count()
-        want = math.ceil(max(1, max_len) * batch * num_kv_heads / (blocks_per_sm * sms))
-        tokens_per_split = min(cap, max(lo, -(-want // 64) * 64))
+        if tactic == SPLIT_V1:
+            want = math.ceil(max(1, max_len) * batch * num_kv_heads / (4 * sms))
+            tokens_per_split = min(cap, max(128, -(-want // 64) * 64))
+        else:
+            tiles_per_sm = batch * num_kv_heads * math.ceil(max(1, max_len) / TILE2) / sms
+            k = max(1, round(math.sqrt(tiles_per_sm) / 1.6))
+            tokens_per_split = min(cap, 64 * k)
     if tokens_per_split % 64 or not 64 <= tokens_per_split <= cap:
         raise EdgeSDKError(f"tokens_per_split={tokens_per_split} must be a multiple of 64 in [64, {cap}]",
                            "leave it None for the heuristic")
@@ -212,6 +219,7 @@ def append(cfg: SparseKVConfig, batch: int, k_new: int, v_new: int, cache: Cache
 
 
 _ATTN2 = "sparse_kv_attn2"  # kernel family of tactics 1, 2
+COMBINE_THREADS = 256  # merge kernel (tactics 0, 1): one block per (sequence, query head), splits spread over its threads
 
 
 def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: int, out: int, workspace: int,
@@ -235,7 +243,7 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
         if tactic == STREAM_FUSED:
             return
     kc = _kernel(f"sparse_kv_combine_d{head_dim}")
-    kc.launch((batch * hq,), (head_dim,), [_p(parts), tensors[0], _p(out), _i(hq), _i(ts), _i(ns)], stream)
+    kc.launch((batch * hq,), (COMBINE_THREADS,), [_p(parts), tensors[0], _p(out), _i(hq), _i(ts), _i(ns)], stream)
 
 
 def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cache: CachePtrs, out: int,

@@ -21,7 +21,7 @@
 //          fp16 tile in shared memory and multiplies P[16 (heads) x 16] x V[16 x D] with
 //          mma.sync.m16n8k16 (fp32 accumulation; P rounded to fp16, l summed from the same values).
 //       Writes the split's (m, l, acc[D]) to the workspace.
-//   sparse_kv_combine_d{D}      grid (B * Hq), D threads: merges the splits, writes fp16 out.
+//   sparse_kv_combine_d{D}      grid (B * Hq), 256 threads: merges the splits (merge_splits), writes fp16 out.
 //   sparse_kv_prefill_d{D}      grid (ceil(S / 4), Hkv, B), 128 threads: compress tokens [0, n_comp), copy the
 //                               rest into the ring (one warp per token, K then V).
 //   sparse_kv_append_d{D}       grid (ceil((A + 1) / 4), Hkv, B), 128 threads: write token lens[b]-1 into the ring;
@@ -366,6 +366,69 @@ __device__ __forceinline__ void attn_split(
 }
 
 // ---------------------------------------------------------------------------------------------
+// Merge of the split partials of one query head, by a whole block of T threads (every thread calls it;
+// it contains barriers). pg: ns partials (m, l, O[D]) float32 of PR = D + 2 floats, written by other
+// blocks (read through L2 with ld.cg). Thread (slice j = tid / D, channel c = tid % D) sums the splits
+// j, j + J, ... (J = T / D slices, loads of 4 splits in flight per step), then the slices are added in
+// shared memory in a fixed order: deterministic. sred: >= T + T / D + T / 32 floats of shared memory.
+// ns = 0 (empty sequence) gives zeros.
+template <int D, int T>
+__device__ __noinline__ void merge_splits(const float* __restrict__ pg, int ns, __half* __restrict__ dst,
+                                             float* sred) {
+  constexpr int PR = D + 2, J = T / D, NWARP = T / 32;
+  static_assert(T % D == 0 && T % 32 == 0, "merge_splits: T must be a multiple of D and of 32");
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int c = tid % D, j = tid / D;
+  float M = -INFINITY;
+  for (int s = tid; s < ns; s += T) M = fmaxf(M, __ldcg(pg + static_cast<size_t>(s) * PR));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  float* wmax = sred + T + J;
+  if (lane == 0) wmax[warp] = M;
+  __syncthreads();
+  M = wmax[0];
+#pragma unroll
+  for (int w = 1; w < NWARP; ++w) M = fmaxf(M, wmax[w]);
+  float num = 0.f, den = 0.f;
+  int s = j;
+  for (; s + 3 * J < ns; s += 4 * J) {
+    float mv[4], lv[4], ov[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float* p = pg + static_cast<size_t>(s + u * J) * PR;
+      mv[u] = __ldcg(p);
+      lv[u] = __ldcg(p + 1);
+      ov[u] = __ldcg(p + 2 + c);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float f = exp2f(mv[u] - M);
+      den = fmaf(f, lv[u], den);
+      num = fmaf(f, ov[u], num);
+    }
+  }
+  for (; s < ns; s += J) {
+    const float* p = pg + static_cast<size_t>(s) * PR;
+    const float f = exp2f(__ldcg(p) - M);
+    den = fmaf(f, __ldcg(p + 1), den);
+    num = fmaf(f, __ldcg(p + 2 + c), num);
+  }
+  sred[tid] = num;  // [j][c]
+  if (c == 0) sred[T + j] = den;
+  __syncthreads();
+  if (tid < D) {
+    float a = 0.f, l = 0.f;
+#pragma unroll
+    for (int jj = 0; jj < J; ++jj) {
+      a += sred[jj * D + tid];
+      l += sred[T + jj];
+    }
+    dst[tid] = __float2half_rn(l > 0.f ? a / l : 0.f);
+  }
+  __syncthreads();  // sred may be reused by the caller
+}
+
+// ---------------------------------------------------------------------------------------------
 // Decode attention v2 ("warp-streaming"), one split per block of kW2 warps. Each warp owns the
 // 16-token tiles warp, warp + kW2, ... of the split and runs flash attention over them on its own:
 // per tile, lanes 0-15 decompress the K records and lanes 16-31 the V records of the tile's 16 tokens
@@ -419,9 +482,51 @@ struct BitIterDesc {
   }
 };
 
+// D = 64 without a loop or branch per bit (BF): the high word is walked first, and the low word
+// (with the row's low half) replaces it by selects when it runs out. put() runs at most popcount
+// times, so an exhausted low word is never read.
+__device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row) {
+  uint4* row4 = reinterpret_cast<uint4*>(row);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
+  const uint32_t lo = reinterpret_cast<const uint32_t*>(rec)[0], hi = reinterpret_cast<const uint32_t*>(rec)[1];
+  uint8_t* const rlo = reinterpret_cast<uint8_t*>(row);
+  uint32_t cur = hi != 0u ? hi : lo;
+  uint8_t* rb = hi != 0u ? rlo + 64 : rlo;
+  auto put = [&](uint32_t v) {
+    const int c = 31 - __clz(cur);
+    cur ^= 1u << c;
+    *reinterpret_cast<unsigned short*>(rb + 2 * c) = static_cast<unsigned short>(v);
+    const bool z = cur == 0u;
+    cur = z ? lo : cur;
+    rb = z ? rlo : rb;
+  };
+  const uint2* vals = reinterpret_cast<const uint2*>(rec + 8);
+  int j = (keep - 1) & ~3;  // first value of the top (possibly partial) group of 4
+  {
+    const uint2 raw = vals[j >> 2];
+    if (j + 3 < keep) put(raw.y >> 16);
+    if (j + 2 < keep) put(raw.y & 0xffffu);
+    if (j + 1 < keep) put(raw.x >> 16);
+    put(raw.x & 0xffffu);
+  }
+  for (j -= 4; j >= 0; j -= 4) {
+    const uint2 raw = vals[j >> 2];
+    put(raw.y >> 16);
+    put(raw.y & 0xffffu);
+    put(raw.x >> 16);
+    put(raw.x & 0xffffu);
+  }
+}
+
 // Scatter one compressed record into a dense fp16 row (zeros elsewhere), highest channel first.
+// D = 64: decode_row64_bf; D = 128: BitIterDesc over four words.
 template <int D>
 __device__ __forceinline__ void decode_row_desc(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row) {
+  if constexpr (D == 64) {
+    decode_row64_bf(rec, keep, row);
+    return;
+  }
   uint4* row4 = reinterpret_cast<uint4*>(row);
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
@@ -654,38 +759,24 @@ __device__ __forceinline__ void attn2_split(
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  for (int e = tid; e < G * D; e += kThreads2) {
-    const int g = e / D, c = e % D;
-    const float* pg = part0 + static_cast<size_t>(g) * NS * PR;
-    float M = -INFINITY;
-    for (int sidx = 0; sidx < ns; ++sidx) M = fmaxf(M, __ldcg(pg + sidx * PR));
-    float num = 0.f, den = 0.f;
-    for (int sidx = 0; sidx < ns; ++sidx) {
-      const float f = exp2f(__ldcg(pg + sidx * PR) - M);
-      den = fmaf(f, __ldcg(pg + sidx * PR + 1), den);
-      num = fmaf(f, __ldcg(pg + sidx * PR + 2 + c), num);
-    }
-    out[(static_cast<size_t>(b) * Hq + h * G + g) * D + c] = __float2half_rn(den > 0.f ? num / den : 0.f);
-  }
+  float* sred = reinterpret_cast<float*>(smem_raw);  // the warp partials above are no longer needed
+  for (int g = 0; g < G; ++g)
+    merge_splits<D, kThreads2>(part0 + static_cast<size_t>(g) * NS * PR, ns,
+                               out + (static_cast<size_t>(b) * Hq + h * G + g) * D, sred);
   if (tid == 0) counters[bh] = 0u;  // ready for the next call (CUDA-graph replays)
 }
 
+// Split merge, one block of kCombThreads per (sequence, query head), splits spread over the threads.
+constexpr int kCombThreads = 256;
 template <int D>
 __device__ __forceinline__ void combine(const float* __restrict__ ws, const int* __restrict__ lens,
                                         __half* __restrict__ out, int Hq, int TS, int NS) {
-  const int bq = blockIdx.x, b = bq / Hq, c = threadIdx.x;
+  __shared__ float sred[kCombThreads + kCombThreads / D + kCombThreads / 32];
+  const int bq = blockIdx.x, b = bq / Hq;
   const int L = lens[b];
   const int ns = L > 0 ? min(NS, (L + TS - 1) / TS) : 0;
-  const float* part = ws + static_cast<size_t>(bq) * NS * (D + 2);
-  float M = -INFINITY;
-  for (int s = 0; s < ns; ++s) M = fmaxf(M, part[s * (D + 2)]);
-  float num = 0.f, den = 0.f;
-  for (int s = 0; s < ns; ++s) {
-    const float w = exp2f(part[s * (D + 2)] - M);
-    den = fmaf(w, part[s * (D + 2) + 1], den);
-    num = fmaf(w, part[s * (D + 2) + 2 + c], num);
-  }
-  out[static_cast<size_t>(bq) * D + c] = __float2half_rn(den > 0.f ? num / den : 0.f);
+  merge_splits<D, kCombThreads>(ws + static_cast<size_t>(bq) * NS * (D + 2), ns, out + static_cast<size_t>(bq) * D,
+                                sred);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -838,8 +929,9 @@ DEF_ATTN2(128, 8)
 #define CACHE_PASS lens, k_rec, v_rec, k_ring, v_ring, Hkv, cap, C, W, A, keep_k, keep_v, rk, rv
 
 #define DEF_D(D)                                                                                       \
-  extern "C" __global__ void __launch_bounds__(D) sparse_kv_combine_d##D(const float* ws, const int* lens, \
-                                                                          __half* out, int Hq, int TS, int NS) { \
+  extern "C" __global__ void __launch_bounds__(kCombThreads) sparse_kv_combine_d##D(const float* ws,     \
+                                                                                const int* lens, __half* out, \
+                                                                                int Hq, int TS, int NS) {     \
     combine<D>(ws, lens, out, Hq, TS, NS);                                                             \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(kCompThreads) sparse_kv_prefill_d##D(                      \

@@ -86,9 +86,10 @@ def gpu_attention(cfg, g: GpuCache, q, max_len, tokens_per_split=None, tactic=ks
     return res[-1]
 
 
-# (tactic, tokens per split): the heuristic, one 16-token tile per warp (64), many tiles per warp (1024:
+# (tactic, tokens per split): the heuristic, one 16-token tile per warp (64; also the most splits, up to
+# 47, so the block-parallel merges run their 4-split steps and remainders), many tiles per warp (1024:
 # every cp.async stage reused several times), for tactic 0 its own range.
-SPLITS = [(ks.SPLIT_V1, None), (ks.SPLIT_V1, 64), (ks.STREAM, None), (ks.STREAM, 1024),
+SPLITS = [(ks.SPLIT_V1, None), (ks.SPLIT_V1, 64), (ks.STREAM, None), (ks.STREAM, 64), (ks.STREAM, 1024),
           (ks.STREAM_FUSED, None), (ks.STREAM_FUSED, 64), (ks.STREAM_FUSED, 1024)]
 
 
@@ -203,3 +204,31 @@ def test_small_for_sanitizer():
     q = rng.standard_normal((3, 6, 128)).astype(np.float16)
     for tactic in ks.TACTICS:
         check_attention(gpu_attention(cfg, g, q, 200, 64, tactic), ref.cache_attention(host, q))
+
+
+@pytest.mark.parametrize("tactic", [ks.STREAM, ks.STREAM_FUSED])
+def test_record_words_empty_d64(tactic):
+    """d = 64, 50 %: tokens whose 32 kept channels are exactly the low or the high bitmap word (the other
+    word is 0: the branch-free decode starts on the low word, or never reads it), mixed with random ones."""
+    rng = np.random.default_rng(3)
+    d, hq, hkv, lens = 64, 8, 2, [300, 171]
+    S = max(lens)
+    cfg = f.SparseKVConfig(d, hq, hkv, 0.5, 0.5, S)
+    k, v = make(rng, len(lens), hkv, S, d)
+    t = np.arange(S)
+    for x in (k, v):
+        for sel, big, small in ((t % 3 == 0, slice(0, 32), slice(32, 64)),    # low word kept
+                                (t % 3 == 1, slice(32, 64), slice(0, 32))):   # high word kept
+            a = x[:, :, sel].astype(np.float32)
+            a[..., big] = np.where(a[..., big] < 0, -4, 4) + a[..., big]
+            a[..., small] = np.clip(a[..., small], -0.9, 0.9)
+            x[:, :, sel] = a.astype(np.float16)
+    host = f.SparseKVCache.prefill(cfg, k, v, lens)
+    bm = host.k_rec[0, 0, :6, :8].copy().view(np.uint64)[:, 0]
+    assert bm[0] == 0xFFFFFFFF and bm[1] == 0xFFFFFFFF00000000  # the edge cases are really there
+    g = gpu_prefill(cfg, k, v, lens)
+    assert_same_cache(cfg, g, host)
+    q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
+    expect = ref.cache_attention(host, q)
+    for tps in (64, None, 1024):
+        check_attention(gpu_attention(cfg, g, q, S, tps, tactic), expect)
