@@ -4,7 +4,7 @@ meant to run under ``compute-sanitizer --tool memcheck|racecheck`` (small, so th
 
     python tools/vitbit_gemm_sancheck.py 1 2 3 ...      (default: the tc2 tactics 1-9, 24-29)
 
-VITBIT_PERSIST_CAP=N caps the grid of the persistent tactics (30-37) so that each block walks many tiles.
+VITBIT_PERSIST_CAP=N caps the grid of the persistent tactics (30-34) so that each block walks many tiles.
 """
 
 from __future__ import annotations

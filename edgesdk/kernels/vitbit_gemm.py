@@ -11,7 +11,7 @@ A launch is two or three kernels on the caller's stream, with no allocation and 
 
 Tactics (``valid_tactics``): 1 = tensor cores only, 128x128 tiles (default); 2, 3, 8, 9, 24, 25, 28, 29
 other tile sizes / pipeline depths; 4-7, 26, 27 split-K for small M (all "tc2" kernels: epilogue staged
-through shared memory); 30-37 persistent tensor-core kernels ("tp": grid = the blocks resident on the
+through shared memory); 30-34 persistent tensor-core kernels ("tp": grid = the blocks resident on the
 current context's SMs, each walks tiles through one cp.async pipeline, epilogue from registers); 41-48 the first-generation tensor-core kernels (old tactics 1-8) kept as
 fallbacks; 10-19 hybrids (TC : INT : FP column ratios from 128:8:0 to 96:0:32); 22-23 hybrids with
 split-K; 20-21 hybrids whose INT share uses packed 16-bit fields (4- and 5-bit weights only). Every
@@ -83,9 +83,6 @@ _C = {c.name: c for c in [
     Config("tp_64x128s4", 64, CoreSplit(128), 64, 32, 4, tc2=True, persistent=True),
     Config("tp_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True, persistent=True),
     Config("tp_128x128w4", 128, CoreSplit(128), 64, 64, 3, tc2=True, persistent=True),
-    Config("tp_128x128p", 128, CoreSplit(128), 64, 32, 3, tc2=True, persistent=True),
-    Config("tp_64x128p", 64, CoreSplit(128), 64, 32, 3, tc2=True, persistent=True),
-    Config("tp_64x64p", 64, CoreSplit(64), 32, 32, 4, tc2=True, persistent=True),
     Config("h128_tc128_i8", 128, CoreSplit(128, 8), 64, 32, 3),
     Config("h128_tc128_i8_f8", 128, CoreSplit(128, 8, 8), 64, 32, 3, tm=2),
     Config("h64_tc64_i8", 64, CoreSplit(64, 8), 32, 32, 4, tm=2),
@@ -126,9 +123,6 @@ TACTICS: dict[int, tuple[str, int]] = {
     32: ("tp_64x128s4", 1),
     33: ("tp_64x64", 1),
     34: ("tp_128x128w4", 1),
-    35: ("tp_128x128p", 1),  # 35-37: as 30, 31, 33 with the epilogue in the mma fragment layout (4-byte stores)
-    36: ("tp_64x128p", 1),
-    37: ("tp_64x64p", 1),
     # hybrids: tensor-core warps + INT-core (dp4a) and/or FP-core warps
     10: ("h128_tc96_i32", 1),
     11: ("h128_tc96_i16_f16", 1),

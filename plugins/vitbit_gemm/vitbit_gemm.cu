@@ -847,42 +847,7 @@ __device__ __forceinline__ void put8c(const Out& o, int row, int col, const int2
   }
 }
 
-// Two columns col, col + 1 of one row (col even) with their alpha / bias: one 4-byte fp16 (8-byte fp32) store.
-__device__ __forceinline__ void put2c(const Out& o, int row, int col, int a0, int a1, float al0, float al1,
-                                      float b0, float b1) {
-  const int N = o.N;
-  float y0 = __fmul_rn(__int2float_rn(a0), al0), y1 = __fmul_rn(__int2float_rn(a1), al1);
-  if (o.flags & FLAG_BIAS) {
-    y0 = __fadd_rn(y0, b0);
-    y1 = __fadd_rn(y1, b1);
-  }
-  if (o.flags & FLAG_GELU) {
-    y0 = 0.5f * y0 * (1.0f + erff(y0 * 0.70710678118654752f));
-    y1 = 0.5f * y1 * (1.0f + erff(y1 * 0.70710678118654752f));
-  }
-  const size_t i = (size_t)row * N + col;
-  if (o.flags & FLAG_HALF) {
-    __half* p = reinterpret_cast<__half*>(o.y) + i;
-    if (col + 1 < N && !(N & 1) && !(reinterpret_cast<size_t>(o.y) & 3)) {
-      *reinterpret_cast<__half2*>(p) = __floats2half2_rn(y0, y1);  // RN of each, as __float2half_rn
-    } else {
-      p[0] = __float2half_rn(y0);
-      if (col + 1 < N) p[1] = __float2half_rn(y1);
-    }
-  } else {
-    float* p = reinterpret_cast<float*>(o.y) + i;
-    if (col + 1 < N && !(N & 1) && !(reinterpret_cast<size_t>(o.y) & 7)) {
-      *reinterpret_cast<float2*>(p) = make_float2(y0, y1);
-    } else {
-      p[0] = y0;
-      if (col + 1 < N) p[1] = y1;
-    }
-  }
-}
-
-// TR = true: quad transpose + 16-byte stores (put8c); TR = false: the mma fragment layout stored as is,
-// 4-byte fp16 pairs (put2c): no shuffles or selects, 4x the store instructions.
-template <int BM, int BN, int WM, int WN, int STAGES, bool TR = true>
+template <int BM, int BN, int WM, int WN, int STAGES>
 __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __restrict__ W, const Out& o,
                                         int Kp) {
   typedef Tc2Cfg<BM, BN, WM, WN, STAGES> C;
@@ -960,54 +925,27 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
     if (++kt < KT) continue;
     // Tile done: epilogue from registers while the next tile's first stages are being copied.
     const int m0 = (tile / tiles_n) * BM, n0 = (tile % tiles_n) * BN;
-    if (TR) {
 #pragma unroll
-      for (int jg = 0; jg < R::NI / 4; jg++) {
-        const int col = n0 + wn0 + jg * 32 + t4 * 8;
-        float alpha[8], bias[8];
+    for (int jg = 0; jg < R::NI / 4; jg++) {
+      const int col = n0 + wn0 + jg * 32 + t4 * 8;
+      float alpha[8], bias[8];
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
-          const int cc = min(col + e, N - 1);  // columns past N are computed on a valid index, never stored
-          alpha[e] = __fmul_rn(o.x_scale, __ldg(o.w_scale + cc));
-          bias[e] = (o.flags & FLAG_BIAS) ? __ldg(o.bias + cc) : 0.f;
-        }
-#pragma unroll
-        for (int i = 0; i < R::MI; i++)
-#pragma unroll
-          for (int h = 0; h < 2; h++) {
-            int2 q[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) q[j] = make_int2(tc.acc[i][jg * 4 + j][2 * h], tc.acc[i][jg * 4 + j][2 * h + 1]);
-            quad_transpose(q, t4);
-            const int row = m0 + wm0 + i * 16 + h * 8 + g;
-            if (row < M && col < N) put8c(o, row, col, q, alpha, bias);
-          }
+      for (int e = 0; e < 8; e++) {
+        const int cc = min(col + e, N - 1);  // columns past N are computed on a valid index, never stored
+        alpha[e] = __fmul_rn(o.x_scale, __ldg(o.w_scale + cc));
+        bias[e] = (o.flags & FLAG_BIAS) ? __ldg(o.bias + cc) : 0.f;
       }
-    } else {
 #pragma unroll
-      for (int jg = 0; jg < R::NI / 4; jg++) {
-        float alpha[8], bias[8];  // columns col_j, col_j + 1 of the 4 n8 blocks j of this group
+      for (int i = 0; i < R::MI; i++)
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
-          const int cc = min(n0 + wn0 + jg * 32 + (e >> 1) * 8 + t4 * 2 + (e & 1), N - 1);
-          alpha[e] = __fmul_rn(o.x_scale, __ldg(o.w_scale + cc));
-          bias[e] = (o.flags & FLAG_BIAS) ? __ldg(o.bias + cc) : 0.f;
+        for (int h = 0; h < 2; h++) {
+          int2 q[4];
+#pragma unroll
+          for (int j = 0; j < 4; j++) q[j] = make_int2(tc.acc[i][jg * 4 + j][2 * h], tc.acc[i][jg * 4 + j][2 * h + 1]);
+          quad_transpose(q, t4);
+          const int row = m0 + wm0 + i * 16 + h * 8 + g;
+          if (row < M && col < N) put8c(o, row, col, q, alpha, bias);
         }
-#pragma unroll
-        for (int i = 0; i < R::MI; i++)
-#pragma unroll
-          for (int h = 0; h < 2; h++) {
-            const int row = m0 + wm0 + i * 16 + h * 8 + g;
-            if (row >= M) continue;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-              const int col = n0 + wn0 + (jg * 4 + j) * 8 + t4 * 2;
-              if (col < N)
-                put2c(o, row, col, tc.acc[i][jg * 4 + j][2 * h], tc.acc[i][jg * 4 + j][2 * h + 1], alpha[2 * j],
-                      alpha[2 * j + 1], bias[2 * j], bias[2 * j + 1]);
-            }
-          }
-      }
     }
     tc.zero();
     kt = 0;
@@ -1017,14 +955,13 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
 }
 
 // name, BM, BN, WM, WN, STAGES, min blocks per SM
-#define VITBIT_TP(NAME, BM, BN, WM, WN, ST, MINB) VITBIT_TPX(NAME, BM, BN, WM, WN, ST, MINB, true)
-#define VITBIT_TPX(NAME, BM, BN, WM, WN, ST, MINB, TR)                                                        \
+#define VITBIT_TP(NAME, BM, BN, WM, WN, ST, MINB)                                                             \
   extern "C" __global__ void __launch_bounds__(Tc2Cfg<BM, BN, WM, WN, ST>::THREADS, MINB)                      \
       vitbit_gemm_##NAME(const s8* __restrict__ A, const s8* __restrict__ W, void* y, int* partial,           \
                          const float* __restrict__ w_scale, const float* __restrict__ bias, float x_scale,     \
                          int flags, int M, int N, int Kp, int kt_per_split) {                                  \
     Out o{y, nullptr, w_scale, bias, x_scale, flags, M, N};                                                    \
-    tp_body<BM, BN, WM, WN, ST, TR>(A, W, o, Kp);                                                              \
+    tp_body<BM, BN, WM, WN, ST>(A, W, o, Kp);                                                                  \
   }
 
 VITBIT_TP(tp_128x128, 128, 128, 64, 32, 3, 2)    // 8 warps of 64x32, 96 KB: 2 blocks per SM (H100)
@@ -1032,7 +969,3 @@ VITBIT_TP(tp_64x128, 64, 128, 64, 32, 3, 3)      // 4 warps of 64x32, 72 KB: 3 b
 VITBIT_TP(tp_64x128s4, 64, 128, 64, 32, 4, 2)    // 4 stages, 96 KB: 2 blocks per SM
 VITBIT_TP(tp_64x64, 64, 64, 32, 32, 4, 3)        // 4 warps of 32x32, 64 KB: 3 blocks per SM
 VITBIT_TP(tp_128x128w4, 128, 128, 64, 64, 3, 2)  // 4 warps of 64x64 (fewer ldmatrix per mma), 96 KB
-// Same tiles, epilogue without the quad transpose (4-byte stores of the fragment layout).
-VITBIT_TPX(tp_128x128p, 128, 128, 64, 32, 3, 2, false)
-VITBIT_TPX(tp_64x128p, 64, 128, 64, 32, 3, 3, false)
-VITBIT_TPX(tp_64x64p, 64, 64, 32, 32, 4, 3, false)
