@@ -169,7 +169,7 @@ def bench_config(label: str, ctx, prim, stream_int: int, tstream, triton_mm, rng
             except Exception as e:
                 print(f"[{label}] triton sm80 peak failed: {e!r}")
                 _cuda.check(cu.cuCtxSetCurrent(prim))
-    for t in (1, 8, 9, 41):
+    for t in (1, 8, 9, 30, 41):
         if _ENV_TACTICS and t not in _ENV_TACTICS:
             continue
         peak[f"ours tactic {t}"] = 2 * big**3 / timer(
@@ -244,7 +244,7 @@ def bench_config(label: str, ctx, prim, stream_int: int, tstream, triton_mm, rng
             tc1 = res.get(f"ours gemm t1 {K.config(1)[0].name}")
             hyb = {kk: v for kk, v in ours.items() if " h" in kk}
             bh = min(hyb, key=hyb.get) if hyb else None
-            tc_only = {kk: v for kk, v in ours.items() if " tc" in kk}
+            tc_only = {kk: v for kk, v in ours.items() if " tc" in kk or " tp_" in kk}  # tp: persistent
             btc = min(tc_only, key=tc_only.get)
             v1 = {kk: v for kk, v in ours.items() if " tc_" in kk}  # first-generation kernels (tactics 41-48)
             bv1 = min(v1, key=v1.get) if v1 else None

@@ -212,6 +212,10 @@ def test_launcher_tactics_and_workspace_without_gpu():
     assert not {4, 5, 6, 7, 22, 23, 26, 27, 44, 45, 46, 47} & set(big) and not {20, 21} & set(small)
     assert {26, 27, 44, 45} <= set(small) and {1, 8, 9, 24, 25, 28, 29, 41, 48} <= set(big)
     assert K.config(1)[0].name == "tc2_128x128" and K.config(41)[0].name == "tc_128x128"
+    assert {30, 31, 32, 33, 34} <= set(small) & set(big)
+    for t in (30, 31, 32, 33, 34):
+        cfg, splits = K.config(t)
+        assert cfg.persistent and splits == 1 and cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * K.BK
     assert {20, 21} <= set(K.valid_tactics(dict(a, bits=4), 197))
     assert K.workspace_bytes(a, 197) == 197 * 768 + 4 * 4 * 197 * 768
     assert K.workspace_bytes(a, 197 * 32) == 197 * 32 * 768

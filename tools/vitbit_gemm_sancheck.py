@@ -3,10 +3,13 @@
 meant to run under ``compute-sanitizer --tool memcheck|racecheck`` (small, so the sanitizer is quick).
 
     python tools/vitbit_gemm_sancheck.py 1 2 3 ...      (default: the tc2 tactics 1-9, 24-29)
+
+VITBIT_PERSIST_CAP=N caps the grid of the persistent tactics (30-34) so that each block walks many tiles.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from test_vitbit_gemm import _layer, _x_full_range, run  # noqa: E402
 
 def main() -> int:
     rng = np.random.default_rng(3)
+    K.PERSISTENT_GRID_CAP = int(os.environ.get("VITBIT_PERSIST_CAP", "0")) or None
     bad = 0
     for (m, k, n, dt) in [(201, 200, 77, np.float16), (70, 328, 136, np.float32), (33, 1000, 72, np.float16)]:
         p = _layer(rng, n, k, bias=True)

@@ -11,7 +11,8 @@ A launch is two or three kernels on the caller's stream, with no allocation and 
 
 Tactics (``valid_tactics``): 1 = tensor cores only, 128x128 tiles (default); 2, 3, 8, 9, 24, 25, 28, 29
 other tile sizes / pipeline depths; 4-7, 26, 27 split-K for small M (all "tc2" kernels: epilogue staged
-through shared memory); 41-48 the first-generation tensor-core kernels (old tactics 1-8) kept as
+through shared memory); 30-34 persistent tensor-core kernels ("tp": grid = the blocks resident on the
+current context's SMs, each walks tiles through one cp.async pipeline, epilogue from registers); 41-48 the first-generation tensor-core kernels (old tactics 1-8) kept as
 fallbacks; 10-19 hybrids (TC : INT : FP column ratios from 128:8:0 to 96:0:32); 22-23 hybrids with
 split-K; 20-21 hybrids whose INT share uses packed 16-bit fields (4- and 5-bit weights only). Every
 tactic gives bit-identical results.
@@ -46,6 +47,7 @@ class Config:
     tm: int = 4
     int_mode: int = 0  # 0 dp4a, 4/5 packed fields for 4/5-bit weights
     tc2: bool = False  # second-generation tensor-core-only kernel (epilogue staged through smem)
+    persistent: bool = False  # "tp": resident blocks walk the tiles, one pipeline, epilogue from registers
 
     @property
     def bn(self) -> int:
@@ -59,7 +61,7 @@ class Config:
     @property
     def smem(self) -> int:
         pipe = self.stages * (self.bm + self.bn) * BK
-        return max(pipe, self.bm * (self.bn + 8) * 4) if self.tc2 else pipe
+        return max(pipe, self.bm * (self.bn + 8) * 4) if self.tc2 and not self.persistent else pipe
 
 
 _C = {c.name: c for c in [
@@ -76,6 +78,11 @@ _C = {c.name: c for c in [
     Config("tc2_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True),
     Config("tc2_64x64s3", 64, CoreSplit(64), 32, 32, 3, tc2=True),
     Config("tc2_64x64s6", 64, CoreSplit(64), 32, 32, 6, tc2=True),
+    Config("tp_128x128", 128, CoreSplit(128), 64, 32, 3, tc2=True, persistent=True),
+    Config("tp_64x128", 64, CoreSplit(128), 64, 32, 3, tc2=True, persistent=True),
+    Config("tp_64x128s4", 64, CoreSplit(128), 64, 32, 4, tc2=True, persistent=True),
+    Config("tp_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True, persistent=True),
+    Config("tp_128x128w4", 128, CoreSplit(128), 64, 64, 3, tc2=True, persistent=True),
     Config("h128_tc128_i8", 128, CoreSplit(128, 8), 64, 32, 3),
     Config("h128_tc128_i8_f8", 128, CoreSplit(128, 8, 8), 64, 32, 3, tm=2),
     Config("h64_tc64_i8", 64, CoreSplit(64, 8), 32, 32, 4, tm=2),
@@ -110,6 +117,12 @@ TACTICS: dict[int, tuple[str, int]] = {
     27: ("tc2_64x64s6", 4),
     28: ("tc2_64x64s3", 1),
     29: ("tc2_64x128s3", 1),
+    # tensor cores only, persistent (grid = blocks resident on the current context's SMs; no split-K)
+    30: ("tp_128x128", 1),
+    31: ("tp_64x128", 1),
+    32: ("tp_64x128s4", 1),
+    33: ("tp_64x64", 1),
+    34: ("tp_128x128w4", 1),
     # hybrids: tensor-core warps + INT-core (dp4a) and/or FP-core warps
     10: ("h128_tc96_i32", 1),
     11: ("h128_tc96_i16_f16", 1),
@@ -186,6 +199,38 @@ def _kernel(name: str) -> _cuda.Kernel:
     return _cuda.get_kernel(SOURCE, name)
 
 
+# Tests set this to a small number so that each block of a persistent tactic walks many tiles.
+PERSISTENT_GRID_CAP: int | None = None
+
+
+def _context_sms() -> int:
+    """SMs of the current context: all of the device's, or a green context's share."""
+    cu = _cuda._driver()
+    ctx = _cuda.check(cu.cuCtxGetCurrent())
+    try:
+        res = _cuda.check(cu.cuCtxGetDevResource(ctx, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
+        n = int(res.sm.smCount)
+        if n > 0:
+            return n
+    except Exception:  # pragma: no cover - older drivers / bindings without device resources
+        pass
+    dev = _cuda.check(cu.cuCtxGetDevice())
+    return int(_cuda.check(cu.cuDeviceGetAttribute(
+        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)))
+
+
+def persistent_grid(kernel: _cuda.Kernel, cfg: Config, tiles: int) -> int:
+    """Blocks of a persistent tactic: min(tiles, resident blocks per SM x SMs of the current context)."""
+    kernel.set_max_dynamic_smem(cfg.smem)
+    cu = _cuda._driver()
+    per_sm = int(_cuda.check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.function, cfg.threads,
+                                                                            cfg.smem)))
+    g = max(1, per_sm) * _context_sms()
+    if PERSISTENT_GRID_CAP:
+        g = min(g, PERSISTENT_GRID_CAP)
+    return max(1, min(tiles, g))
+
+
 _layers: dict = {}  # raw attribute values -> (validated attributes, their key)
 _tls = threading.local()  # per-thread launch plans (their arg blocks are written per call)
 
@@ -228,7 +273,7 @@ def launch(attrs: dict, x_dtype: str, m: int, inputs: list[int], outputs: list[i
     if not workspace:
         raise EdgeSDKError("EdgeVitBitGemm: launch needs a workspace (quantized X, split-K partials)",
                            "allocate workspace_bytes(attrs, m) bytes and pass workspace=<pointer>")
-    key = (akey, x_dtype, m, tactic, _cuda.current_context())
+    key = (akey, x_dtype, m, tactic, _cuda.current_context(), PERSISTENT_GRID_CAP)
     plans = _cuda.thread_cache(_tls)
     plan = plans.get(key)
     if plan is None:
@@ -277,8 +322,12 @@ def _gemm_launches(a: dict, x_dtype: str, m: int, tactic: int, xq, w, ws, bias, 
     xs = ctypes.c_float(a["x_scale"])
     kt = -(-kp // BK)
     kps = -(-kt // splits)  # K tiles per split
-    out = [_kernel(f"vitbit_gemm_{cfg.name}").plan(
-        (-(-n // cfg.bn), -(-m // cfg.bm), splits), (cfg.threads,),
+    kern = _kernel(f"vitbit_gemm_{cfg.name}")
+    grid = (-(-n // cfg.bn), -(-m // cfg.bm), splits)
+    if cfg.persistent:  # one split; the kernel walks tiles blockIdx.x, + gridDim.x, ...
+        grid = (persistent_grid(kern, cfg, grid[0] * grid[1]), 1, 1)
+    out = [kern.plan(
+        grid, (cfg.threads,),
         _cuda.ArgBlock([xq, w, y, part, ws, bias, xs, ctypes.c_int(flags), ctypes.c_int(m), ctypes.c_int(n),
                         ctypes.c_int(kp), ctypes.c_int(kps)]), cfg.smem)]
     if splits > 1:

@@ -761,3 +761,211 @@ extern "C" __global__ void vitbit_splitk_epilogue8(const int* __restrict__ parti
     put8(o, (int)(i / N), (int)(i % N), v);
   }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Tensor-core-only GEMM, persistent ("tp"): the same warp tiles and mma.sync / ldmatrix / cp.async
+// main loop as tc2, but each block is resident for the whole GEMM and walks the output tiles
+// blockIdx.x, blockIdx.x + gridDim.x, ... (grid = min(tiles, blocks resident on the context's SMs)).
+// The K loop of all its tiles is ONE pipelined sequence of (tile, k-tile) steps: the cp.async copies of
+// the next tile's first k-tiles are in flight while the current tile finishes its last k-tiles and its
+// epilogue, so the pipeline is filled once per block instead of once per tile (K = 768 is only 6
+// k-tiles: the per-tile fill and epilogue were ~1/3 of the tc2 kernels' time).
+// The epilogue works from registers (no shared memory, so the stages stay in use): the four lanes of a
+// quad hold columns {j*8 + 2t, +1}, j = 0..3, of one row; a 4 x 4 transpose of column pairs inside the
+// quad (two shfl.xor butterflies) gives lane t the 8 consecutive columns t*8..t*8+7, which it finishes
+// with the same IEEE fp32 steps as put8 and one 16-byte fp16 store (two 16-byte fp32 stores).
+// No split-K (the launcher uses one split); exactness is that of the int32 mma.sync sums, as in tc2.
+// ------------------------------------------------------------------------------------------------
+
+// Select-free-index helpers: p[j] of a 4-entry array with a runtime lane bit (compiles to SEL, no local memory).
+__device__ __forceinline__ void quad_transpose(int2 (&p)[4], int t) {
+  const bool b1 = (t >> 1) & 1, b0 = t & 1;
+#pragma unroll
+  for (int jj = 0; jj < 2; jj++) {  // swap the off-diagonal 2 x 2 blocks with lane t ^ 2
+    int2 s = b1 ? p[jj] : p[jj + 2];
+    int2 r;
+    r.x = __shfl_xor_sync(0xffffffffu, s.x, 2);
+    r.y = __shfl_xor_sync(0xffffffffu, s.y, 2);
+    if (b1) p[jj] = r; else p[jj + 2] = r;
+  }
+#pragma unroll
+  for (int jj = 0; jj < 4; jj += 2) {  // transpose each 2 x 2 block with lane t ^ 1
+    int2 s = b0 ? p[jj] : p[jj + 1];
+    int2 r;
+    r.x = __shfl_xor_sync(0xffffffffu, s.x, 1);
+    r.y = __shfl_xor_sync(0xffffffffu, s.y, 1);
+    if (b0) p[jj] = r; else p[jj + 1] = r;
+  }
+}
+
+// 8 consecutive columns col..col+7 of one row with per-column alpha / bias already loaded.
+__device__ __forceinline__ void put8c(const Out& o, int row, int col, const int2 (&q)[4], const float* alpha,
+                                      const float* bias) {
+  const int N = o.N;
+  const size_t i = (size_t)row * N + col;
+  const bool full = col + 8 <= N;
+  const int v[8] = {q[0].x, q[0].y, q[1].x, q[1].y, q[2].x, q[2].y, q[3].x, q[3].y};
+  float y[8];
+#pragma unroll
+  for (int e = 0; e < 8; e++) {
+    float t = __fmul_rn(__int2float_rn(v[e]), alpha[e]);
+    if (o.flags & FLAG_BIAS) t = __fadd_rn(t, bias[e]);
+    y[e] = t;
+  }
+  if (o.flags & FLAG_GELU) {
+#pragma unroll
+    for (int e = 0; e < 8; e++) y[e] = 0.5f * y[e] * (1.0f + erff(y[e] * 0.70710678118654752f));
+  }
+  if (o.flags & FLAG_HALF) {
+    __half* p = reinterpret_cast<__half*>(o.y) + i;
+    if (full && !(N & 7) && !(reinterpret_cast<size_t>(o.y) & 15)) {
+      uint4 u;
+      __half2 h0 = __halves2half2(__float2half_rn(y[0]), __float2half_rn(y[1]));
+      __half2 h1 = __halves2half2(__float2half_rn(y[2]), __float2half_rn(y[3]));
+      __half2 h2 = __halves2half2(__float2half_rn(y[4]), __float2half_rn(y[5]));
+      __half2 h3 = __halves2half2(__float2half_rn(y[6]), __float2half_rn(y[7]));
+      u.x = *reinterpret_cast<u32*>(&h0);
+      u.y = *reinterpret_cast<u32*>(&h1);
+      u.z = *reinterpret_cast<u32*>(&h2);
+      u.w = *reinterpret_cast<u32*>(&h3);
+      *reinterpret_cast<uint4*>(p) = u;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; e++)
+        if (col + e < N) p[e] = __float2half_rn(y[e]);
+    }
+  } else {
+    float* p = reinterpret_cast<float*>(o.y) + i;
+    if (full && !(N & 3) && !(reinterpret_cast<size_t>(o.y) & 15)) {
+      reinterpret_cast<float4*>(p)[0] = make_float4(y[0], y[1], y[2], y[3]);
+      reinterpret_cast<float4*>(p)[1] = make_float4(y[4], y[5], y[6], y[7]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; e++)
+        if (col + e < N) p[e] = y[e];
+    }
+  }
+}
+
+template <int BM, int BN, int WM, int WN, int STAGES>
+__device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __restrict__ W, const Out& o,
+                                        int Kp) {
+  typedef Tc2Cfg<BM, BN, WM, WN, STAGES> C;
+  typedef TcRole<BM, WM, WN> R;
+  static_assert(R::NI % 4 == 0, "the quad transpose needs groups of 4 n8 blocks (WN % 32 == 0)");
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int M = o.M, N = o.N;
+  const int tiles_n = (N + BN - 1) / BN;
+  const int tiles = tiles_n * ((M + BM - 1) / BM);
+  const int KT = (Kp + BK - 1) / BK;
+  const int mine = (int)blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+  const int S = mine * KT;  // (tile, k-tile) steps of this block, one pipeline
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  // Copy mapping as in tc2: chunk column c of rows r0 + j * RSTEP. To keep registers for the accumulators
+  // (the loader state lives across the whole loop here), a tile keeps two row pointers and a bit mask of
+  // the rows inside M (N); rows past it are zero-filled (src-size 0, nothing read), never stored.
+  const int c = threadIdx.x & 7, r0 = threadIdx.x >> 3;
+  const u32 dst0 = smem_u32(smem) + r0 * BK + ((c ^ (r0 & 7)) << 4);
+  const int rstride = C::RSTEP * Kp;  // <= 128 * 131072 bytes: fits an int
+  const s8* pa = A;
+  const s8* pw = W;
+  u32 valid = 0;  // bit j: A row j; bit LA + j: W row j
+  auto rebase = [&](int tile) {
+    const int m0 = (tile / tiles_n) * BM, n0 = (tile % tiles_n) * BN;
+    pa = A + (size_t)(m0 + r0) * Kp + c * 16;
+    pw = W + (size_t)(n0 + r0) * Kp + c * 16;
+    valid = 0;
+#pragma unroll
+    for (int j = 0; j < C::LA; j++) valid |= (u32)(m0 + r0 + j * C::RSTEP < M) << j;
+#pragma unroll
+    for (int j = 0; j < C::LW; j++) valid |= (u32)(n0 + r0 + j * C::RSTEP < N) << (C::LA + j);
+  };
+  int ld_tile = blockIdx.x, ld_kt = 0;
+  if (mine > 0) rebase(ld_tile);
+  auto load_next = [&](int s) {  // the next step in (tile, k-tile) order into stage s
+    const u32 dst = dst0 + s * C::STAGE_BYTES;
+    const int kb = ld_kt * BK;
+    const bool ok = kb + c * 16 < Kp;  // K tail: zero-fill
+#pragma unroll
+    for (int j = 0; j < C::LA; j++) {
+      const bool v = ok && ((valid >> j) & 1);
+      cp_async16(dst + j * C::RSTEP * BK, v ? pa + j * rstride + kb : A, v);
+    }
+#pragma unroll
+    for (int j = 0; j < C::LW; j++) {
+      const bool v = ok && ((valid >> (C::LA + j)) & 1);
+      cp_async16(dst + (BM + j * C::RSTEP) * BK, v ? pw + j * rstride + kb : W, v);
+    }
+    if (++ld_kt == KT) {
+      ld_kt = 0;
+      ld_tile += gridDim.x;
+      if (ld_tile < tiles) rebase(ld_tile);
+    }
+  };
+
+  const int wm0 = (warp % (BM / WM)) * WM, wn0 = (warp / (BM / WM)) * WN;
+  const int g = lane >> 2, t4 = lane & 3;
+  R tc;
+  tc.zero();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < S) load_next(s);
+    cp_async_commit();
+  }
+  int tile = blockIdx.x, kt = 0;
+#pragma unroll 1
+  for (int s = 0; s < S; s++) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    const int nx = s + STAGES - 1;
+    if (nx < S) load_next(nx % STAGES);
+    cp_async_commit();
+    tc.compute(smem + (s % STAGES) * C::STAGE_BYTES, wm0, wn0, lane);
+    if (++kt < KT) continue;
+    // Tile done: epilogue from registers while the next tile's first stages are being copied.
+    const int m0 = (tile / tiles_n) * BM, n0 = (tile % tiles_n) * BN;
+#pragma unroll
+    for (int jg = 0; jg < R::NI / 4; jg++) {
+      const int col = n0 + wn0 + jg * 32 + t4 * 8;
+      float alpha[8], bias[8];
+#pragma unroll
+      for (int e = 0; e < 8; e++) {
+        const int cc = min(col + e, N - 1);  // columns past N are computed on a valid index, never stored
+        alpha[e] = __fmul_rn(o.x_scale, __ldg(o.w_scale + cc));
+        bias[e] = (o.flags & FLAG_BIAS) ? __ldg(o.bias + cc) : 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < R::MI; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          int2 q[4];
+#pragma unroll
+          for (int j = 0; j < 4; j++) q[j] = make_int2(tc.acc[i][jg * 4 + j][2 * h], tc.acc[i][jg * 4 + j][2 * h + 1]);
+          quad_transpose(q, t4);
+          const int row = m0 + wm0 + i * 16 + h * 8 + g;
+          if (row < M && col < N) put8c(o, row, col, q, alpha, bias);
+        }
+    }
+    tc.zero();
+    kt = 0;
+    tile += gridDim.x;
+  }
+  cp_async_wait<0>();
+}
+
+// name, BM, BN, WM, WN, STAGES, min blocks per SM
+#define VITBIT_TP(NAME, BM, BN, WM, WN, ST, MINB)                                                             \
+  extern "C" __global__ void __launch_bounds__(Tc2Cfg<BM, BN, WM, WN, ST>::THREADS, MINB)                      \
+      vitbit_gemm_##NAME(const s8* __restrict__ A, const s8* __restrict__ W, void* y, int* partial,           \
+                         const float* __restrict__ w_scale, const float* __restrict__ bias, float x_scale,     \
+                         int flags, int M, int N, int Kp, int kt_per_split) {                                  \
+    Out o{y, nullptr, w_scale, bias, x_scale, flags, M, N};                                                    \
+    tp_body<BM, BN, WM, WN, ST>(A, W, o, Kp);                                                                  \
+  }
+
+VITBIT_TP(tp_128x128, 128, 128, 64, 32, 3, 2)    // 8 warps of 64x32, 96 KB: 2 blocks per SM (H100)
+VITBIT_TP(tp_64x128, 64, 128, 64, 32, 3, 3)      // 4 warps of 64x32, 72 KB: 3 blocks per SM
+VITBIT_TP(tp_64x128s4, 64, 128, 64, 32, 4, 2)    // 4 stages, 96 KB: 2 blocks per SM
+VITBIT_TP(tp_64x64, 64, 64, 32, 32, 4, 3)        // 4 warps of 32x32, 64 KB: 3 blocks per SM
+VITBIT_TP(tp_128x128w4, 128, 128, 64, 64, 3, 2)  // 4 warps of 64x64 (fewer ldmatrix per mma), 96 KB

@@ -78,7 +78,7 @@ def test_every_tactic_bit_exact(lead, k, n, dtype):
     m = int(np.prod(lead))
     tactics = K.valid_tactics(p.node_attributes(), m)
     assert 1 in tactics and len(tactics) >= 10 + 5 * (k > 128)  # split-K needs >= 2 k-tiles
-    assert {1, 2, 3, 8, 9, 24, 25, 28, 29, 41, 43, 48} <= set(tactics)
+    assert {1, 2, 3, 8, 9, 24, 25, 28, 29, 30, 31, 32, 33, 34, 41, 43, 48} <= set(tactics)
     for t in tactics:
         y = run(p, x, t)
         bad = ~((y == ref) | (np.isnan(y) & np.isnan(ref)))
@@ -142,8 +142,49 @@ def test_gelu_tight_tolerance(dtype):
     x = _x_full_range(rng, (150, 256), p.x_scale, dtype)
     ref = R.vitbit_gemm(x, p).astype(np.float64)
     tol = dict(rtol=2e-3, atol=1e-3) if dtype == np.float16 else dict(rtol=2e-6, atol=2e-6)
-    for t in (1, 2, 3, 5, 7, 8, 9, 11, 15, 17, 22, 24, 25, 27, 28, 29, 41, 43, 45, 48):
+    for t in (1, 2, 3, 5, 7, 8, 9, 11, 15, 17, 22, 24, 25, 27, 28, 29, 30, 31, 32, 33, 34, 41, 43, 45, 48):
         np.testing.assert_allclose(run(p, x, t).astype(np.float64), ref, **tol)
+
+
+PERSISTENT = (30, 31, 32, 33, 34)
+
+
+@pytest.mark.parametrize("cap", [1, 3, 7])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_persistent_tactics_walk_many_tiles(cap, dtype):
+    """Persistent tactics with the grid capped to a few blocks, so each block walks many tiles through one
+    pipeline (tile changes in the middle of the cp.async prologue included): bit-exact on odd shapes with
+    partial row / column tiles and a K tail, Y poisoned."""
+    rng = np.random.default_rng(cap * 13 + (dtype == np.float16))
+    old = K.PERSISTENT_GRID_CAP
+    try:
+        K.PERSISTENT_GRID_CAP = cap
+        for (m, k, n) in [(301, 200, 390), (390, 768, 264), (200, 48, 1000)]:  # K = 48: one k-tile per tile
+            p = _layer(rng, n, k, bias=(n % 2 == 0))
+            x = _x_full_range(rng, (m, k), p.x_scale, dtype)
+            ref = R.vitbit_gemm(x, p)
+            for t in PERSISTENT:
+                cfg, _ = K.config(t)
+                tiles = -(-m // cfg.bm) * -(-n // cfg.bn)
+                assert tiles > cap  # every block walks more than one tile
+                y = run(p, x, t)
+                bad = ~((y == ref) | (np.isnan(y) & np.isnan(ref)))
+                assert not bad.any(), f"cap {cap} tactic {t} ({cfg.name}) {m}x{k}x{n}: {bad.sum()} differ"
+    finally:
+        K.PERSISTENT_GRID_CAP = old
+
+
+def test_persistent_grid_follows_the_context():
+    """The persistent grid is min(tiles, resident blocks x SMs of the current context)."""
+    from edgesdk.kernels import _cuda
+
+    cfg, _ = K.config(30)
+    _cuda.init()
+    kern = K._kernel(f"vitbit_gemm_{cfg.name}")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    g = K.persistent_grid(kern, cfg, 10**6)
+    assert g % sms == 0 and 1 <= g // sms <= 2
+    assert K.persistent_grid(kern, cfg, 5) == 5
 
 
 def test_cuda_graph_capture():
@@ -151,5 +192,5 @@ def test_cuda_graph_capture():
     p = _layer(rng, 96, 160)
     x = _x_full_range(rng, (70, 160), p.x_scale, np.float16)
     ref = R.vitbit_gemm(x, p)
-    for t in (1, 5, 11, 27, 41, 45):
+    for t in (1, 5, 11, 27, 30, 33, 41, 45):
         assert np.array_equal(run(p, x, t, graph=True), ref)
