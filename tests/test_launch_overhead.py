@@ -89,7 +89,7 @@ def test_bitmap_plan_is_cached_and_pointers_rewritten_in_place(stub):
     ptrs = [0x10000 + 0x1000 * i for i in range(6)]
     first = _bitmap(stub, BM, 3, ptrs, 0x90000)
     c = kbl.config(200, 72, 3, "float16", "int8", 1, stub.sms)
-    assert first["name"] == c["name"] and first["name"].startswith("bitmap_gemv")
+    assert first["name"] == c["name"] and first["name"].startswith("bitmap_dec")
     assert (first["grid"], first["block"], first["smem"]) == (c["grid"], c["block"], c["smem"])
     assert first["args"] == [*ptrs, 0x90000, 3, 200, 72, c["ks"], c["spb"]] and first["stream"] == 0x51
     loads = stub.calls["cuModuleGetFunction"], stub.calls.get("cuDeviceGetAttribute", 0)

@@ -76,7 +76,9 @@ class StubDriver(types.SimpleNamespace):
         A = self._real.CUdevice_attribute
         table = {A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: self.sms,
                  A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 9,
-                 A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0}
+                 A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0,
+                 A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: 233472,  # H100: 228 KB
+                 A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 232448}
         return self._ok, table[attr]
 
     def cuCtxGetDevResource(self, ctx, kind):
