@@ -136,23 +136,39 @@ def inspect_cmd(
     model: Annotated[Path, typer.Argument(help="ONNX model to inspect.")],
     exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Regex on layer names (as for build).")] = None,
     include_lm_head: Annotated[bool, typer.Option("--include-lm-head", help="As for build.")] = False,
+    device: Annotated[str, typer.Option("--device", "-d", help="Target profile for the kernel preview (as for build).")] = "orin",
+    quantize: Annotated[str, typer.Option("--quantize", "-q", help="int8 | none, as for build.")] = "int8",
+    sparsity: Annotated[float, typer.Option("--sparsity", help="Planned pruned fraction, as for build.")] = 0.0,
+    kernels: Annotated[str, typer.Option("--kernels", help="auto | bitmap | vitbit | none, as for build.")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ):
-    """List MODEL's inputs, outputs and linear layers: shapes, quantization state, and what build would process."""
+    """List MODEL's inputs, outputs and linear layers: shapes, quantization state, what build would process,
+    and which kernel build would pick for each (a preview: the build's report.json is authoritative)."""
     from edgesdk.build import io_info
+    from edgesdk.devices import get_profile
     from edgesdk.inspect import find_linears, quant_state
     from edgesdk.onnx_io import load_model, opset
     from edgesdk.quantize import select_layers
+    from edgesdk.rewrite import plan_kernels
 
     try:
+        if quantize not in ("int8", "none"):
+            raise EdgeSDKError(f"unknown --quantize {quantize!r}", "use int8 or none")
+        if not 0.0 <= sparsity < 1.0:
+            raise EdgeSDKError(f"--sparsity {sparsity} is outside [0, 1)", "give the pruned fraction, e.g. 0.5")
         m = load_model(model)
         linears = find_linears(m)
         chosen, skipped = select_layers(m, linears, exclude or [], include_lm_head)
+        plan = plan_kernels(m, linears, {li.name for li in chosen}, kernels, sparsity, quantize == "int8",
+                            get_profile(device))
     except EdgeSDKError as e:
         fail(e)
     state = quant_state(m)
     info = {"model": str(model), "opset": opset(m), "quant_state": state, **io_info(m),
-            "linears": [{**li.to_dict(), "selected": li.name not in skipped, "reason": skipped.get(li.name)}
+            "preview": {"device": device, "quantize": quantize, "sparsity": sparsity, "kernels": kernels},
+            "linears": [{**li.to_dict(), "selected": li.name not in skipped, "reason": skipped.get(li.name),
+                         **({"rows_per_call": plan[li.name]["rows_per_call"], "kernel": plan[li.name]["kernel"],
+                             "kernel_reason": plan[li.name]["reason"]} if li.name in plan else {})}
                         for li in linears]}
     if as_json:
         print(json.dumps(info, indent=2))
@@ -166,14 +182,21 @@ def inspect_cmd(
             io.add_row(kind[:-1], t["name"], t["dtype"], str(t["shape"]))
     console.print(io)
     t = Table(title="Linear layers", title_justify="left")
-    for c in ("layer", "op", "K×N", "weight", "bias", "int8", "act scale", "build would"):
+    for c in ("layer", "op", "K×N", "weight", "bias", "int8", "act scale", "build would", "M", f"kernel ({kernels})"):
         t.add_column(c, overflow="fold", no_wrap=c in ("layer", "K×N"))
     for li in linears:
         would = skipped.get(li.name) or ("rewrite (already Q/DQ)" if li.quantized else "quantize + rewrite")
+        p = plan.get(li.name)
+        kern = "–" if p is None else p["kernel"]
         t.add_row(li.name, li.kind + (" (transA)" if li.trans_a else ""), f"{li.k}×{li.n}",
                   li.weight_layout, "yes" if li.bias else "no", "yes" if li.quantized else "no",
-                  "yes" if li.act_scale else "no", would)
+                  "yes" if li.act_scale else "no", would, "–" if p is None else str(p["rows_per_call"]), kern)
     console.print(t)
+    for name, p in plan.items():
+        if p["reason"]:
+            console.print(f"  {name}: no plugin kernel: {p['reason']}")
+    console.print(f"kernel preview for --device {device} --quantize {quantize} --sparsity {sparsity} "
+                  f"--kernels {kernels}; `build` writes the final choice to report.json")
     if state == "qoperator":
         err_console.print("[yellow]note:[/] this model is in QOperator form; `build` refuses it (TensorRT needs Q/DQ).")
 

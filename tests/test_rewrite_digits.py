@@ -63,3 +63,24 @@ def test_digits_int8_sparse_top1(digits, capsys):
         assert abs(frac - key[0]) < 0.02, (key, frac)
     assert min(drops[0.3, "layer", "magnitude"], drops[0.3, "layer", "wanda"]) <= 1.5
     assert min(drops[0.5, "global", "magnitude"], drops[0.5, "global", "wanda"]) <= 1.5  # the issue's target
+
+
+@pytest.mark.parametrize("sparsity", [0.2, 0.5])
+def test_inspect_preview_matches_build_choice(digits, sparsity):
+    """`edgesdk inspect`'s kernel preview on the float model = the kernels the rewrite of the INT8 model picks."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from edgesdk.cli import app
+
+    model, q, calib, _ = digits
+    cfg = BuildConfig(sparsity=sparsity, prune="magnitude", kernels="auto")
+    _, report = rewrite_model(q, cfg, calib, PROFILES["orin"])
+    res = CliRunner().invoke(app, ["inspect", str(ROOT / "models" / "digits_vit.onnx"), "--json",
+                                   "--sparsity", str(sparsity)])
+    assert res.exit_code == 0, res.output
+    preview = {li["name"]: li["kernel"] for li in json.loads(res.output)["linears"]}
+    built = {r["name"]: r["kernel"] for r in report}
+    assert preview == built
+    assert set(built.values()) == ({"vitbit", "bitmap"} if sparsity >= 0.3 else {"vitbit", "none"})

@@ -303,6 +303,47 @@ def _remove_dead(graph: onnx.GraphProto) -> None:
     graph.value_info.extend(vis)
 
 
+def plan_kernels(model: onnx.ModelProto, linears: Sequence[LinearInfo], selected: set[str], kernels: str,
+                 sparsity: float, int8: bool, device=None) -> dict[str, dict]:
+    """Preview of the per-layer kernel choice a build would make, without quantizing or pruning.
+
+    Uses the same facts as :func:`rewrite_model` (rows per call from one ONNX Runtime run with every
+    symbolic input dim set to 1, else shape inference) and the same :func:`~edgesdk.rewrite.choose.choose`
+    rule, assuming the build's INT8 Q/DQ (symmetric, per-channel weights) when ``int8`` is set and
+    ``sparsity`` on every selected layer. The build's ``report.json`` stays authoritative: weights that
+    the quantizer maps to -128, or per-layer sparsities of ``--sparsity-scope global``, can change it.
+
+    Args:
+        model: The model as given to ``build``.
+        linears: ``find_linears(model)``.
+        selected: Names of the layers ``build`` would process (the others get no entry).
+        kernels: ``auto``, ``bitmap``, ``vitbit`` or ``none``.
+        sparsity: Planned pruned fraction.
+        int8: The build quantizes to INT8 (``--quantize int8``).
+        device: ``DeviceProfile`` for the roofline of the ``auto`` rule, or None.
+
+    Returns:
+        Layer name → ``{"rows_per_call": M, "kernel": kernel, "reason": why not, or None}``.
+    """
+    if kernels not in KERNELS:
+        raise EdgeSDKError(f"unknown --kernels {kernels!r}", f"use one of: {', '.join(KERNELS)}")
+    ix = GraphIndex(model)
+    types = _types(model)
+    chosen = [li for li in linears if li.name in selected]
+    probed = _probe_rows(model, [ix.nodes[li.node].input[0] for li in chosen]) if kernels == "auto" else {}
+    out: dict[str, dict] = {}
+    for li in chosen:
+        x_tensor = ix.nodes[li.node].input[0]
+        x_type = types.get(x_tensor) or types.get(li.input)
+        dims = probed.get(x_tensor) or (x_type[1] if x_type else None)
+        q8 = int8 or li.quantized
+        facts = LayerFacts(li.name, li.k, li.n, _rows(dims, li.trans_a), q8,
+                           int8 or li.act_scale is not None, float(sparsity))
+        kernel, reason = choose(facts, kernels, device)
+        out[li.name] = {"rows_per_call": facts.m, "kernel": kernel, "reason": reason}
+    return out
+
+
 # ----------------------------------------------------------------------------------------- packing
 def _bytes_dense(info: LinearInfo, int8: bool) -> int:
     """Dense weights as a dense kernel reads them: int8 + fp32 scales, or fp16."""
