@@ -249,8 +249,12 @@ def test_launcher_config_is_valid_everywhere():
                             elif c["name"].startswith("bitmap_dec"):
                                 assert xd == "float16" and m <= 16 and k % 8 == 0 and c["grid"][1] == 1
                                 r80 = tac == kbl.R80_HEURISTIC or tac in kbl.R80_TACTICS
-                                assert tac == 1 or tac in kbl.DEC_TACTICS or r80
+                                xs = tac == kbl.XS_HEURISTIC or tac in kbl.XS_TACTICS
+                                xs80 = tac == kbl.XS80_HEURISTIC or tac in kbl.XS80_TACTICS
+                                assert tac == 1 or tac in kbl.DEC_TACTICS or r80 or xs or xs80
                                 assert tac == 1 or c["name"].endswith(("_r80", "_r80n")) == r80
+                                assert tac == 1 or c["name"].endswith("_xs") == xs
+                                assert tac == 1 or c["name"].endswith("_xs80") == xs80
                                 assert c["spw"] == 2 and c["name"].split("_mb")[1][0] == ("1" if m <= 8 else "2")
                             else:
                                 mt = int(c["name"].split("_mt")[1].split("_")[0])

@@ -68,6 +68,16 @@ R80_TACTICS: dict[int, tuple[int, int]] = {
 }
 R80_HEURISTIC = 49
 _R80_STAGES = {"float16": 4, "int8": 6}
+#: Decode path, X-staged kernels (``bitmap_dec_*_xs``: the group's X rows travel in the ring slot by
+#: cp.async and the mma B fragments come from ldmatrix) → (K splits, strip pairs per block); 60 = their
+#: heuristic. Stages by (value dtype, MB): the slot grows by MB KB of X.
+XS_TACTICS: dict[int, tuple[int, int]] = {61: (8, 1), 62: (4, 2), 63: (16, 1), 64: (8, 2), 65: (2, 4)}
+XS_HEURISTIC = 60
+#: Their 80-register builds (``bitmap_dec_*_xs80``: up to 24 warps per SM where the rings fit) →
+#: (K splits, strip pairs per block); 70 = their heuristic.
+XS80_TACTICS: dict[int, tuple[int, int]] = {71: (12, 1), 72: (8, 1), 73: (6, 2), 74: (4, 2), 75: (4, 4)}
+XS80_HEURISTIC = 70
+_XS_STAGES = {("float16", 1): 3, ("float16", 2): 3, ("int8", 1): 4, ("int8", 2): 3}
 _R80_WARPS_PER_SM = 25  # 80 registers × 32 lanes per warp: 65 536 / 2 560
 _BLOCK_RESERVED_SMEM = 1024  # per-block shared memory the driver keeps (sm_80+)
 _SMEM_PER_SM = 233472  # H100 / sm_90 default for the pure config(); launches query the device
@@ -89,7 +99,8 @@ def _attrs(attrs: dict) -> tuple[int, int, str, int]:
 def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
     """Tactic ids valid for any M (1 = heuristic, then the fixed configurations)."""
     _attrs(attrs)
-    return [1, *TACTICS, *GEMV_TACTICS, *DEC_TACTICS, R80_HEURISTIC, *R80_TACTICS]
+    return [1, *TACTICS, *GEMV_TACTICS, *DEC_TACTICS, R80_HEURISTIC, *R80_TACTICS, XS_HEURISTIC, *XS_TACTICS,
+            XS80_HEURISTIC, *XS80_TACTICS]
 
 
 def workspace_bytes(attrs: dict, m: int) -> int:
@@ -189,14 +200,23 @@ def _dec_config(n, k, m, value_dtype, tactic, sm_count):
             "cost": waves * (-(-g // ks) + 3)}
 
 
-def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm):
-    """80-register decode kernels: same layout as :func:`_dec_config`, up to 24 warps per SM."""
+def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs=""):
+    """80-register decode kernels: same layout as :func:`_dec_config`, up to 24 warps per SM; with
+    ``xs="xs"`` the X-staged 16-warp kernels (≤ 128 registers: ≤ 16 warps per SM), ``xs="xs80"`` their
+    80-register builds."""
     s, g = fmt.geometry(n, k)
     pairs = -(-s // 2)
-    stages = _R80_STAGES[value_dtype]
-    slot = _dec_slot(value_dtype) * stages + _DEC_SCRATCH  # per warp: ring + scan scratch
-    if tactic in R80_TACTICS:
-        ks, pb = R80_TACTICS[tactic]
+    mb = 1 if m <= 8 else 2
+    if xs:
+        stages = _XS_STAGES[(value_dtype, mb)]
+        slot = (_dec_slot(value_dtype) + 1024 * mb) * stages + _DEC_SCRATCH
+        wps, table = (_MAX_WARPS, XS_TACTICS) if xs == "xs" else (_R80_WARPS_PER_SM, XS80_TACTICS)
+    else:
+        stages = _R80_STAGES[value_dtype]
+        slot = _dec_slot(value_dtype) * stages + _DEC_SCRATCH  # per warp: ring + scan scratch
+        wps, table = _R80_WARPS_PER_SM, R80_TACTICS
+    if tactic in table:
+        ks, pb = table[tactic]
     else:
         # Heuristic: one wave if possible, as many resident warps per SM as registers (25) and shared
         # memory allow, K split as finely as needed; cost = waves × (groups per warp + ~3 groups of
@@ -209,7 +229,7 @@ def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm):
                 warps = pb_ * ks_
                 if warps > _MAX_WARPS or (pb_ > 1 and pb_ > pairs) or warps * slot > _SMEM_LIMIT:
                     continue
-                bps = min(_R80_WARPS_PER_SM // warps, smem_per_sm // (warps * slot + _BLOCK_RESERVED_SMEM))
+                bps = min(wps // warps, smem_per_sm // (warps * slot + _BLOCK_RESERVED_SMEM))
                 if bps < 1:
                     continue
                 waves = -(-(-(-pairs // pb_)) // (bps * sm_count))
@@ -220,10 +240,9 @@ def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm):
     pb = max(1, min(pb, pairs, _SMEM_LIMIT // (slot * ks)))
     ks = max(1, min(ks, _SMEM_LIMIT // (slot * pb)))
     warps = pb * ks
-    mb = 1 if m <= 8 else 2
     smem = max(warps * slot, warps * mb * 4 * 32 * 4)
-    sfx = "r80" if mb == 1 else "r80n"  # MB = 2 loads X per group (prefetching it would spill at 80)
-    bps = max(1, min(_R80_WARPS_PER_SM // warps, smem_per_sm // (warps * slot + _BLOCK_RESERVED_SMEM)))
+    sfx = xs if xs else "r80" if mb == 1 else "r80n"  # r80n: X per group (prefetch would spill at 80)
+    bps = max(1, min(wps // warps, smem_per_sm // (warps * slot + _BLOCK_RESERVED_SMEM)))
     waves = -(-(-(-pairs // pb)) // (bps * sm_count))
     return {"name": f"bitmap_dec_{_V[value_dtype][0]}_mb{mb}_s{stages}_{sfx}", "grid": (-(-pairs // pb), 1, 1),
             "block": (32 * warps, 1, 1), "smem": smem, "ks": ks, "spb": pb, "spw": 2,
@@ -249,6 +268,10 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
         return _gemv_config(n, k, m, value_dtype, tactic, sm_count)
     if gemv_ok and (tactic == R80_HEURISTIC or tactic in R80_TACTICS):
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm)
+    if gemv_ok and (tactic == XS_HEURISTIC or tactic in XS_TACTICS):
+        return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs")
+    if gemv_ok and (tactic == XS80_HEURISTIC or tactic in XS80_TACTICS):
+        return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs80")
     if gemv_ok and tactic == 1:
         # Two decode kernels of one design: 103-127 registers (≤ 16 warps per SM) and 80 registers (≤ 24).
         # At the same configuration and occupancy the 80-register kernel is ~4 % slower (H100,
@@ -308,7 +331,7 @@ def _plan(n: int, k: int, vd: str, x_dtype: str, m: int, tactic: int, x_aligned:
     ctx = _cuda.current_context()
     c = config(n, k, m, x_dtype, vd, tactic, _sm_count(ctx), x_aligned, _smem_per_sm(ctx))
     kern = _cuda.get_kernel(SOURCE, c["name"])
-    if c["name"].endswith(("_r80", "_r80n")):  # up to 24 warps of rings per SM: ask for the full carveout
+    if c["name"].endswith(("_r80", "_r80n", "_xs", "_xs80")):  # up to 24 warps of rings per SM: ask for the full carveout
         cu = _cuda._driver()
         _cuda.check(cu.cuFuncSetAttribute(
             kern.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))
