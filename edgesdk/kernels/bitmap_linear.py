@@ -77,6 +77,9 @@ XS_HEURISTIC = 60
 #: (K splits, strip pairs per block); 70 = their heuristic.
 XS80_TACTICS: dict[int, tuple[int, int]] = {71: (12, 1), 72: (8, 1), 73: (6, 2), 74: (4, 2), 75: (4, 4)}
 XS80_HEURISTIC = 70
+#: The round-2 default (tactic 1 until 2026-11-22T06:35Z): 16-warp ``bitmap_dec_*`` kernels or their
+#: 80-register builds by the 3/4 cost rule; kept to compare side by side with the new default.
+PREV_DEFAULT = 59
 _XS_STAGES = {("float16", 1): 3, ("float16", 2): 3, ("int8", 1): 4, ("int8", 2): 3}
 _R80_WARPS_PER_SM = 25  # 80 registers × 32 lanes per warp: 65 536 / 2 560
 _BLOCK_RESERVED_SMEM = 1024  # per-block shared memory the driver keeps (sm_80+)
@@ -99,8 +102,8 @@ def _attrs(attrs: dict) -> tuple[int, int, str, int]:
 def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
     """Tactic ids valid for any M (1 = heuristic, then the fixed configurations)."""
     _attrs(attrs)
-    return [1, *TACTICS, *GEMV_TACTICS, *DEC_TACTICS, R80_HEURISTIC, *R80_TACTICS, XS_HEURISTIC, *XS_TACTICS,
-            XS80_HEURISTIC, *XS80_TACTICS]
+    return [1, *TACTICS, *GEMV_TACTICS, *DEC_TACTICS, R80_HEURISTIC, *R80_TACTICS, PREV_DEFAULT, XS_HEURISTIC,
+            *XS_TACTICS, XS80_HEURISTIC, *XS80_TACTICS]
 
 
 def workspace_bytes(attrs: dict, m: int) -> int:
@@ -273,6 +276,20 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
     if gemv_ok and (tactic == XS80_HEURISTIC or tactic in XS80_TACTICS):
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs80")
     if gemv_ok and tactic == 1:
+        # X-staged kernels (X rows by cp.async into the ring slot, B fragments by ldmatrix). H100,
+        # 2026-11-22T06:32Z (tools/bitmap_linear_explore.py, commit d54e679, 50 % sparsity, 4096², 4096×11008,
+        # 11008×4096, 2048×5632, M = 1/8/16): the 16-warp X-staged heuristic (60) ran at 1.00-1.67× of the
+        # round-2 default (59) in all 24 cases
+        # (M = 1: 1.00-1.20×, 8: 1.16-1.37×, 16: 1.33-1.67×); the 80-register build (70) was faster still only for
+        # M = 1 where its modelled cost is ≤ 3/4 of the 16-warp one's (4096×11008 and 2048×5632, int8
+        # values: 1.05×, 1.04×), and slower at M = 8 on 2048×5632 (0.90×): so it is taken only for M ≤ 4.
+        c16 = _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs")
+        if m <= 4:
+            c24 = _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs80")
+            if 4 * c24["cost"] <= 3 * c16["cost"]:
+                return c24
+        return c16
+    if gemv_ok and tactic == PREV_DEFAULT:
         # Two decode kernels of one design: 103-127 registers (≤ 16 warps per SM) and 80 registers (≤ 24).
         # At the same configuration and occupancy the 80-register kernel is ~4 % slower (H100,
         # 2026-11-22T05:51Z, tactics 51 vs 40 on six layers: 0.91-1.06×), and more warps per SM alone did
