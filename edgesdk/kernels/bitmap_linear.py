@@ -2,10 +2,12 @@
 
 Three kernel families (``docs/bitmap_linear.md``):
 
-* decode path ``bitmap_dec_*`` (fp16 X, M ≤ 16, K % 8 == 0, X 16-byte aligned; tactic 1, 40–48 and 49–57):
+* decode path ``bitmap_dec_*`` (fp16 X, M ≤ 16, K % 8 == 0, X 16-byte aligned; tactics 1 and 40–75):
   weights as the mma A operand (two strips per m16 fragment), X as the B operand (M ≤ 8 or ≤ 16 rows,
   never padded in memory); per warp a cp.async ring of compressed groups, a per-group warp scan of the
-  bitmap-word popcounts, and a branch-free tile decode (two shared loads and a byte permute);
+  bitmap-word popcounts, and a branch-free tile decode (two shared loads and a byte permute); in the
+  X-staged builds (``_xs``/``_xs80``, the default) the group's X rows ride in the ring slot and the B
+  fragments come from ``ldmatrix``;
 * decode path v1 ``bitmap_gemv_*`` (same conditions; tactics 20–31): X as the A operand, one strip per B
   fragment, kept for comparison;
 * generic path ``bitmap_linear_*`` (fp32 X, odd K, any M; tactics 2–11): X read from global memory per
@@ -15,9 +17,10 @@ Warps that share a strip (pair) split K (``KS``) and are reduced in shared memor
 atomics, deterministic.
 
 Where dense wins (a build-time decision for the rewrite pass, not made here): measured on an H100
-(``bench/results/bitmap_linear.json``, 2026-11-22T05:51Z) the decode path runs at 0.54–1.35× of cuBLAS
-fp16 for M ≤ 16 at 30–70 % sparsity (median over the large LLM layers 0.89× for fp16 values and 0.94× for
-int8 values at 50 %); it beats cuBLAS only for M ≤ 4 on large layers. It is decode-bound (instructions
+(``bench/results/bitmap_linear.json``, 2026-11-22T06:35Z) the decode path runs at 0.68–1.46× of cuBLAS
+fp16 for M ≤ 16 at 30–70 % sparsity (median over the large LLM layers 1.06× for fp16 values and 1.14× for
+int8 values at 50 %); at ≥ 50 % it beats cuBLAS on the layers with K ≥ 4096 or 5632×2048 (M = 16: only
+4096², 11008×4096, 5632×2048), not on 896×4864 or 576×1536. It is decode-bound (instructions
 per 8×8 tile and launch latency), not bandwidth-bound. For prefill (M ≫ 16) decoding is repeated per
 64-row tile of M and dense is faster still. Elsewhere choose this op for its footprint (0.57× / 0.32× of
 dense fp16 bytes at 50 %), or let tactic timing against a dense layer decide.
@@ -26,9 +29,11 @@ Tactics (``valid_tactics``): 1 = heuristic (from M, N, K and the SM count of the
 2–11 fix generic-path (strips per block, K splits, stages) configurations; 20–31 fix v1 decode-path
 (strips per warp, strip blocks per block, K splits) configurations; 40–48 fix decode-path (K splits,
 strip pairs per block, stage set) configurations; 49 (heuristic) and 50–57 (K splits, strip pairs per
-block) use the 80-register decode kernels (``bitmap_dec_*_r80``/``_r80n``, up to 24 warps per SM), which
-tactic 1 takes where they cut the modelled cost by ≥ 1/4. Decode-path tactics act like tactic 1 where the
-decode path does not apply. Shared memory per block stays ≤ 163 KB (Orin's limit).
+block) use the 80-register decode kernels (``bitmap_dec_*_r80``/``_r80n``, up to 24 warps per SM); 59 = the
+round-2 default (40–48 or 49–57 configurations by the 3/4 cost rule); 60 (heuristic) and 61–65 use the
+X-staged 16-warp kernels (``_xs``), 70 and 71–75 their 80-register builds (``_xs80``). Tactic 1 takes
+tactic 60's configuration, or tactic 70's for M ≤ 4 where it cuts the modelled cost by ≥ 1/4. Decode-path
+tactics act like tactic 1 where the decode path does not apply. Shared memory per block stays ≤ 163 KB (Orin's limit).
 """
 
 from __future__ import annotations
