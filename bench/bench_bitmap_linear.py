@@ -33,8 +33,8 @@ SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096), (2048, 5632), (5632, 2048)
 MS = [1, 2, 4, 8, 16]
 SPARSITIES = [0.3, 0.5, 0.7]
 VDTYPES = ["float16", "int8"]
-GREEN_TACTICS = [1]
-DECODE_TACTICS = [1, 40, 41, 44, 46, 22]  # heuristic, decode-path v2 configurations, best v1 configuration
+GREEN_TACTICS = [1, 59]
+DECODE_TACTICS = [1, 59, 60, 70, 40, 49]  # default, round-2 default, X-staged heuristics, v2 configurations
 
 
 CHECK_M = 16  # rows of the sanity-check X

@@ -249,8 +249,12 @@ def test_launcher_config_is_valid_everywhere():
                             elif c["name"].startswith("bitmap_dec"):
                                 assert xd == "float16" and m <= 16 and k % 8 == 0 and c["grid"][1] == 1
                                 r80 = tac == kbl.R80_HEURISTIC or tac in kbl.R80_TACTICS
-                                assert tac == 1 or tac in kbl.DEC_TACTICS or r80
-                                assert tac == 1 or c["name"].endswith(("_r80", "_r80n")) == r80
+                                xs = tac == kbl.XS_HEURISTIC or tac in kbl.XS_TACTICS
+                                xs80 = tac == kbl.XS80_HEURISTIC or tac in kbl.XS80_TACTICS
+                                assert tac in (1, kbl.PREV_DEFAULT) or tac in kbl.DEC_TACTICS or r80 or xs or xs80
+                                assert tac in (1, kbl.PREV_DEFAULT) or c["name"].endswith(("_r80", "_r80n")) == r80
+                                assert tac == 1 or c["name"].endswith("_xs") == xs
+                                assert tac == 1 or c["name"].endswith("_xs80") == xs80
                                 assert c["spw"] == 2 and c["name"].split("_mb")[1][0] == ("1" if m <= 8 else "2")
                             else:
                                 mt = int(c["name"].split("_mt")[1].split("_")[0])
@@ -260,8 +264,28 @@ def test_launcher_config_is_valid_everywhere():
         kbl.config(8, 8, 1, "float16", "float16", 99)
 
 
+def test_default_takes_x_staged_kernels():
+    """Tactic 1 takes the X-staged decode kernels (``_xs``), their 80-register build (``_xs80``) only for
+    M <= 4 where its modelled cost is <= 3/4 of the 16-warp one's, with the same MB as the other decode
+    kernels; fp32 X, odd K and M > 16 keep the generic path."""
+    from edgesdk.kernels import bitmap_linear as kbl
+
+    for (k, n), want80 in {(4096, 4096): {"float16": False, "int8": False},
+                           (4096, 11008): {"float16": False, "int8": True},
+                           (2048, 5632): {"float16": False, "int8": True},
+                           (1536, 576): {"float16": False, "int8": False}}.items():
+        for m in (1, 4, 5, 16):
+            for vd in fmt.VALUE_DTYPES:
+                c = kbl.config(n, k, m, "float16", vd, 1, 132)
+                c60 = kbl.config(n, k, m, "float16", vd, kbl.XS_HEURISTIC, 132)
+                c70 = kbl.config(n, k, m, "float16", vd, kbl.XS80_HEURISTIC, 132)
+                assert c == (c70 if want80[vd] and m <= 4 else c60), (k, n, m, vd, c)
+                assert c["name"].endswith("_xs80" if want80[vd] and m <= 4 else "_xs")
+                assert c["name"].split("_mb")[1][0] == ("1" if m <= 8 else "2")
+
+
 def test_heuristic_picks_80_register_kernel_only_when_cheaper():
-    """Tactic 1 takes the 80-register decode kernel where its modelled cost is ≤ 3/4 of the
+    """Tactic 59 (the round-2 default) takes the 80-register decode kernel where its modelled cost is ≤ 3/4 of the
     108-register kernel's (one wave instead of several, or half the groups per warp), else the latter."""
     from edgesdk.kernels import bitmap_linear as kbl
 
@@ -269,7 +293,7 @@ def test_heuristic_picks_80_register_kernel_only_when_cheaper():
                          (896, 4864): True, (1536, 576): False}.items():
         for m in (1, 16):
             for vd in fmt.VALUE_DTYPES:
-                c = kbl.config(n, k, m, "float16", vd, 1, 132)
+                c = kbl.config(n, k, m, "float16", vd, kbl.PREV_DEFAULT, 132)
                 c16 = kbl.config(n, k, m, "float16", vd, 40, 132)  # any 108-register tactic: name family
                 assert c["name"].endswith(("_r80", "_r80n")) == want, (k, n, m, vd, c)
                 assert c["name"].split("_mb")[1][0] == c16["name"].split("_mb")[1][0]

@@ -2,10 +2,12 @@
 
 Three kernel families (``docs/bitmap_linear.md``):
 
-* decode path ``bitmap_dec_*`` (fp16 X, M ≤ 16, K % 8 == 0, X 16-byte aligned; tactic 1, 40–48 and 49–57):
+* decode path ``bitmap_dec_*`` (fp16 X, M ≤ 16, K % 8 == 0, X 16-byte aligned; tactics 1 and 40–75):
   weights as the mma A operand (two strips per m16 fragment), X as the B operand (M ≤ 8 or ≤ 16 rows,
   never padded in memory); per warp a cp.async ring of compressed groups, a per-group warp scan of the
-  bitmap-word popcounts, and a branch-free tile decode (two shared loads and a byte permute);
+  bitmap-word popcounts, and a branch-free tile decode (two shared loads and a byte permute); in the
+  X-staged builds (``_xs``/``_xs80``, the default) the group's X rows ride in the ring slot and the B
+  fragments come from ``ldmatrix``;
 * decode path v1 ``bitmap_gemv_*`` (same conditions; tactics 20–31): X as the A operand, one strip per B
   fragment, kept for comparison;
 * generic path ``bitmap_linear_*`` (fp32 X, odd K, any M; tactics 2–11): X read from global memory per
@@ -15,9 +17,10 @@ Warps that share a strip (pair) split K (``KS``) and are reduced in shared memor
 atomics, deterministic.
 
 Where dense wins (a build-time decision for the rewrite pass, not made here): measured on an H100
-(``bench/results/bitmap_linear.json``, 2026-11-22T05:51Z) the decode path runs at 0.54–1.35× of cuBLAS
-fp16 for M ≤ 16 at 30–70 % sparsity (median over the large LLM layers 0.89× for fp16 values and 0.94× for
-int8 values at 50 %); it beats cuBLAS only for M ≤ 4 on large layers. It is decode-bound (instructions
+(``bench/results/bitmap_linear.json``, 2026-11-22T06:35Z) the decode path runs at 0.68–1.46× of cuBLAS
+fp16 for M ≤ 16 at 30–70 % sparsity (median over the large LLM layers 1.06× for fp16 values and 1.14× for
+int8 values at 50 %); at ≥ 50 % it beats cuBLAS on the layers with K ≥ 4096 or 5632×2048 (M = 16: only
+4096², 11008×4096, 5632×2048), not on 896×4864 or 576×1536. It is decode-bound (instructions
 per 8×8 tile and launch latency), not bandwidth-bound. For prefill (M ≫ 16) decoding is repeated per
 64-row tile of M and dense is faster still. Elsewhere choose this op for its footprint (0.57× / 0.32× of
 dense fp16 bytes at 50 %), or let tactic timing against a dense layer decide.
@@ -26,9 +29,11 @@ Tactics (``valid_tactics``): 1 = heuristic (from M, N, K and the SM count of the
 2–11 fix generic-path (strips per block, K splits, stages) configurations; 20–31 fix v1 decode-path
 (strips per warp, strip blocks per block, K splits) configurations; 40–48 fix decode-path (K splits,
 strip pairs per block, stage set) configurations; 49 (heuristic) and 50–57 (K splits, strip pairs per
-block) use the 80-register decode kernels (``bitmap_dec_*_r80``/``_r80n``, up to 24 warps per SM), which
-tactic 1 takes where they cut the modelled cost by ≥ 1/4. Decode-path tactics act like tactic 1 where the
-decode path does not apply. Shared memory per block stays ≤ 163 KB (Orin's limit).
+block) use the 80-register decode kernels (``bitmap_dec_*_r80``/``_r80n``, up to 24 warps per SM); 59 = the
+round-2 default (40–48 or 49–57 configurations by the 3/4 cost rule); 60 (heuristic) and 61–65 use the
+X-staged 16-warp kernels (``_xs``), 70 and 71–75 their 80-register builds (``_xs80``). Tactic 1 takes
+tactic 60's configuration, or tactic 70's for M ≤ 4 where it cuts the modelled cost by ≥ 1/4. Decode-path
+tactics act like tactic 1 where the decode path does not apply. Shared memory per block stays ≤ 163 KB (Orin's limit).
 """
 
 from __future__ import annotations
@@ -68,6 +73,19 @@ R80_TACTICS: dict[int, tuple[int, int]] = {
 }
 R80_HEURISTIC = 49
 _R80_STAGES = {"float16": 4, "int8": 6}
+#: Decode path, X-staged kernels (``bitmap_dec_*_xs``: the group's X rows travel in the ring slot by
+#: cp.async and the mma B fragments come from ldmatrix) → (K splits, strip pairs per block); 60 = their
+#: heuristic. Stages by (value dtype, MB): the slot grows by MB KB of X.
+XS_TACTICS: dict[int, tuple[int, int]] = {61: (8, 1), 62: (4, 2), 63: (16, 1), 64: (8, 2), 65: (2, 4)}
+XS_HEURISTIC = 60
+#: Their 80-register builds (``bitmap_dec_*_xs80``: up to 24 warps per SM where the rings fit) →
+#: (K splits, strip pairs per block); 70 = their heuristic.
+XS80_TACTICS: dict[int, tuple[int, int]] = {71: (12, 1), 72: (8, 1), 73: (6, 2), 74: (4, 2), 75: (4, 4)}
+XS80_HEURISTIC = 70
+#: The round-2 default (tactic 1 until 2026-11-22T06:35Z): 16-warp ``bitmap_dec_*`` kernels or their
+#: 80-register builds by the 3/4 cost rule; kept to compare side by side with the new default.
+PREV_DEFAULT = 59
+_XS_STAGES = {("float16", 1): 3, ("float16", 2): 3, ("int8", 1): 4, ("int8", 2): 3}
 _R80_WARPS_PER_SM = 25  # 80 registers × 32 lanes per warp: 65 536 / 2 560
 _BLOCK_RESERVED_SMEM = 1024  # per-block shared memory the driver keeps (sm_80+)
 _SMEM_PER_SM = 233472  # H100 / sm_90 default for the pure config(); launches query the device
@@ -89,7 +107,8 @@ def _attrs(attrs: dict) -> tuple[int, int, str, int]:
 def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
     """Tactic ids valid for any M (1 = heuristic, then the fixed configurations)."""
     _attrs(attrs)
-    return [1, *TACTICS, *GEMV_TACTICS, *DEC_TACTICS, R80_HEURISTIC, *R80_TACTICS]
+    return [1, *TACTICS, *GEMV_TACTICS, *DEC_TACTICS, R80_HEURISTIC, *R80_TACTICS, PREV_DEFAULT, XS_HEURISTIC,
+            *XS_TACTICS, XS80_HEURISTIC, *XS80_TACTICS]
 
 
 def workspace_bytes(attrs: dict, m: int) -> int:
@@ -189,14 +208,23 @@ def _dec_config(n, k, m, value_dtype, tactic, sm_count):
             "cost": waves * (-(-g // ks) + 3)}
 
 
-def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm):
-    """80-register decode kernels: same layout as :func:`_dec_config`, up to 24 warps per SM."""
+def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs=""):
+    """80-register decode kernels: same layout as :func:`_dec_config`, up to 24 warps per SM; with
+    ``xs="xs"`` the X-staged 16-warp kernels (≤ 128 registers: ≤ 16 warps per SM), ``xs="xs80"`` their
+    80-register builds."""
     s, g = fmt.geometry(n, k)
     pairs = -(-s // 2)
-    stages = _R80_STAGES[value_dtype]
-    slot = _dec_slot(value_dtype) * stages + _DEC_SCRATCH  # per warp: ring + scan scratch
-    if tactic in R80_TACTICS:
-        ks, pb = R80_TACTICS[tactic]
+    mb = 1 if m <= 8 else 2
+    if xs:
+        stages = _XS_STAGES[(value_dtype, mb)]
+        slot = (_dec_slot(value_dtype) + 1024 * mb) * stages + _DEC_SCRATCH
+        wps, table = (_MAX_WARPS, XS_TACTICS) if xs == "xs" else (_R80_WARPS_PER_SM, XS80_TACTICS)
+    else:
+        stages = _R80_STAGES[value_dtype]
+        slot = _dec_slot(value_dtype) * stages + _DEC_SCRATCH  # per warp: ring + scan scratch
+        wps, table = _R80_WARPS_PER_SM, R80_TACTICS
+    if tactic in table:
+        ks, pb = table[tactic]
     else:
         # Heuristic: one wave if possible, as many resident warps per SM as registers (25) and shared
         # memory allow, K split as finely as needed; cost = waves × (groups per warp + ~3 groups of
@@ -209,7 +237,7 @@ def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm):
                 warps = pb_ * ks_
                 if warps > _MAX_WARPS or (pb_ > 1 and pb_ > pairs) or warps * slot > _SMEM_LIMIT:
                     continue
-                bps = min(_R80_WARPS_PER_SM // warps, smem_per_sm // (warps * slot + _BLOCK_RESERVED_SMEM))
+                bps = min(wps // warps, smem_per_sm // (warps * slot + _BLOCK_RESERVED_SMEM))
                 if bps < 1:
                     continue
                 waves = -(-(-(-pairs // pb_)) // (bps * sm_count))
@@ -220,10 +248,9 @@ def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm):
     pb = max(1, min(pb, pairs, _SMEM_LIMIT // (slot * ks)))
     ks = max(1, min(ks, _SMEM_LIMIT // (slot * pb)))
     warps = pb * ks
-    mb = 1 if m <= 8 else 2
     smem = max(warps * slot, warps * mb * 4 * 32 * 4)
-    sfx = "r80" if mb == 1 else "r80n"  # MB = 2 loads X per group (prefetching it would spill at 80)
-    bps = max(1, min(_R80_WARPS_PER_SM // warps, smem_per_sm // (warps * slot + _BLOCK_RESERVED_SMEM)))
+    sfx = xs if xs else "r80" if mb == 1 else "r80n"  # r80n: X per group (prefetch would spill at 80)
+    bps = max(1, min(wps // warps, smem_per_sm // (warps * slot + _BLOCK_RESERVED_SMEM)))
     waves = -(-(-(-pairs // pb)) // (bps * sm_count))
     return {"name": f"bitmap_dec_{_V[value_dtype][0]}_mb{mb}_s{stages}_{sfx}", "grid": (-(-pairs // pb), 1, 1),
             "block": (32 * warps, 1, 1), "smem": smem, "ks": ks, "spb": pb, "spw": 2,
@@ -249,7 +276,25 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
         return _gemv_config(n, k, m, value_dtype, tactic, sm_count)
     if gemv_ok and (tactic == R80_HEURISTIC or tactic in R80_TACTICS):
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm)
+    if gemv_ok and (tactic == XS_HEURISTIC or tactic in XS_TACTICS):
+        return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs")
+    if gemv_ok and (tactic == XS80_HEURISTIC or tactic in XS80_TACTICS):
+        return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs80")
     if gemv_ok and tactic == 1:
+        # X-staged kernels (X rows by cp.async into the ring slot, B fragments by ldmatrix). H100,
+        # 2026-11-22T06:32Z (tools/bitmap_linear_explore.py, commit d54e679, 50 % sparsity, 4096², 4096×11008,
+        # 11008×4096, 2048×5632, M = 1/8/16): the 16-warp X-staged heuristic (60) ran at 1.00-1.67× of the
+        # round-2 default (59) in all 24 cases
+        # (M = 1: 1.00-1.20×, 8: 1.16-1.37×, 16: 1.33-1.67×); the 80-register build (70) was faster still only for
+        # M = 1 where its modelled cost is ≤ 3/4 of the 16-warp one's (4096×11008 and 2048×5632, int8
+        # values: 1.05×, 1.04×), and slower at M = 8 on 2048×5632 (0.90×): so it is taken only for M ≤ 4.
+        c16 = _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs")
+        if m <= 4:
+            c24 = _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs80")
+            if 4 * c24["cost"] <= 3 * c16["cost"]:
+                return c24
+        return c16
+    if gemv_ok and tactic == PREV_DEFAULT:
         # Two decode kernels of one design: 103-127 registers (≤ 16 warps per SM) and 80 registers (≤ 24).
         # At the same configuration and occupancy the 80-register kernel is ~4 % slower (H100,
         # 2026-11-22T05:51Z, tactics 51 vs 40 on six layers: 0.91-1.06×), and more warps per SM alone did
@@ -308,7 +353,7 @@ def _plan(n: int, k: int, vd: str, x_dtype: str, m: int, tactic: int, x_aligned:
     ctx = _cuda.current_context()
     c = config(n, k, m, x_dtype, vd, tactic, _sm_count(ctx), x_aligned, _smem_per_sm(ctx))
     kern = _cuda.get_kernel(SOURCE, c["name"])
-    if c["name"].endswith(("_r80", "_r80n")):  # up to 24 warps of rings per SM: ask for the full carveout
+    if c["name"].endswith(("_r80", "_r80n", "_xs", "_xs80")):  # up to 24 warps of rings per SM: ask for the full carveout
         cu = _cuda._driver()
         _cuda.check(cu.cuFuncSetAttribute(
             kern.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))

@@ -509,7 +509,11 @@ __device__ __forceinline__ uint32_t dec_tile(uint32_t w, uint32_t ea, uint32_t b
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-template <typename VT, int MB, int STAGES, bool PF>
+// XS (X staged): the group's X rows (MB x 8 rows x 64 columns, 1 KB per 8 rows) travel in the ring slot
+// with the weights (16-byte cp.async, zero-filled for rows >= M and columns >= K, chunk c of row r at
+// 16 (c ^ r) so that both the copy and ldmatrix are bank-conflict free) and the B fragments are built
+// with ldmatrix.x4: 2 MB ldmatrix per group instead of 8 MB global loads that each touch up to 8 rows.
+template <typename VT, int MB, int STAGES, bool PF, bool XS = false>
 __device__ __forceinline__ void bitmap_dec_body(
     const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
     const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,
@@ -517,7 +521,8 @@ __device__ __forceinline__ void bitmap_dec_body(
   using RV = typename RawV<VT>::T;
   constexpr int kVB = kGroupK * 8 * static_cast<int>(sizeof(VT));  // max value bytes of one strip-group
   constexpr int kW = kTiles * 8 + kVB + 16;                          // one strip: bitmaps, values, slack
-  constexpr int kSlot = 2 * kW;                                      // one stage: a strip pair
+  constexpr int kXB = XS ? MB * 1024 : 0;                            // staged X of one group
+  constexpr int kSlot = 2 * kW + kXB;                                // one stage: a strip pair (+ X)
   extern __shared__ __align__(16) uint8_t smem[];
 
   const int lane = threadIdx.x & 31;
@@ -579,6 +584,17 @@ __device__ __forceinline__ void bitmap_dec_body(
 #pragma unroll
       for (int q = 0; q < kVB / 512; ++q)
         if (lane + 32 * q < cb) cp_async16_s(da + kW + 512 * q, vb + 512 * q);
+      if constexpr (XS) {  // X chunk (b, r, c) = columns 8c..8c+7 of X row 8b + r, 64 chunks per b
+        const int kb = (g0 + j) * kGroupK;
+#pragma unroll
+        for (int q = 0; q < 2 * MB; ++q) {
+          const int idx = lane + 32 * q, xr = (idx >> 3) & 7, xc = idx & 7, row = 8 * (idx >> 6) + xr;
+          const bool ok = row < M && kb + 8 * xc < K;  // K % 8 == 0
+          cp_async16_zfill_s(slot + 2 * kW + (idx >> 6) * 1024 + xr * 128 + ((xc ^ xr) << 4),
+                             ok ? static_cast<const void*>(X + static_cast<size_t>(row) * K + kb + 8 * xc)
+                                : static_cast<const void*>(X), ok);
+        }
+      }
       islot = islot + 1 == STAGES ? 0 : islot + 1;
     }
     cp_async_commit();
@@ -628,15 +644,19 @@ __device__ __forceinline__ void bitmap_dec_body(
   // X fragments of the current group (xf) and, with PF, of the next one (xn, loaded a group ahead).
   // Without PF (80-register kernels with MB = 2) the group's X is loaded at the top of its iteration,
   // before the ring wait and the scan, and other resident warps cover the L1/L2 latency.
-  uint32_t xf[MB][8], xn[PF ? MB : 1][PF ? 8 : 1];
-  if (PF && ng > 0) ldx(0, xf);
+  uint32_t xf[XS ? 1 : MB][XS ? 1 : 8], xn[PF ? MB : 1][PF ? 8 : 1];
+  if constexpr (PF) {
+    if (ng > 0) ldx(0, xf);
+  }
+  // XS: lane l addresses row l & 7 of matrix l >> 3 (chunk 4 kp + (l >> 3)) of each ldmatrix.x4.
+  const uint32_t xr_l = static_cast<uint32_t>(lane & 7), xc_l = static_cast<uint32_t>(lane >> 3);
   int cslot = 0;  // stage slot being consumed
 
   for (int i = 0; i < ng; ++i) {
     issue(i + STAGES - 1);
     if constexpr (PF) {
       if (i + 1 < ng) ldx(i + 1, xn);
-    } else {
+    } else if constexpr (!XS) {
       ldx(i, xf);
     }
     cp_async_wait<STAGES - 1>();
@@ -655,8 +675,17 @@ __device__ __forceinline__ void bitmap_dec_body(
       *reinterpret_cast<uint2*>(smem + scr_st) = make_uint2(word, ea);
     }
     __syncwarp();
+    const uint32_t xsl = sbase + static_cast<uint32_t>(warp * STAGES + cslot) * kSlot + 2 * kW + xr_l * 128;
+    uint32_t xb[XS ? MB : 1][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
+      if constexpr (XS) {
+        if ((kk & 1) == 0) {
+#pragma unroll
+          for (int b = 0; b < MB; ++b)
+            ldmatrix_x4(xb[b], xsl + b * 1024 + ((((2 * kk) | xc_l) ^ xr_l) << 4));
+        }
+      }
       const uint4 m0 = *reinterpret_cast<const uint4*>(smem + scr_ld + 16 * kk);  // strip 0: (word, offset) of tiles 2kk, 2kk+1
       const uint4 m1 = *reinterpret_cast<const uint4*>(smem + scr_ld + 128 + 16 * kk);  // strip 1
       uint32_t a[4];
@@ -664,8 +693,13 @@ __device__ __forceinline__ void bitmap_dec_body(
       a[1] = dec_tile(m1.x, m1.y, below, sh, static_cast<const RV*>(nullptr));
       a[2] = dec_tile(m0.z, m0.w, below, sh, static_cast<const RV*>(nullptr));
       a[3] = dec_tile(m1.z, m1.w, below, sh, static_cast<const RV*>(nullptr));
+      if constexpr (XS) {
 #pragma unroll
-      for (int b = 0; b < MB; ++b) mma16816(acc[b], a, xf[b][2 * kk], xf[b][2 * kk + 1]);
+        for (int b = 0; b < MB; ++b) mma16816(acc[b], a, xb[b][2 * (kk & 1)], xb[b][2 * (kk & 1) + 1]);
+      } else {
+#pragma unroll
+        for (int b = 0; b < MB; ++b) mma16816(acc[XS ? 0 : b], a, xf[XS ? 0 : b][2 * kk], xf[XS ? 0 : b][2 * kk + 1]);
+      }
     }
     if constexpr (PF) {
 #pragma unroll
@@ -787,3 +821,33 @@ EDGESDK_BITMAP_DEC_R80(__half, f16, 1, 4, true, r80)
 EDGESDK_BITMAP_DEC_R80(__half, f16, 2, 4, false, r80n)
 EDGESDK_BITMAP_DEC_R80(int8_t, i8, 1, 6, true, r80)
 EDGESDK_BITMAP_DEC_R80(int8_t, i8, 2, 6, false, r80n)
+
+// X-staged variants (XS, see bitmap_dec_body): bitmap_dec_<value dtype>_mb<MB>_s<STAGES>_xs, 16-warp
+// build; ring slot = 2 strips + MB KB of X. Same launch and layout as above.
+#define EDGESDK_BITMAP_DEC_XS(VT, VN, MB, ST)                                                             \
+  extern "C" __global__ void __launch_bounds__(512, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_xs(           \
+      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
+      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
+      __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
+    bitmap_dec_body<VT, MB, ST, false, true>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB); \
+  }
+
+EDGESDK_BITMAP_DEC_XS(__half, f16, 1, 3)
+EDGESDK_BITMAP_DEC_XS(__half, f16, 2, 3)
+EDGESDK_BITMAP_DEC_XS(int8_t, i8, 1, 4)
+EDGESDK_BITMAP_DEC_XS(int8_t, i8, 2, 3)
+
+// 80-register builds of the X-staged kernels (__launch_bounds__(768, 1): up to 24 warps per SM where
+// the ring fits): bitmap_dec_<value dtype>_mb<MB>_s<STAGES>_xs80.
+#define EDGESDK_BITMAP_DEC_XS80(VT, VN, MB, ST)                                                           \
+  extern "C" __global__ void __launch_bounds__(768, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_xs80(         \
+      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
+      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
+      __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
+    bitmap_dec_body<VT, MB, ST, false, true>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB); \
+  }
+
+EDGESDK_BITMAP_DEC_XS80(__half, f16, 1, 3)
+EDGESDK_BITMAP_DEC_XS80(__half, f16, 2, 3)
+EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 1, 4)
+EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 2, 3)
