@@ -33,6 +33,22 @@ def copies(nbytes: int) -> int:
     return max(1, min(64, math.ceil(ROTATE / max(1, nbytes))))
 
 
+def compressed_copies(cfg: SparseKVConfig, B: int, ctx: int, k, v, lens, sp: int) -> tuple[list, list]:
+    """Prefill one compressed cache from ``k``/``v`` [B, Hkv, ctx, d] and replicate it beyond L2.
+
+    Returns the tensors (keep them alive) and one ``CachePtrs`` per copy."""
+    d, hkv = cfg.head_dim, cfg.num_kv_heads
+    mk = lambda r: torch.empty((B, hkv, cfg.record_capacity, r), device="cuda", dtype=torch.uint8)  # noqa: E731
+    first = (mk(cfg.rk), mk(cfg.rv), torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16),
+             torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16))
+    ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(),
+               ks.CachePtrs(*(x.data_ptr() for x in first), lens.data_ptr()), sp)
+    torch.cuda.synchronize()
+    n = copies(cfg.kv_bytes(ctx) * B * hkv)
+    caches = [first] + [tuple(x.clone() for x in first) for _ in range(n - 1)]
+    return caches, [ks.CachePtrs(*(x.data_ptr() for x in c), lens.data_ptr()) for c in caches]
+
+
 def run_shape(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> None:
     hq, hkv, d = MODELS[model]
     st = torch.cuda.Stream()
@@ -78,17 +94,8 @@ def run_shape(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
             rec(f"dense t{tactic} ts{ts}", us, err=err)
     del kc[1:], vc[1:]
     cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
-    mk = lambda r: torch.empty((B, hkv, cfg.record_capacity, r), device="cuda", dtype=torch.uint8)  # noqa: E731
-    k_rec, v_rec = mk(cfg.rk), mk(cfg.rv)
-    k_ring = torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16)
-    v_ring = torch.empty_like(k_ring)
-    ptr = ks.CachePtrs(k_rec.data_ptr(), v_rec.data_ptr(), k_ring.data_ptr(), v_ring.data_ptr(), lens.data_ptr())
-    ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(), ptr, sp)
-    torch.cuda.synchronize()
-    n_sp = copies(cfg.kv_bytes(ctx) * B * hkv)
-    caches = [(k_rec, v_rec, k_ring, v_ring)] + [tuple(x.clone() for x in (k_rec, v_rec, k_ring, v_ring))
-                                                 for _ in range(n_sp - 1)]
-    cptr = [ks.CachePtrs(*(x.data_ptr() for x in c), lens.data_ptr()) for c in caches]
+    _keep, cptr = compressed_copies(cfg, B, ctx, k, v, lens, sp)
+    n_sp = len(cptr)
     inner_s = max(inner, n_sp)
     base = None
     for kname, tactic in [("v1", 0), ("attn2", 1), ("attn2", 2)]:
@@ -98,7 +105,6 @@ def run_shape(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
             _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts, tactic=tactic)
             ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
             it = iter(range(1 << 30))
-            ks._ATTN2 = "sparse_kv_" + kname
 
             def fn(ts=ts, ws=ws, tactic=tactic):
                 ks.decode_attention(cfg, B, ctx, q.data_ptr(), cptr[next(it) % n_sp], out.data_ptr(), ws.data_ptr(),
@@ -108,10 +114,9 @@ def run_shape(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
             if base is None:
                 base = o
             rec(f"sparse{s} {kname} t{tactic} ts{ts}", us, ns=ns, diff_vs_t0=(o - base).abs().max().item())
-    ks._ATTN2 = "sparse_kv_attn2"
 
 
-def run_sweep(model: str, B: int, ctx: int, s: float, rows: list, sms: int, families: tuple = ()) -> None:
+def run_sweep(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> None:
     """Split-size sweep of tactic 1 beside tactics 0 and 2 at their heuristic splits, plus torch SDPA:
     one shape. (The sweep of commit 73df276, ``bench/results/sparse_kv_sweep_73df276.json``, also timed
     the round-1 serial merge kernel and the branch-loop record decode, since removed.)"""
@@ -140,17 +145,8 @@ def run_sweep(model: str, B: int, ctx: int, s: float, rows: list, sms: int, fami
     rec("sdpa", time_graph(sdpa, inner=max(10, nd), reps=7, stream=st))
     del kc[1:], vc[1:]
     cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
-    mk = lambda r: torch.empty((B, hkv, cfg.record_capacity, r), device="cuda", dtype=torch.uint8)  # noqa: E731
-    k_rec, v_rec = mk(cfg.rk), mk(cfg.rv)
-    k_ring = torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16)
-    v_ring = torch.empty_like(k_ring)
-    ptr = ks.CachePtrs(k_rec.data_ptr(), v_rec.data_ptr(), k_ring.data_ptr(), v_ring.data_ptr(), lens.data_ptr())
-    ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(), ptr, sp)
-    torch.cuda.synchronize()
-    n_sp = copies(cfg.kv_bytes(ctx) * B * hkv)
-    caches = [(k_rec, v_rec, k_ring, v_ring)] + [tuple(x.clone() for x in (k_rec, v_rec, k_ring, v_ring))
-                                                 for _ in range(n_sp - 1)]
-    cptr = [ks.CachePtrs(*(x.data_ptr() for x in c), lens.data_ptr()) for c in caches]
+    _keep, cptr = compressed_copies(cfg, B, ctx, k, v, lens, sp)
+    n_sp = len(cptr)
     inner = max(10, n_sp)
     base = None
     h1, _ = ks.plan_cache(cfg, B, ctx, sms=sms, tactic=1)
@@ -159,12 +155,8 @@ def run_sweep(model: str, B: int, ctx: int, s: float, rows: list, sms: int, fami
         cands = {64, 128, 256, 512, 1024, 2048} | {h1}
     else:
         cands = {min(8192, max(64, int(h1 * f) // 64 * 64)) for f in (0.5, 1, 2)}
-    fam = ks._ATTN2
-    variants = [("t0 heur", 0, h0, fam), (f"t2 ts{h1}", 2, h1, fam)]
-    for ts in sorted(cands):
-        variants += [(f"t1 ts{ts}", 1, ts, fam)] + [(f"t1 {x} ts{ts}", 1, ts, x) for x in families]
-    for name, tactic, ts, family in variants:
-        ks._ATTN2 = family
+    variants = [("t0 heur", 0, h0), (f"t2 ts{h1}", 2, h1)] + [(f"t1 ts{ts}", 1, ts) for ts in sorted(cands)]
+    for name, tactic, ts in variants:
         _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts, tactic=tactic)
         ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
         it2 = iter(range(1 << 30))
@@ -176,16 +168,14 @@ def run_sweep(model: str, B: int, ctx: int, s: float, rows: list, sms: int, fami
         o = out.float().clone()
         if base is None:
             base = o
-        rec(f"sparse{s} {name}", us, tactic=tactic, ts=ts, ns=ns, heur=ts == h1, family=family,
+        rec(f"sparse{s} {name}", us, tactic=tactic, ts=ts, ns=ns, heur=ts == h1,
             diff_vs_first=(o - base).abs().max().item())
-    ks._ATTN2 = fam
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="sparse_kv_explore.json")
     ap.add_argument("--sparsity", type=float, default=0.7)
     ap.add_argument("--sweep", action="store_true", help="split-size sweep of tactics 1, 2 (run_sweep)")
-    ap.add_argument("--families", default="", help="with --sweep: other tactic-1 kernel families, comma-separated")
     ap.add_argument("--shapes", default="llama:1:4096,smollm:1:4096,llama:4:16384,llama:16:32768,smollm:16:32768")
     a = ap.parse_args()
     torch.cuda.init()
@@ -195,7 +185,7 @@ def main():
     for spec in a.shapes.split(","):
         m, b, c = spec.split(":")
         if a.sweep:
-            run_sweep(m, int(b), int(c), a.sparsity, rows, sms, tuple(x for x in a.families.split(",") if x))
+            run_sweep(m, int(b), int(c), a.sparsity, rows, sms)
         else:
             run_shape(m, int(b), int(c), a.sparsity, rows, sms)
         torch.cuda.empty_cache()

@@ -218,7 +218,6 @@ def append(cfg: SparseKVConfig, batch: int, k_new: int, v_new: int, cache: Cache
              [_p(k_new), _p(v_new), *_cache_args(cfg, cache)], stream)
 
 
-_ATTN2 = "sparse_kv_attn2"  # kernel family of tactics 1, 2
 COMBINE_THREADS = 256  # merge kernel (tactics 0, 1): one block per (sequence, query head), splits spread over its threads
 
 
@@ -235,7 +234,7 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
                   [_p(q), _p(parts), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale)],
                   stream, smem_bytes(head_dim, g, ts, rk, rv))
     else:
-        ka = _kernel(f"{_ATTN2}_d{head_dim}_g{gqa_pad(g)}", max_smem_carveout=True)
+        ka = _kernel(f"sparse_kv_attn2_d{head_dim}_g{gqa_pad(g)}", max_smem_carveout=True)
         ka.launch((ns, hkv, batch), (THREADS2,),
                   [_p(q), _p(workspace), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale),
                    _p(out), _i(tactic == STREAM_FUSED)],
