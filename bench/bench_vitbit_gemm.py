@@ -55,11 +55,16 @@ def _triton_sm80():
     if d is None:
         print("Triton sm_80 build not found (tools/vitbit_gemm_triton_sm80.py builds it): column skipped")
         return None
-    spec = importlib.util.spec_from_file_location("vitbit_gemm_triton_sm80",
-                                                  root / "tools" / "vitbit_gemm_triton_sm80.py")
+    return _triton_tool().Sm80Matmul(d)
+
+
+def _triton_tool():
+    """``tools/vitbit_gemm_triton_sm80.py`` (the Triton kernel source and its sm_80 build)."""
+    path = Path(__file__).resolve().parents[1] / "tools" / "vitbit_gemm_triton_sm80.py"
+    spec = importlib.util.spec_from_file_location("vitbit_gemm_triton_sm80", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.Sm80Matmul(d)
+    return mod
 
 
 # --------------------------------------------------------------------------------------------------
@@ -67,29 +72,11 @@ def _triton_sm80():
 # --------------------------------------------------------------------------------------------------
 def _triton_matmul():
     import triton
-    import triton.language as tl
 
-    configs = [triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_stages=s, num_warps=w)
-               for bm, bn, bk, s, w in [(128, 128, 64, 4, 8), (128, 256, 64, 3, 8), (64, 128, 64, 4, 4),
-                                        (128, 64, 128, 4, 4), (64, 64, 128, 4, 4), (256, 128, 64, 3, 8),
-                                        (64, 256, 128, 3, 8), (32, 64, 128, 4, 4)]]
-
-    @triton.autotune(configs=configs, key=["M", "N", "K"])
-    @triton.jit
-    def kernel(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-        pid_m = tl.program_id(0)
-        pid_n = tl.program_id(1)
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
-        rk = tl.arange(0, BK)
-        acc = tl.zeros((BM, BN), dtype=tl.int32)
-        for k0 in range(0, K, BK):
-            am = (rm[:, None] < M) & (k0 + rk[None, :] < K)
-            bm = (rn[None, :] < N) & (k0 + rk[:, None] < K)
-            x = tl.load(a + rm[:, None] * K + k0 + rk[None, :], mask=am, other=0)
-            y = tl.load(b + rn[None, :] * K + k0 + rk[:, None], mask=bm, other=0)
-            acc += tl.dot(x, y)
-        tl.store(c + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+    tool = _triton_tool()
+    configs = [triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_stages=st, num_warps=w)
+               for bm, bn, bk, st, w in tool.CONFIGS]
+    kernel = triton.autotune(configs=configs, key=["M", "N", "K"])(tool.int8_matmul_kernel())
 
     def run(a, b_nk, c):
         m, k = a.shape

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Triton's int8 matmul compiled for an Ampere target (sm_80 PTX: mma.sync, ldmatrix, cp.async; no wgmma).
 
-The same-instruction baseline Orin would see: the bench's Triton kernel (``bench/bench_vitbit_gemm.py``,
-same source, same 8 configs) compiled with ``target=GPUTarget("cuda", 80, 32)``; the PTX is JIT-compiled
+The same-instruction baseline Orin would see: the Triton kernel that ``bench/bench_vitbit_gemm.py``
+autotunes (:func:`int8_matmul_kernel`, defined once here, same 8 configs) compiled with ``target=GPUTarget("cuda", 80, 32)``; the PTX is JIT-compiled
 by the driver for the GPU at hand (sm_90 here). Pointers, N and K are specialised as multiples of 16 (true
 for the ViT-B shapes; ``Sm80Matmul`` refuses others), M is not.
 
@@ -22,11 +22,12 @@ CONFIGS = [(128, 128, 64, 4, 8), (128, 256, 64, 3, 8), (64, 128, 64, 4, 4), (128
            (64, 64, 128, 4, 4), (256, 128, 64, 3, 8), (64, 256, 128, 3, 8), (32, 64, 128, 4, 4)]
 
 
-def build(outdir: str | Path) -> None:
+def int8_matmul_kernel():
+    """The Triton int8 matmul, C int32 [M, N] = A int8 [M, K] @ B int8 [K, N] with B given as [N, K], as a
+    plain ``@triton.jit`` function: the bench autotunes it over :data:`CONFIGS` for the GPU at hand,
+    :func:`build` compiles each config for sm_80."""
     import triton
     import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     @triton.jit
     def kernel(a, b, c, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
@@ -44,6 +45,15 @@ def build(outdir: str | Path) -> None:
             acc += tl.dot(x, y)
         tl.store(c + rm[:, None] * N + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
+    return kernel
+
+
+def build(outdir: str | Path) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = int8_matmul_kernel()
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     d16 = [["tt.divisibility", 16]]
