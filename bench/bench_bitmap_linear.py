@@ -45,12 +45,17 @@ def check_x(k: int) -> np.ndarray:
     return np.random.default_rng(k).uniform(-1, 1, (CHECK_M, k)).astype(np.float16)
 
 
-def _pack(job):
-    k, n, s, vd, seed = job
+def random_packed(k: int, n: int, s: float, vd: str, seed: int) -> fmt.BitmapLinearWeights:
+    """Random normal W [n, k] with a fraction ``s`` pruned at random, packed with ``vd`` values."""
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((n, k), dtype=np.float32)
     w[rng.random((n, k), dtype=np.float32) < s] = 0
-    p = fmt.BitmapLinearWeights.pack(w, vd)
+    return fmt.BitmapLinearWeights.pack(w, vd)
+
+
+def _pack(job):
+    p = random_packed(*job)
+    k = job[0]
     # float64 reference of the sanity check, computed here (in parallel) from the packed bytes
     ref = (check_x(k).astype(np.float64) @ p.raw_values().T) * p.scales.astype(np.float64)
     return job, p.node_attributes(), p.to_tensors(), p.nbytes, ref

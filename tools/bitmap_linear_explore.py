@@ -22,17 +22,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import meta, time_graph  # noqa: E402
-from bench.bench_bitmap_linear import _copies  # noqa: E402
+from bench.bench_bitmap_linear import _copies, random_packed  # noqa: E402
 from edgesdk.formats import bitmap_linear as fmt  # noqa: E402
 
 
 def _pack(job):
-    k, n, s, vd, seed = job
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((n, k), dtype=np.float32)
-    w[rng.random((n, k), dtype=np.float32) < s] = 0
-    p = fmt.BitmapLinearWeights.pack(w, vd)
-    return job, p
+    return job, random_packed(*job)
 
 
 def main(argv=None):
