@@ -83,3 +83,27 @@ def test_trt_smoke_cases_are_valid_models(tmp_path):
             onnx.save(model, path)
             with Engine(path, backend="onnxruntime") as eng:
                 assert compare(layer, x, eng.infer({"X": x})["Y"])[0], label
+
+
+def test_launch_check_groups_rows_per_build_op_dtype_and_m():
+    """The committed launch-path JSON's groups: default = what tactic 0 resolves to, best = per layer."""
+    pytest.importorskip("cuda.bindings", reason="tools/plugin_launch_check.py imports cuda-python (extra [gpu])")
+    import plugin_launch_check as plc
+
+    def row(layer, tactic, gpu, ok=True, err=1e-3, m=1, build="b8"):
+        r = {"build": build, "layer": layer, "op": "bitmap_linear", "x_dtype": "float16", "m": m,
+             "tactic": tactic, "ok": ok, "max_abs_err": err, "rule": "within reference.tolerance()"}
+        if gpu is not None:
+            r.update(gpu_us=gpu, host_enqueue_us=20.0 + gpu)
+        return r
+
+    rows = [row("a", 1, 3.0), row("a", 2, 2.0), row("b", 1, 5.0), row("b", 7, 4.0),
+            row("c", 1, 7.0, err=4e-3), row("c", 2, 9.0), row("a", "graph(default)", None, ok=False),
+            row("a", 1, 1.0, m=17)]
+    groups = {(g["build"], g["m"]): g for g in plc.group_rows(rows)}
+    g = groups[("b8", 1)]
+    assert (g["layers"], g["launches"], g["all_ok"], g["max_abs_err"]) == (3, 7, False, 4e-3)
+    assert g["gpu_us_default_median_over_layers"] == 5.0  # tactic 1 on a, b, c: 3, 5, 7
+    assert g["gpu_us_best_median_over_layers"] == 4.0  # best per layer: 2, 4, 7
+    assert g["host_us_per_enqueue_median"] == 24.5  # host µs of the six timed rows: 22, 23, 24, 25, 27, 29
+    assert groups[("b8", 17)]["launches"] == 1 and groups[("b8", 17)]["all_ok"]

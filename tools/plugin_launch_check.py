@@ -11,6 +11,10 @@ launch per layer in a CUDA graph (global capture mode: any sync or allocation wo
 times graph replays per tactic, and round-trips the runtime's pinned and mapped host buffers.
 
     python tools/plugin_launch_check.py BUILD/model.onnx [...] --json out.json
+
+The JSON carries the device, date and commit, one row per launch, and per (build folder, operator,
+X dtype, M) a group: launches, worst error, and the medians over the group's layers of the GPU time
+with the default tactic (what TensorRT's 0 resolves to) and with each layer's best tactic.
 """
 
 from __future__ import annotations
@@ -196,6 +200,48 @@ def check_runtime_buffers() -> list[dict]:
     return rows
 
 
+def group_rows(rows: list[dict]) -> list[dict]:
+    """One summary per (build, op, X dtype, M): launches, worst error, GPU µs medians over layers.
+
+    ``gpu_us_default`` is the launcher's default tactic (what tactic 0 resolves to: TensorRT picked
+    no custom tactic);
+    ``gpu_us_best`` is each layer's fastest tactic; both are medians over the group's layers.
+    """
+    keyed: dict[tuple, list[dict]] = {}
+    for r in rows:
+        keyed.setdefault((r.get("build", ""), r["op"], r["x_dtype"], r["m"]), []).append(r)
+    out = []
+    for (build, op, dtype, m), rs in keyed.items():
+        layers = sorted({r["layer"] for r in rs})
+        g = {"build": build, "op": op, "x_dtype": dtype, "m": m, "layers": len(layers), "launches": len(rs),
+             "all_ok": all(r["ok"] for r in rs), "max_abs_err": max(r["max_abs_err"] for r in rs),
+             "rules": sorted({str(r["rule"]) for r in rs})}
+        timed = [r for r in rs if "gpu_us" in r]
+        if timed:
+            default = [r["gpu_us"] for r in timed if r["tactic"] == _logic.resolve_tactic(0)]
+            best = [min(r["gpu_us"] for r in timed if r["layer"] == name) for name in layers
+                    if any(r["layer"] == name for r in timed)]
+            g["gpu_us_default_median_over_layers"] = statistics.median(default) if default else None
+            g["gpu_us_best_median_over_layers"] = statistics.median(best)
+            g["host_us_per_enqueue_median"] = statistics.median(r["host_enqueue_us"] for r in timed)
+        out.append(g)
+    return out
+
+
+def run_meta() -> dict:
+    """Device (driver name and version), UTC date and commit of this run."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from _common import git_commit
+
+    dev = check(cu.cuCtxGetDevice())
+    raw = check(cu.cuDeviceGetName(256, dev))
+    name = raw.split(b"\0", 1)[0].decode() if isinstance(raw, bytes) else str(raw)
+    sms = check(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
+    driver = check(cu.cuDriverGetVersion())
+    return {"device": f"{name} ({sms} SMs, CUDA driver API {driver // 1000}.{driver % 1000 // 10})",
+            "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "commit": git_commit()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+", type=Path, help="rewritten ONNX models with plugin nodes")
@@ -215,7 +261,8 @@ def main() -> int:
               f"({', '.join(sorted({l.op for l in layers}))}) on {arch}", flush=True)
         for layer in layers:
             seen += 1
-            rows += check_layer(layer, ms, stream, rng, args.timing_reps)
+            rows += [{"build": path.parent.name, **r}
+                     for r in check_layer(layer, ms, stream, rng, args.timing_reps)]
     extra = check_runtime_buffers()
     check(cu.cuStreamDestroy(stream))
     bad = [r for r in rows + extra if not r["ok"]]
@@ -229,7 +276,14 @@ def main() -> int:
     summary = {"arch": arch, "layers": seen, "launches": len(rows), "failed": len(bad)}
     print(json.dumps(summary))
     if args.json:
-        args.json.write_text(json.dumps({"summary": summary, "rows": rows, "runtime_buffers": extra}, indent=1))
+        doc = {"name": "trt_launch_path", **run_meta(), "tool": "tools/plugin_launch_check.py "
+               + " ".join(str(p) for p in args.models), "summary": summary,
+               "graph_capture": {"layers": sum(r["tactic"] == "graph(default)" for r in rows),
+                                 "all_ok": all(r["ok"] for r in rows if r["tactic"] == "graph(default)")},
+               "runtime_buffers": extra, "groups": group_rows(rows), "rows": rows}
+        tmp = args.json.with_name(args.json.name + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1))
+        tmp.replace(args.json)
     if seen == 0:
         print("no plugin layers found", file=sys.stderr)
         return 2
