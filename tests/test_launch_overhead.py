@@ -210,24 +210,26 @@ def test_vitbit_one_off_gemm_matches_the_planned_launch(stub):
 
 def test_vitbit_default_tactic_and_inkernel_splitk_plans(stub):
     """Tactic 1 resolves per shape (here: M = 19, K = 520 on 132 SMs -> persistent tp_64x64, grid = its tiles);
-    the in-kernel split-K tactics launch two kernels, the quantize kernel zeroing the tile counters."""
+    the in-kernel split-K tactics launch two kernels, the quantize kernel zeroing the tile counters, which
+    lie after the partials region (where no tactic writes partials)."""
     ws = 0x60000
     K.launch(VB, "float16", 19, [0x10000, 0x20000, 0x30000, 0x40000], [0x50000], 0, 1, workspace=ws)
     assert [s["name"] for s in stub.seen] == ["vitbit_quantize_f16", "vitbit_gemm_tp_64x64"]
     assert stub.seen[1]["grid"] == (-(-300 // 64), 1, 1)  # 5 tiles < 2 blocks/SM x 132 SMs
-    stub.seen.clear()
-    sig = QUANT_SIG + ["l", I]
     kp, kt = k_padded(520), -(-k_padded(520) // K.BK)
+    part = ws + K._xq_bytes(19, 520)
+    ctr = part + K._partials_bytes(19, 300)
+    assert ctr + 4 * K._counters(19, 300) == ws + K.workspace_bytes(VB, 19)
     for tactic, bn, splits in ((50, 64, 2), (52, 64, 3), (54, 128, 3)):  # kt = 5: 4 splits of 2 k-tiles -> 3
         stub.seen.clear()
         K.launch(VB, "float16", 19, [0x10000, 0x20000, 0x30000, 0x40000], [0x50000], 0, tactic, workspace=ws)
         assert [s["name"] for s in stub.seen] == ["vitbit_quantize_f16", f"vitbit_gemm_tk_64x{bn}"]
         g = stub.seen[1]
         tiles = -(-300 // bn)
-        assert g["grid"] == (tiles, 1, splits) and g["args"][11] == -(-kt // splits)
-        part = ws + K._xq_bytes(19, 520)
-        assert g["args"][3] == part
-        arr = (ctypes.c_void_p * len(sig)).from_address(stub.seen[0]["params"])
+        assert g["grid"] == (tiles, 1, splits) and g["args"][11] == -(-kt // splits) and g["args"][3] == part
+        assert 4 * tiles * splits * 64 * bn <= ctr - part and tiles <= K._counters(19, 300)
+        garr = (ctypes.c_void_p * 13).from_address(g["params"])
+        assert ctypes.c_uint64.from_address(garr[12]).value == ctr
+        arr = (ctypes.c_void_p * 8).from_address(stub.seen[0]["params"])
         ctr_off, nctr = ctypes.c_int64.from_address(arr[6]).value, ctypes.c_int.from_address(arr[7]).value
-        assert nctr == tiles and ws + 4 * ctr_off == part + 4 * tiles * splits * 64 * bn
-        assert 4 * ctr_off + 4 * nctr <= K.workspace_bytes(VB, 19)
+        assert nctr == tiles and ws + 4 * ctr_off == ctr

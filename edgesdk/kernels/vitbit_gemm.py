@@ -199,26 +199,35 @@ def _xq_bytes(m: int, k: int) -> int:
     return -(-(m * k_padded(k)) // 256) * 256
 
 
-def _tk_partials(cfg: Config, m: int, n: int, splits: int) -> tuple[int, int]:
-    """In-kernel split-K (tk): bytes of the int32 partials (whole tiles) and the number of tile counters,
-    which follow the partials."""
-    tiles = -(-m // cfg.bm) * -(-n // cfg.bn)
-    return 4 * tiles * splits * cfg.bm * cfg.bn, tiles
+def _tk_tiles(cfg: Config, m: int, n: int) -> int:
+    return -(-m // cfg.bm) * -(-n // cfg.bn)
+
+
+def _partials_bytes(m: int, n: int) -> int:
+    """Bytes of the split-K partials region (after Xq), enough for every split-K tactic: M x N int32 per
+    split for the tc2 tactics, whole tiles per split for the tk tactics; 0 where split-K is off."""
+    if not _splitk_ok(m, n):
+        return 0
+    b = 4 * MAX_SPLITS * m * n
+    for name, splits in TACTICS.values():
+        cfg = _C.get(name)
+        if cfg is not None and cfg.inkernel_splitk:
+            b = max(b, 4 * _tk_tiles(cfg, m, n) * splits * cfg.bm * cfg.bn)
+    return -(-b // 256) * 256
+
+
+def _counters(m: int, n: int) -> int:
+    """Tile counters of the tk tactics, after the partials region (one int32 per tile, at most 64 x 64 tiles).
+    They sit where no tactic writes partials, so they stay zero between launches (each tk launch leaves
+    them zero) whichever tactics share the workspace."""
+    return -(-m // 64) * -(-n // 64) if _splitk_ok(m, n) else 0
 
 
 def workspace_bytes(attrs: dict, m: int) -> int:
-    """Workspace for ``m`` rows, enough for every tactic: int8 Xq, plus split-K int32 partials (M x N per
-    split; whole 64-row tiles and the tile counters for the tk tactics)."""
+    """Workspace for ``m`` rows, enough for every tactic: int8 Xq, split-K int32 partials, tk tile counters."""
     a = validate_attributes(attrs)
     m, n = int(m), a["n"]
-    part = 0
-    if _splitk_ok(m, n):
-        part = 4 * MAX_SPLITS * m * n
-        for cfg, splits in {(_C[name], sp) for name, sp in TACTICS.values() if _C.get(name, None) is not None
-                            and _C[name].inkernel_splitk}:
-            b, tiles = _tk_partials(cfg, m, n, splits)
-            part = max(part, b + 4 * tiles)
-    return _xq_bytes(m, a["k"]) + part
+    return _xq_bytes(m, a["k"]) + _partials_bytes(m, n) + 4 * _counters(m, n)
 
 
 def _kernel(name: str) -> _cuda.Kernel:
@@ -304,24 +313,25 @@ def launch(attrs: dict, x_dtype: str, m: int, inputs: list[int], outputs: list[i
     plan = plans.get(key)
     if plan is None:
         plan = plans[key] = _plan(a, x_dtype, int(m), int(tactic))
-    launches, part_off = plan
+    launches, part_off, ctr_off = plan
     launches[0].args.set_pointers(inputs[0], workspace, inputs[1], inputs[2], inputs[3] if a["has_bias"] else 0,
-                                  outputs[0], workspace + part_off if part_off else 0)
+                                  outputs[0], workspace + part_off if part_off else 0,
+                                  workspace + ctr_off if ctr_off else 0)
     _cuda.launch_all(launches, stream)
 
 
-def _plan(a: dict, x_dtype: str, m: int, tactic: int) -> tuple[tuple[_cuda.Launch, ...], int]:
-    """Launches of :func:`launch` over shared pointer slots (X, Xq, W, w_scale, bias, Y, partials),
-    which the first launch's arg block writes; and the partials' offset in the workspace (0: none)."""
-    slots, (x, xq, w, ws, bias, y, part) = _cuda.ArgBlock.pointer_slots(7)
+def _plan(a: dict, x_dtype: str, m: int, tactic: int) -> tuple[tuple[_cuda.Launch, ...], int, int]:
+    """Launches of :func:`launch` over shared pointer slots (X, Xq, W, w_scale, bias, Y, partials, tile
+    counters), which the first launch's arg block writes; and the byte offsets of the partials and the
+    counters in the workspace (0: none)."""
+    slots, (x, xq, w, ws, bias, y, part, ctr) = _cuda.ArgBlock.pointer_slots(8)
     cfg, splits = _gemm_config(a, m, tactic)
+    part_off = _xq_bytes(m, a["k"]) if splits > 1 else 0
     ctr_off = nctr = 0
-    if cfg.inkernel_splitk and splits > 1:  # the quantize kernel zeroes the tile counters
-        b, nctr = _tk_partials(cfg, m, a["n"], splits)
-        ctr_off = (_xq_bytes(m, a["k"]) + b) // 4
-    q = _quantize_launch(a, x_dtype, m, x, xq, slots, ctr_off, nctr)
-    return (q, *_gemm_launches(a, x_dtype, m, tactic, xq, w, ws, bias, y, part)), \
-        (_xq_bytes(m, a["k"]) if splits > 1 else 0)
+    if cfg.inkernel_splitk and splits > 1:  # the quantize kernel zeroes this tactic's tile counters
+        ctr_off, nctr = part_off + _partials_bytes(m, a["n"]), _tk_tiles(cfg, m, a["n"])
+    q = _quantize_launch(a, x_dtype, m, x, xq, slots, ctr_off // 4, nctr)
+    return (q, *_gemm_launches(a, x_dtype, m, tactic, xq, w, ws, bias, y, part, ctr)), part_off, ctr_off
 
 
 def _gemm_config(a: dict, m: int, tactic: int) -> tuple[Config, int]:
@@ -350,7 +360,8 @@ def _quantize_launch(a: dict, x_dtype: str, m: int, x, xq, slots=None, ctr_off: 
     return qk.plan((min(-(-groups // 256), 4096),), (256,), args)
 
 
-def _gemm_launches(a: dict, x_dtype: str, m: int, tactic: int, xq, w, ws, bias, y, part) -> list[_cuda.Launch]:
+def _gemm_launches(a: dict, x_dtype: str, m: int, tactic: int, xq, w, ws, bias, y, part,
+                   ctr=None) -> list[_cuda.Launch]:
     """The GEMM (and split-K epilogue) launches; pointer arguments as in :func:`_quantize_launch`."""
     n, k = a["n"], a["k"]
     cfg, splits = _gemm_config(a, m, tactic)
@@ -367,7 +378,7 @@ def _gemm_launches(a: dict, x_dtype: str, m: int, tactic: int, xq, w, ws, bias, 
     out = [kern.plan(
         grid, (cfg.threads,),
         _cuda.ArgBlock([xq, w, y, part, ws, bias, xs, ctypes.c_int(flags), ctypes.c_int(m), ctypes.c_int(n),
-                        ctypes.c_int(kp), ctypes.c_int(kps)]), cfg.smem)]
+                        ctypes.c_int(kp), ctypes.c_int(kps)] + ([ctr] if cfg.inkernel_splitk else [])), cfg.smem)]
     if splits > 1 and not cfg.inkernel_splitk:
         per = 8 if n % 8 == 0 else 1  # 8 consecutive columns per thread where rows are whole chunks
         out.append(_kernel("vitbit_splitk_epilogue8" if per == 8 else "vitbit_splitk_epilogue").plan(
@@ -388,14 +399,16 @@ def quantize(a: dict, x_dtype: str, m: int, x: int, xq: int, stream: int) -> Non
 
 def gemm(a: dict, x_dtype: str, m: int, xq: int, w: int, ws: int, bias: int, y: int, stream: int,
          tactic: int = 1, part: int = 0) -> None:
-    """Steps 2-3 of :func:`launch` on an already quantized Xq; ``part``: split-K partials buffer. For the
-    in-kernel split-K tactics (50-54) its tile counters (after the partials) must be zero on entry: zero
-    the buffer once; each launch leaves them zero again (``launch`` zeroes them itself every time)."""
+    """Steps 2-3 of :func:`launch` on an already quantized Xq; ``part``: the split-K region of a workspace
+    (``workspace + _xq_bytes(m, k)``). For the in-kernel split-K tactics (50-54) its tile counters (after
+    the partials) must be zero on entry: zero the workspace once; every tk launch leaves them zero and no
+    tactic writes there (``launch`` also zeroes them itself, in the quantize kernel)."""
     _, splits = _gemm_config(a, m, tactic)
     if splits == 1:
         part = 0
     elif not part:
         raise EdgeSDKError("EdgeVitBitGemm: split-K tactic without a partials buffer",
                            "pass the workspace (workspace_bytes) to launch")
-    _cuda.launch_all(_gemm_launches(a, x_dtype, m, tactic, _p(xq), _p(w), _p(ws), _p(bias), _p(y), _p(part)),
-                     stream)
+    ctr = part + _partials_bytes(m, a["n"]) if part else 0  # the tk tile counters follow the partials
+    _cuda.launch_all(_gemm_launches(a, x_dtype, m, tactic, _p(xq), _p(w), _p(ws), _p(bias), _p(y), _p(part),
+                                    _p(ctr)), stream)

@@ -989,8 +989,9 @@ VITBIT_TP(tp_128x128w4, 128, 128, 64, 64, 3, 2)  // 4 warps of 64x64 (fewer ldma
 // ------------------------------------------------------------------------------------------------
 // Tensor-core-only GEMM with in-kernel split-K ("tk", for small M): grid (N tiles, M tiles, S); block z
 // runs the tc2 main loop on its share of the k-tiles, writes its int32 fragments to the workspace
-// (fragment order: thread-contiguous int4 per fragment group, coalesced), then takes a ticket on the
-// tile's counter (threadfence-reduction pattern). The block that takes the last ticket adds the other
+// (fragment order: one int4 per thread and fragment group, coalesced), then takes a ticket on the tile's
+// counter (threadfence-reduction pattern; the counters follow the partials region of the workspace, where
+// no tactic writes partials). The block that takes the last ticket adds the other
 // S - 1 partials to its registers and runs the register epilogue of tp: no second kernel. Exactness: the
 // sum of int32 partials is the int32 sum of all K (two's-complement addition is associative, so the
 // arrival order does not matter; the total is within the int32 bound). The last block resets the
@@ -999,7 +1000,7 @@ VITBIT_TP(tp_128x128w4, 128, 128, 64, 64, 3, 2)  // 4 warps of 64x64 (fewer ldma
 // ------------------------------------------------------------------------------------------------
 template <int BM, int BN, int WM, int WN, int STAGES>
 __device__ __forceinline__ void tk_body(const s8* __restrict__ A, const s8* __restrict__ W, const Out& o,
-                                        int Kp, int kt_per_split) {
+                                        int Kp, int kt_per_split, int* __restrict__ ctr) {
   typedef Tc2Cfg<BM, BN, WM, WN, STAGES> C;
   typedef TcRole<BM, WM, WN> R;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -1016,9 +1017,8 @@ __device__ __forceinline__ void tk_body(const s8* __restrict__ A, const s8* __re
   const int S = gridDim.z;
   if (S > 1) {
     constexpr int V = R::MI * R::NI;  // int4 per thread
-    const int tiles = gridDim.x * gridDim.y, tile = blockIdx.y * gridDim.x + blockIdx.x;
+    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
     int4* part = reinterpret_cast<int4*>(o.partial);
-    int* ctr = o.partial + (size_t)tiles * S * BM * BN;
     int4* mine = part + (size_t)(tile * S + blockIdx.z) * V * C::THREADS + threadIdx.x;
 #pragma unroll
     for (int i = 0; i < R::MI; i++)
@@ -1059,9 +1059,9 @@ __device__ __forceinline__ void tk_body(const s8* __restrict__ A, const s8* __re
   extern "C" __global__ void __launch_bounds__(Tc2Cfg<BM, BN, WM, WN, ST>::THREADS, MINB)                      \
       vitbit_gemm_##NAME(const s8* __restrict__ A, const s8* __restrict__ W, void* y, int* partial,           \
                          const float* __restrict__ w_scale, const float* __restrict__ bias, float x_scale,     \
-                         int flags, int M, int N, int Kp, int kt_per_split) {                                  \
+                         int flags, int M, int N, int Kp, int kt_per_split, int* ctr) {                        \
     Out o{y, partial, w_scale, bias, x_scale, flags, M, N};                                                    \
-    tk_body<BM, BN, WM, WN, ST>(A, W, o, Kp, kt_per_split);                                                    \
+    tk_body<BM, BN, WM, WN, ST>(A, W, o, Kp, kt_per_split, ctr);                                               \
   }
 
 VITBIT_TK(tk_64x64, 64, 64, 32, 32, 4, 3)     // 4 warps of 32x32, 4 stages
