@@ -13,8 +13,9 @@ Tactics (``valid_tactics``): 1 = the default, a per-shape choice among the tenso
 (:func:`auto_tactic`, from measurements); 3, 9, 25, 28, 29 tc2 kernels (epilogue staged through shared
 memory) of other tile sizes / pipeline depths, 4, 5, 26, 27 with split-K for small M (second kernel sums the
 partials); 30, 31, 33, 34 persistent kernels ("tp": grid = the blocks resident on the current context's
-SMs, each walks tiles through one cp.async pipeline, epilogue from registers); 50-54 split-K summed
-inside the GEMM kernel by each tile's last block ("tk", small M, no second kernel); 10-19 hybrids
+SMs, each walks tiles through one cp.async pipeline, epilogue from registers); 50 split-K summed
+inside the GEMM kernel by each tile's last block ("tk", small M, no second kernel); 38-40 the 64 x 64
+tile with 8 warps of 16 x 32 (tp, tc2, tk); 10-19 hybrids
 (TC : INT : FP column ratios from 128:8:0 to 96:0:32); 22-23 hybrids with split-K; 20-21 hybrids whose
 INT share uses packed 16-bit fields (4- and 5-bit weights only). Every tactic gives bit-identical results.
 tactic gives bit-identical results.
@@ -79,7 +80,9 @@ _C = {c.name: c for c in [
     Config("tp_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True, persistent=True),
     Config("tp_128x128w4", 128, CoreSplit(128), 64, 64, 3, tc2=True, persistent=True),
     Config("tk_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True, inkernel_splitk=True),
-    Config("tk_64x128", 64, CoreSplit(128), 64, 32, 3, tc2=True, inkernel_splitk=True),
+    Config("tk_64x64w8", 64, CoreSplit(64), 16, 32, 4, tc2=True, inkernel_splitk=True),
+    Config("tp_64x64w8", 64, CoreSplit(64), 16, 32, 4, tc2=True, persistent=True),
+    Config("tc2_64x64w8", 64, CoreSplit(64), 16, 32, 4, tc2=True),
     Config("h128_tc128_i8", 128, CoreSplit(128, 8), 64, 32, 3),
     Config("h128_tc128_i8_f8", 128, CoreSplit(128, 8, 8), 64, 32, 3, tm=2),
     Config("h64_tc64_i8", 64, CoreSplit(64, 8), 32, 32, 4, tm=2),
@@ -118,12 +121,13 @@ TACTICS: dict[int, tuple[str, int]] = {
     31: ("tp_64x128", 1),
     33: ("tp_64x64", 1),
     34: ("tp_128x128w4", 1),
-    # tensor cores only, split-K summed inside the GEMM kernel by each tile's last block (small M)
+    # tensor cores only, split-K summed inside the GEMM kernel by each tile's last block (small M; round 3
+    # also measured 3 and 4 splits and a 64 x 128 tile: never the fastest, removed)
     50: ("tk_64x64", 2),
-    51: ("tk_64x64", 3),
-    52: ("tk_64x64", 4),
-    53: ("tk_64x128", 2),
-    54: ("tk_64x128", 3),
+    # 8 warps of 16 x 32 on a 64 x 64 tile: two warps per scheduler for the latency-bound small-M shapes
+    38: ("tp_64x64w8", 1),
+    39: ("tc2_64x64w8", 1),
+    40: ("tk_64x64w8", 2),
     # hybrids: tensor-core warps + INT-core (dp4a) and/or FP-core warps
     10: ("h128_tc96_i32", 1),
     11: ("h128_tc96_i16_f16", 1),
@@ -149,12 +153,17 @@ def auto_tactic(n: int, k: int, m: int, sms: int) -> int:
     number of 128 x 128 output tiles per SM of the current context (r) and the k-tiles per tile (kt).
 
     Measured (H100, full GPU and 16-SM green context, bench/results/vitbit_gemm_tp.json): with r < 1 the
-    64 x 64 tiles win (persistent tp_64x64 at K = 768, tc2_64x64 at K = 3072); with r >= 1 the persistent
-    128 x 128 kernel wins, except at K = 3072 with 1 <= r < 4 (tc2_64x128s3)."""
+    64 x 64 tiles win (persistent tp_64x64 at K = 768; at K = 3072 the in-kernel split-K tk_64x64 where two
+    splits of every 64 x 64 tile fit on the SMs at once, else tc2_64x64; round 3,
+    bench/results/vitbit_gemm_r3*.json); with r >= 1 the persistent 128 x 128 kernel wins, except at
+    K = 3072 with 1 <= r < 4 (tc2_64x128s3)."""
     r = -(-m // 128) * -(-n // 128) / max(1, sms)
     kt = -(-k_padded(k) // BK)
     if r < 1:
-        return 33 if kt <= 8 else 3
+        if kt <= 8:
+            return 33
+        # long K, few tiles: split K in two (in-kernel sum) while the doubled 64 x 64 grid fits the SMs
+        return 50 if 2 * -(-m // 64) * -(-n // 64) <= sms else 3
     if kt > 8 and r < 4:
         return 29
     return 30
@@ -400,7 +409,7 @@ def quantize(a: dict, x_dtype: str, m: int, x: int, xq: int, stream: int) -> Non
 def gemm(a: dict, x_dtype: str, m: int, xq: int, w: int, ws: int, bias: int, y: int, stream: int,
          tactic: int = 1, part: int = 0) -> None:
     """Steps 2-3 of :func:`launch` on an already quantized Xq; ``part``: the split-K region of a workspace
-    (``workspace + _xq_bytes(m, k)``). For the in-kernel split-K tactics (50-54) its tile counters (after
+    (``workspace + _xq_bytes(m, k)``). For the in-kernel split-K tactics (40, 50) its tile counters (after
     the partials) must be zero on entry: zero the workspace once; every tk launch leaves them zero and no
     tactic writes there (``launch`` also zeroes them itself, in the quantize kernel)."""
     _, splits = _gemm_config(a, m, tactic)
