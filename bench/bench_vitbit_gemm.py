@@ -231,7 +231,8 @@ def bench_config(label: str, ctx, prim, stream_int: int, tstream, triton_mm, rng
                                             workspace=ws.data_ptr()))
             safe("ours gemm t1 repeat (noise check)",
                  lambda i: K.gemm(a, "float16", m, xq.data_ptr(), ins[i % ROT][1], ins[i % ROT][2],
-                                  ins[i % ROT][3], y.data_ptr(), stream_int, 1))
+                                  ins[i % ROT][3], y.data_ptr(), stream_int, 1,
+                                  part=ws.data_ptr() + K._xq_bytes(m, k)))
             ours = {kk: v for kk, v in res.items() if kk.startswith("ours gemm") and "repeat" not in kk}
             best = min(ours, key=ours.get)
             tc1 = next((v for kk, v in ours.items() if kk.startswith("ours gemm t1 ")), None)
