@@ -160,7 +160,7 @@ def test_bitmap_bad_calls_raise_and_are_not_cached(stub):
 VB = {"n": 300, "k": 520, "bits": 8, "has_bias": 1, "gelu": 1, "x_scale": 0.0375}
 
 
-@pytest.mark.parametrize("tactic,m,n_kernels", [(1, 19, 2), (4, 19, 3)])
+@pytest.mark.parametrize("tactic,m,n_kernels", [(3, 19, 2), (4, 19, 3)])
 def test_vitbit_launches_share_pointer_slots(stub, tactic, m, n_kernels):
     ins, y, ws = [0x10000, 0x20000, 0x30000, 0x40000], 0x50000, 0x60000
     a = K.validate_attributes(VB)
@@ -206,3 +206,30 @@ def test_vitbit_one_off_gemm_matches_the_planned_launch(stub):
         [{k: v for k, v in s.items() if k != "params"} for s in planned]
     with pytest.raises(EdgeSDKError, match="partials"):
         K.gemm(a, "float32", 7, 5 << 20, 2 << 20, 3 << 20, 0, 4 << 20, 0, 4)
+
+
+def test_vitbit_default_tactic_and_inkernel_splitk_plans(stub):
+    """Tactic 1 resolves per shape (here: M = 19, K = 520 on 132 SMs -> persistent tp_64x64, grid = its tiles);
+    the in-kernel split-K tactics launch two kernels, the quantize kernel zeroing the tile counters, which
+    lie after the partials region (where no tactic writes partials)."""
+    ws = 0x60000
+    K.launch(VB, "float16", 19, [0x10000, 0x20000, 0x30000, 0x40000], [0x50000], 0, 1, workspace=ws)
+    assert [s["name"] for s in stub.seen] == ["vitbit_quantize_f16", "vitbit_gemm_tp_64x64"]
+    assert stub.seen[1]["grid"] == (-(-300 // 64), 1, 1)  # 5 tiles < 2 blocks/SM x 132 SMs
+    kp, kt = k_padded(520), -(-k_padded(520) // K.BK)
+    part = ws + K._xq_bytes(19, 520)
+    ctr = part + K._partials_bytes(19, 300)
+    assert ctr + 4 * K._counters(19, 300) == ws + K.workspace_bytes(VB, 19)
+    for tactic, name, bn, splits in ((50, "tk_64x64", 64, 2), (40, "tk_64x64w8", 64, 2)):  # kt = 5: 3 + 2
+        stub.seen.clear()
+        K.launch(VB, "float16", 19, [0x10000, 0x20000, 0x30000, 0x40000], [0x50000], 0, tactic, workspace=ws)
+        assert [s["name"] for s in stub.seen] == ["vitbit_quantize_f16", f"vitbit_gemm_{name}"]
+        g = stub.seen[1]
+        tiles = -(-300 // bn)
+        assert g["grid"] == (tiles, 1, splits) and g["args"][11] == -(-kt // splits) and g["args"][3] == part
+        assert 4 * tiles * splits * 64 * bn <= ctr - part and tiles <= K._counters(19, 300)
+        garr = (ctypes.c_void_p * 13).from_address(g["params"])
+        assert ctypes.c_uint64.from_address(garr[12]).value == ctr
+        arr = (ctypes.c_void_p * 8).from_address(stub.seen[0]["params"])
+        ctr_off, nctr = ctypes.c_int64.from_address(arr[6]).value, ctypes.c_int.from_address(arr[7]).value
+        assert nctr == tiles and ws + 4 * ctr_off == ctr

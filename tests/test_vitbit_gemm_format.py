@@ -208,20 +208,33 @@ def test_launcher_tactics_and_workspace_without_gpu():
 
     a = {"n": 768, "k": 768, "bits": 8, "x_scale": 0.02, "has_bias": 1, "gelu": 0}
     small, big = K.valid_tactics(a, 197), K.valid_tactics(a, 197 * 32)
-    assert small[0] == K.TC_ONLY == 1 and {4, 5, 10, 11, 12, 14, 15} <= set(small)
-    assert not {4, 5, 6, 7, 22, 23, 26, 27, 44, 45, 46, 47} & set(big) and not {20, 21} & set(small)
-    assert {26, 27, 44, 45} <= set(small) and {1, 8, 9, 24, 25, 28, 29, 41, 48} <= set(big)
-    assert K.config(1)[0].name == "tc2_128x128" and K.config(41)[0].name == "tc_128x128"
-    assert {30, 31, 32, 33, 34} <= set(small) & set(big)
-    for t in (30, 31, 32, 33, 34):
+    assert small[0] == K.TC_ONLY == K.AUTO == 1 and {4, 5, 10, 11, 12, 14, 15} <= set(small)
+    assert not {4, 5, 22, 23, 26, 27, 40, 50} & set(big) and not {20, 21} & set(small)
+    assert {26, 27, 40, 50} <= set(small) and {1, 9, 25, 28, 29, 38, 39} <= set(big)
+    # removed in round 3 (never within 3 % of the fastest tactic in rounds 1-2)
+    assert not {2, 6, 7, 8, 24, 32, 41, 42, 43, 44, 45, 46, 47, 48, 51, 52, 53, 54} & (set(small) | set(big)
+                                                                                        | set(K.TACTICS))
+    assert {30, 31, 33, 34, 38} <= set(small) & set(big)
+    for t in (30, 31, 33, 34, 38):
         cfg, splits = K.config(t)
         assert cfg.persistent and splits == 1 and cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * K.BK
+    for t, (name, splits) in ((50, ("tk_64x64", 2)), (40, ("tk_64x64w8", 2))):
+        cfg, sp = K.config(t)
+        assert (cfg.name, sp) == (name, splits) and cfg.inkernel_splitk and not cfg.persistent
+        assert cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * K.BK  # no staged epilogue tile
     assert {20, 21} <= set(K.valid_tactics(dict(a, bits=4), 197))
-    assert K.workspace_bytes(a, 197) == 197 * 768 + 4 * 4 * 197 * 768
+    # Xq + the larger of 4 splits of M x N int32 partials and the tk layout (whole 64-row tiles, 4 splits
+    # of 64 x 64 tiles), then one counter per 64 x 64 tile
+    assert K.workspace_bytes(a, 197) == 197 * 768 + max(4 * 4 * 197 * 768, 4 * 2 * 256 * 768) + 4 * 4 * 12
+    assert K.config(38)[0].threads == K.config(39)[0].threads == K.config(40)[0].threads == 256
     assert K.workspace_bytes(a, 197 * 32) == 197 * 32 * 768
     for t in K.valid_tactics(dict(a, bits=5)):
+        if t == K.AUTO:
+            continue
         cfg, _ = K.config(t, 5)
         assert cfg.threads % 32 == 0 and cfg.smem <= 163 * 1024  # Orin's per-block shared memory
+    with pytest.raises(EdgeSDKError, match="per-shape choice"):
+        K.config(1)
     with pytest.raises(EdgeSDKError, match="needs 4- or 5-bit"):
         K.config(20, 8)
     with pytest.raises(EdgeSDKError, match="unknown tactic"):
@@ -232,3 +245,26 @@ def test_launcher_tactics_and_workspace_without_gpu():
         K.launch(a, "bfloat16", 4, [1, 2, 3, 4], [5], 0, 1, workspace=8)
     with pytest.raises(EdgeSDKError, match="expected 4 inputs"):
         K.launch(a, "float16", 4, [1, 2, 3], [5], 0, 1, workspace=8)
+
+
+def test_default_tactic_is_the_measured_choice_per_shape():
+    """Tactic 1 resolves per shape to the tensor-core-only tactic that bench/results/vitbit_gemm_tp.json and
+    vitbit_gemm_r3*.json measured fastest (or within 7 % of it) for the shape class; the rule sees the
+    context's SM count."""
+    from edgesdk.kernels import vitbit_gemm as K
+
+    # (K, N, M, SMs) -> tactic
+    want = {
+        (768, 2304, 197, 132): 33, (768, 768, 197, 132): 33, (768, 3072, 197, 132): 33,  # tp_64x64
+        (3072, 768, 197, 132): 50,  # tk_64x64, in-kernel split-K 2 (96 blocks <= 132 SMs)
+        (768, 768, 1576, 132): 33,
+        (768, 2304, 1576, 132): 30, (768, 3072, 1576, 132): 30, (768, 768, 6304, 132): 30,  # tp_128x128
+        (768, 2304, 6304, 132): 30, (768, 3072, 6304, 132): 30,
+        (3072, 768, 1576, 132): 3,  # tc2_64x64
+        (3072, 768, 6304, 132): 29,  # tc2_64x128s3
+        (768, 768, 197, 16): 33, (3072, 768, 197, 16): 3,
+        (768, 2304, 197, 16): 30, (768, 3072, 197, 16): 30, (3072, 768, 1576, 16): 30, (3072, 768, 6304, 16): 30,
+    }
+    for (k, n, m, sms), t in want.items():
+        assert K.auto_tactic(n, k, m, sms) == t, (k, n, m, sms)
+        assert t in K.valid_tactics({"n": n, "k": k, "bits": 8, "x_scale": 0.02, "has_bias": 1, "gelu": 0}, m)

@@ -93,6 +93,10 @@ class StubDriver(types.SimpleNamespace):
         self._count("cuModuleGetFunction")
         return self._ok, self._real.CUfunction(0x10000 + self.calls["cuModuleGetFunction"])
 
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, fn, threads, smem):
+        self._count("cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        return self._ok, 2
+
     def cuFuncSetAttribute(self, fn, attr, value):
         self._count("cuFuncSetAttribute")
         return (self._ok,)

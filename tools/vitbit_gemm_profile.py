@@ -25,7 +25,7 @@ def main() -> int:
     d = {kk: torch.from_numpy(v).cuda() for kk, v in p.to_tensors().items()}
     xq = torch.randint(-128, 128, (m, k), dtype=torch.int8, device="cuda")
     y = torch.empty(m, n, dtype=torch.float16, device="cuda")
-    ws = torch.empty(K.workspace_bytes(a, m), dtype=torch.uint8, device="cuda")
+    ws = torch.zeros(K.workspace_bytes(a, m), dtype=torch.uint8, device="cuda")  # tk counters: 0 on entry
     s = torch.cuda.current_stream().cuda_stream
     for t in (int(v) for v in sys.argv[4:]):
         K.gemm(a, "float16", m, xq.data_ptr(), d["weight"].data_ptr(), d["w_scale"].data_ptr(), d["bias"].data_ptr(),

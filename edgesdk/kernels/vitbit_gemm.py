@@ -9,12 +9,15 @@ A launch is two or three kernels on the caller's stream, with no allocation and 
 3. ``vitbit_splitk_epilogue[8]`` (split-K only): exact int32 sum of the partials, then the epilogue
    (8 columns per thread with 16-byte loads when N % 8 == 0).
 
-Tactics (``valid_tactics``): 1 = tensor cores only, 128x128 tiles (default); 2, 3, 8, 9, 24, 25, 28, 29
-other tile sizes / pipeline depths; 4-7, 26, 27 split-K for small M (all "tc2" kernels: epilogue staged
-through shared memory); 30-34 persistent tensor-core kernels ("tp": grid = the blocks resident on the
-current context's SMs, each walks tiles through one cp.async pipeline, epilogue from registers); 41-48 the first-generation tensor-core kernels (old tactics 1-8) kept as
-fallbacks; 10-19 hybrids (TC : INT : FP column ratios from 128:8:0 to 96:0:32); 22-23 hybrids with
-split-K; 20-21 hybrids whose INT share uses packed 16-bit fields (4- and 5-bit weights only). Every
+Tactics (``valid_tactics``): 1 = the default, a per-shape choice among the tensor-core-only tactics
+(:func:`auto_tactic`, from measurements); 3, 9, 25, 28, 29 tc2 kernels (epilogue staged through shared
+memory) of other tile sizes / pipeline depths, 4, 5, 26, 27 with split-K for small M (second kernel sums the
+partials); 30, 31, 33, 34 persistent kernels ("tp": grid = the blocks resident on the current context's
+SMs, each walks tiles through one cp.async pipeline, epilogue from registers); 50 split-K summed
+inside the GEMM kernel by each tile's last block ("tk", small M, no second kernel); 38-40 the 64 x 64
+tile with 8 warps of 16 x 32 (tp, tc2, tk); 10-19 hybrids
+(TC : INT : FP column ratios from 128:8:0 to 96:0:32); 22-23 hybrids with split-K; 20-21 hybrids whose
+INT share uses packed 16-bit fields (4- and 5-bit weights only). Every tactic gives bit-identical results.
 tactic gives bit-identical results.
 """
 
@@ -48,6 +51,7 @@ class Config:
     int_mode: int = 0  # 0 dp4a, 4/5 packed fields for 4/5-bit weights
     tc2: bool = False  # second-generation tensor-core-only kernel (epilogue staged through smem)
     persistent: bool = False  # "tp": resident blocks walk the tiles, one pipeline, epilogue from registers
+    inkernel_splitk: bool = False  # "tk": split-K partials summed by the tile's last block (no 2nd kernel)
 
     @property
     def bn(self) -> int:
@@ -61,28 +65,24 @@ class Config:
     @property
     def smem(self) -> int:
         pipe = self.stages * (self.bm + self.bn) * BK
-        return max(pipe, self.bm * (self.bn + 8) * 4) if self.tc2 and not self.persistent else pipe
+        staged = self.tc2 and not (self.persistent or self.inkernel_splitk)
+        return max(pipe, self.bm * (self.bn + 8) * 4) if staged else pipe
 
 
 _C = {c.name: c for c in [
-    Config("tc_128x128", 128, CoreSplit(128), 64, 32, 3),
-    Config("tc_64x128", 64, CoreSplit(128), 32, 32, 4),
-    Config("tc_64x64", 64, CoreSplit(64), 32, 32, 4),
-    Config("tc_128x256", 128, CoreSplit(256), 64, 64, 3),
-    Config("tc2_128x128", 128, CoreSplit(128), 64, 32, 3, tc2=True),
-    Config("tc2_128x128w4", 128, CoreSplit(128), 64, 64, 3, tc2=True),
-    Config("tc2_128x256", 128, CoreSplit(256), 64, 64, 3, tc2=True),
     Config("tc2_256x128", 256, CoreSplit(128), 64, 64, 3, tc2=True),
-    Config("tc2_64x128", 64, CoreSplit(128), 64, 32, 4, tc2=True),
     Config("tc2_64x128s3", 64, CoreSplit(128), 64, 32, 3, tc2=True),
     Config("tc2_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True),
     Config("tc2_64x64s3", 64, CoreSplit(64), 32, 32, 3, tc2=True),
     Config("tc2_64x64s6", 64, CoreSplit(64), 32, 32, 6, tc2=True),
     Config("tp_128x128", 128, CoreSplit(128), 64, 32, 3, tc2=True, persistent=True),
     Config("tp_64x128", 64, CoreSplit(128), 64, 32, 3, tc2=True, persistent=True),
-    Config("tp_64x128s4", 64, CoreSplit(128), 64, 32, 4, tc2=True, persistent=True),
     Config("tp_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True, persistent=True),
     Config("tp_128x128w4", 128, CoreSplit(128), 64, 64, 3, tc2=True, persistent=True),
+    Config("tk_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True, inkernel_splitk=True),
+    Config("tk_64x64w8", 64, CoreSplit(64), 16, 32, 4, tc2=True, inkernel_splitk=True),
+    Config("tp_64x64w8", 64, CoreSplit(64), 16, 32, 4, tc2=True, persistent=True),
+    Config("tc2_64x64w8", 64, CoreSplit(64), 16, 32, 4, tc2=True),
     Config("h128_tc128_i8", 128, CoreSplit(128, 8), 64, 32, 3),
     Config("h128_tc128_i8_f8", 128, CoreSplit(128, 8, 8), 64, 32, 3, tm=2),
     Config("h64_tc64_i8", 64, CoreSplit(64, 8), 32, 32, 4, tm=2),
@@ -101,17 +101,16 @@ _C = {c.name: c for c in [
 
 # tactic -> (config name, or "field:<base>" for the bits-dependent field variant; K splits)
 TACTICS: dict[int, tuple[str, int]] = {
+    # 1 (AUTO, the default) is not in this table: it resolves per shape to one of the tactics below
+    # (auto_tactic). Removed in round 3 (never within 3 % of the fastest tactic on any shape measured in
+    # rounds 1-2, bench/results/vitbit_gemm.json and vitbit_gemm_tp.json): the old 1 (tc2_128x128, slower
+    # than 30 everywhere), 2, 6, 7, 8, 24, 32 and the first-generation kernels 41-48 (4 stays: the
+    # shared launch-overhead tool and test use it as the three-kernel split-K case).
     # tensor cores only, second generation (tc2: epilogue staged through smem, 16-byte stores)
-    1: ("tc2_128x128", 1),
-    2: ("tc2_64x128", 1),
     3: ("tc2_64x64", 1),
     4: ("tc2_64x64", 2),
     5: ("tc2_64x64", 4),
-    6: ("tc2_64x128", 2),
-    7: ("tc2_128x128", 2),
-    8: ("tc2_128x256", 1),
     9: ("tc2_256x128", 1),
-    24: ("tc2_128x128w4", 1),
     25: ("tc2_64x64s6", 1),
     26: ("tc2_64x64s6", 2),
     27: ("tc2_64x64s6", 4),
@@ -120,9 +119,15 @@ TACTICS: dict[int, tuple[str, int]] = {
     # tensor cores only, persistent (grid = blocks resident on the current context's SMs; no split-K)
     30: ("tp_128x128", 1),
     31: ("tp_64x128", 1),
-    32: ("tp_64x128s4", 1),
     33: ("tp_64x64", 1),
     34: ("tp_128x128w4", 1),
+    # tensor cores only, split-K summed inside the GEMM kernel by each tile's last block (small M; round 3
+    # also measured 3 and 4 splits and a 64 x 128 tile: never the fastest, removed)
+    50: ("tk_64x64", 2),
+    # 8 warps of 16 x 32 on a 64 x 64 tile: two warps per scheduler for the latency-bound small-M shapes
+    38: ("tp_64x64w8", 1),
+    39: ("tc2_64x64w8", 1),
+    40: ("tk_64x64w8", 2),
     # hybrids: tensor-core warps + INT-core (dp4a) and/or FP-core warps
     10: ("h128_tc96_i32", 1),
     11: ("h128_tc96_i16_f16", 1),
@@ -138,22 +143,38 @@ TACTICS: dict[int, tuple[str, int]] = {
     23: ("h64_tc128_i8", 2),
     20: ("field:h128_tc96_i32", 1),
     21: ("field:h64_tc64_i16", 1),
-    # tensor cores only, first generation (the tactics 1-8 of commit 8f28b82), kept as fallbacks: 40 + old number
-    41: ("tc_128x128", 1),
-    42: ("tc_64x128", 1),
-    43: ("tc_64x64", 1),
-    44: ("tc_64x64", 2),
-    45: ("tc_64x64", 4),
-    46: ("tc_64x128", 2),
-    47: ("tc_128x128", 2),
-    48: ("tc_128x256", 1),
 }
-TC_ONLY = 1
+AUTO = TC_ONLY = 1
 MAX_SPLITS = max(s for _, s in TACTICS.values())
 
 
+def auto_tactic(n: int, k: int, m: int, sms: int) -> int:
+    """Tactic 1 (the default): the tensor-core-only tactic measured fastest for this shape class, from the
+    number of 128 x 128 output tiles per SM of the current context (r) and the k-tiles per tile (kt).
+
+    Measured (H100, full GPU and 16-SM green context, bench/results/vitbit_gemm_tp.json): with r < 1 the
+    64 x 64 tiles win (persistent tp_64x64 at K = 768; at K = 3072 the in-kernel split-K tk_64x64 where two
+    splits of every 64 x 64 tile fit on the SMs at once, else tc2_64x64; round 3,
+    bench/results/vitbit_gemm_r3*.json); with r >= 1 the persistent 128 x 128 kernel wins, except at
+    K = 3072 with 1 <= r < 4 (tc2_64x128s3)."""
+    r = -(-m // 128) * -(-n // 128) / max(1, sms)
+    kt = -(-k_padded(k) // BK)
+    if r < 1:
+        if kt <= 8:
+            return 33
+        # long K, few tiles: split K in two (in-kernel sum) while the doubled 64 x 64 grid fits the SMs
+        return 50 if 2 * -(-m // 64) * -(-n // 64) <= sms else 3
+    if kt > 8 and r < 4:
+        return 29
+    return 30
+
+
 def config(tactic: int, bits: int = 8) -> tuple[Config, int]:
-    """The kernel config and K splits of ``tactic`` (for weights of ``bits`` bits)."""
+    """The kernel config and K splits of ``tactic`` (for weights of ``bits`` bits); tactic 1 (AUTO) must be
+    resolved to a concrete tactic first (:func:`auto_tactic`)."""
+    if tactic == AUTO:
+        raise EdgeSDKError("EdgeVitBitGemm: tactic 1 is the per-shape choice; config() needs a concrete tactic",
+                           "use auto_tactic(n, k, m, sms) to resolve it")
     if tactic not in TACTICS:
         raise EdgeSDKError(f"EdgeVitBitGemm: unknown tactic {tactic!r}", f"use one of {sorted(TACTICS)}")
     name, splits = TACTICS[tactic]
@@ -170,10 +191,10 @@ def _splitk_ok(m: int | None, n: int) -> bool:
 
 
 def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
-    """Tactics usable for this layer (all exact); 1 = tensor cores only, the default."""
+    """Tactics usable for this layer (all exact); 1 = the per-shape tensor-core-only choice, the default."""
     a = validate_attributes(attrs)
     kt = -(-k_padded(a["k"]) // BK)
-    out = []
+    out = [AUTO]
     for t, (name, splits) in TACTICS.items():
         if name.startswith("field:") and a["bits"] not in (4, 5):
             continue
@@ -187,12 +208,35 @@ def _xq_bytes(m: int, k: int) -> int:
     return -(-(m * k_padded(k)) // 256) * 256
 
 
+def _tk_tiles(cfg: Config, m: int, n: int) -> int:
+    return -(-m // cfg.bm) * -(-n // cfg.bn)
+
+
+def _partials_bytes(m: int, n: int) -> int:
+    """Bytes of the split-K partials region (after Xq), enough for every split-K tactic: M x N int32 per
+    split for the tc2 tactics, whole tiles per split for the tk tactics; 0 where split-K is off."""
+    if not _splitk_ok(m, n):
+        return 0
+    b = 4 * MAX_SPLITS * m * n
+    for name, splits in TACTICS.values():
+        cfg = _C.get(name)
+        if cfg is not None and cfg.inkernel_splitk:
+            b = max(b, 4 * _tk_tiles(cfg, m, n) * splits * cfg.bm * cfg.bn)
+    return -(-b // 256) * 256
+
+
+def _counters(m: int, n: int) -> int:
+    """Tile counters of the tk tactics, after the partials region (one int32 per tile, at most 64 x 64 tiles).
+    They sit where no tactic writes partials, so they stay zero between launches (each tk launch leaves
+    them zero) whichever tactics share the workspace."""
+    return -(-m // 64) * -(-n // 64) if _splitk_ok(m, n) else 0
+
+
 def workspace_bytes(attrs: dict, m: int) -> int:
-    """Workspace for ``m`` rows, enough for every tactic: int8 Xq, plus split-K int32 partials."""
+    """Workspace for ``m`` rows, enough for every tactic: int8 Xq, split-K int32 partials, tk tile counters."""
     a = validate_attributes(attrs)
-    m = int(m)
-    part = 4 * MAX_SPLITS * m * a["n"] if _splitk_ok(m, a["n"]) else 0
-    return _xq_bytes(m, a["k"]) + part
+    m, n = int(m), a["n"]
+    return _xq_bytes(m, a["k"]) + _partials_bytes(m, n) + 4 * _counters(m, n)
 
 
 def _kernel(name: str) -> _cuda.Kernel:
@@ -278,41 +322,55 @@ def launch(attrs: dict, x_dtype: str, m: int, inputs: list[int], outputs: list[i
     plan = plans.get(key)
     if plan is None:
         plan = plans[key] = _plan(a, x_dtype, int(m), int(tactic))
-    launches, part_off = plan
+    launches, part_off, ctr_off = plan
     launches[0].args.set_pointers(inputs[0], workspace, inputs[1], inputs[2], inputs[3] if a["has_bias"] else 0,
-                                  outputs[0], workspace + part_off if part_off else 0)
+                                  outputs[0], workspace + part_off if part_off else 0,
+                                  workspace + ctr_off if ctr_off else 0)
     _cuda.launch_all(launches, stream)
 
 
-def _plan(a: dict, x_dtype: str, m: int, tactic: int) -> tuple[tuple[_cuda.Launch, ...], int]:
-    """Launches of :func:`launch` over shared pointer slots (X, Xq, W, w_scale, bias, Y, partials),
-    which the first launch's arg block writes; and the partials' offset in the workspace (0: none)."""
-    slots, (x, xq, w, ws, bias, y, part) = _cuda.ArgBlock.pointer_slots(7)
-    _, splits = _gemm_config(a, m, tactic)
-    q = _quantize_launch(a, x_dtype, m, x, xq, slots)
-    return (q, *_gemm_launches(a, x_dtype, m, tactic, xq, w, ws, bias, y, part)), \
-        (_xq_bytes(m, a["k"]) if splits > 1 else 0)
+def _plan(a: dict, x_dtype: str, m: int, tactic: int) -> tuple[tuple[_cuda.Launch, ...], int, int]:
+    """Launches of :func:`launch` over shared pointer slots (X, Xq, W, w_scale, bias, Y, partials, tile
+    counters), which the first launch's arg block writes; and the byte offsets of the partials and the
+    counters in the workspace (0: none)."""
+    slots, (x, xq, w, ws, bias, y, part, ctr) = _cuda.ArgBlock.pointer_slots(8)
+    cfg, splits = _gemm_config(a, m, tactic)
+    part_off = _xq_bytes(m, a["k"]) if splits > 1 else 0
+    ctr_off = nctr = 0
+    if cfg.inkernel_splitk and splits > 1:  # the quantize kernel zeroes this tactic's tile counters
+        ctr_off, nctr = part_off + _partials_bytes(m, a["n"]), _tk_tiles(cfg, m, a["n"])
+    q = _quantize_launch(a, x_dtype, m, x, xq, slots, ctr_off // 4, nctr)
+    return (q, *_gemm_launches(a, x_dtype, m, tactic, xq, w, ws, bias, y, part, ctr)), part_off, ctr_off
 
 
 def _gemm_config(a: dict, m: int, tactic: int) -> tuple[Config, int]:
     """Config and effective K splits of ``tactic`` for ``m`` rows."""
+    if tactic == AUTO:
+        tactic = auto_tactic(a["n"], a["k"], m, _context_sms())
     cfg, splits = config(tactic, a["bits"])
     if splits > 1 and not _splitk_ok(m, a["n"]):
         splits = 1
-    return cfg, min(splits, -(-k_padded(a["k"]) // BK))
+    kt = -(-k_padded(a["k"]) // BK)
+    splits = min(splits, kt)
+    if cfg.inkernel_splitk:  # no empty split: every block of a tile takes part in its counter
+        splits = -(-kt // -(-kt // splits))
+    return cfg, splits
 
 
-def _quantize_launch(a: dict, x_dtype: str, m: int, x, xq, slots=None) -> _cuda.Launch:
-    """The quantize kernel's launch; pointer arguments are ctypes values or pointer-slot addresses."""
+def _quantize_launch(a: dict, x_dtype: str, m: int, x, xq, slots=None, ctr_off: int = 0,
+                     nctr: int = 0) -> _cuda.Launch:
+    """The quantize kernel's launch; pointer arguments are ctypes values or pointer-slot addresses. It also
+    zeroes ``nctr`` tile counters of a tk tactic at int32 word ``ctr_off`` of the workspace (Xq's base)."""
     kp = k_padded(a["k"])
     qk = _kernel("vitbit_quantize_f16" if x_dtype == "float16" else "vitbit_quantize_f32")
     groups = m * kp // 4
     args = _cuda.ArgBlock([x, xq, ctypes.c_float(a["x_scale"]), ctypes.c_int(m), ctypes.c_int(a["k"]),
-                           ctypes.c_int(kp)], slots)
+                           ctypes.c_int(kp), ctypes.c_int64(ctr_off), ctypes.c_int(nctr)], slots)
     return qk.plan((min(-(-groups // 256), 4096),), (256,), args)
 
 
-def _gemm_launches(a: dict, x_dtype: str, m: int, tactic: int, xq, w, ws, bias, y, part) -> list[_cuda.Launch]:
+def _gemm_launches(a: dict, x_dtype: str, m: int, tactic: int, xq, w, ws, bias, y, part,
+                   ctr=None) -> list[_cuda.Launch]:
     """The GEMM (and split-K epilogue) launches; pointer arguments as in :func:`_quantize_launch`."""
     n, k = a["n"], a["k"]
     cfg, splits = _gemm_config(a, m, tactic)
@@ -329,8 +387,8 @@ def _gemm_launches(a: dict, x_dtype: str, m: int, tactic: int, xq, w, ws, bias, 
     out = [kern.plan(
         grid, (cfg.threads,),
         _cuda.ArgBlock([xq, w, y, part, ws, bias, xs, ctypes.c_int(flags), ctypes.c_int(m), ctypes.c_int(n),
-                        ctypes.c_int(kp), ctypes.c_int(kps)]), cfg.smem)]
-    if splits > 1:
+                        ctypes.c_int(kp), ctypes.c_int(kps)] + ([ctr] if cfg.inkernel_splitk else [])), cfg.smem)]
+    if splits > 1 and not cfg.inkernel_splitk:
         per = 8 if n % 8 == 0 else 1  # 8 consecutive columns per thread where rows are whole chunks
         out.append(_kernel("vitbit_splitk_epilogue8" if per == 8 else "vitbit_splitk_epilogue").plan(
             (min(-(-(m * n // per) // 256), 4096),), (256,),
@@ -350,12 +408,16 @@ def quantize(a: dict, x_dtype: str, m: int, x: int, xq: int, stream: int) -> Non
 
 def gemm(a: dict, x_dtype: str, m: int, xq: int, w: int, ws: int, bias: int, y: int, stream: int,
          tactic: int = 1, part: int = 0) -> None:
-    """Steps 2-3 of :func:`launch` on an already quantized Xq; ``part``: split-K partials buffer."""
+    """Steps 2-3 of :func:`launch` on an already quantized Xq; ``part``: the split-K region of a workspace
+    (``workspace + _xq_bytes(m, k)``). For the in-kernel split-K tactics (40, 50) its tile counters (after
+    the partials) must be zero on entry: zero the workspace once; every tk launch leaves them zero and no
+    tactic writes there (``launch`` also zeroes them itself, in the quantize kernel)."""
     _, splits = _gemm_config(a, m, tactic)
     if splits == 1:
         part = 0
     elif not part:
         raise EdgeSDKError("EdgeVitBitGemm: split-K tactic without a partials buffer",
                            "pass the workspace (workspace_bytes) to launch")
-    _cuda.launch_all(_gemm_launches(a, x_dtype, m, tactic, _p(xq), _p(w), _p(ws), _p(bias), _p(y), _p(part)),
-                     stream)
+    ctr = part + _partials_bytes(m, a["n"]) if part else 0  # the tk tile counters follow the partials
+    _cuda.launch_all(_gemm_launches(a, x_dtype, m, tactic, _p(xq), _p(w), _p(ws), _p(bias), _p(y), _p(part),
+                                    _p(ctr)), stream)

@@ -172,12 +172,20 @@ __device__ void quantize(const T* __restrict__ x, int* __restrict__ xq, float s,
   }
 }
 
+// The quantize kernel, first of every launch, also zeroes the tile counters of the in-kernel split-K
+// tactics (tk): nctr ints at xq + ctr_off (int words) in the workspace; nctr = 0 for every other tactic.
+__device__ __forceinline__ void zero_counters(int* __restrict__ xq, long long ctr_off, int nctr) {
+  if (blockIdx.x == 0)
+    for (int i = threadIdx.x; i < nctr; i += blockDim.x) xq[ctr_off + i] = 0;
+}
 extern "C" __global__ void vitbit_quantize_f16(const __half* __restrict__ x, int* __restrict__ xq, float s,
-                                               int M, int K, int Kp) {
+                                               int M, int K, int Kp, long long ctr_off, int nctr) {
+  zero_counters(xq, ctr_off, nctr);
   quantize<__half>(x, xq, s, M, K, Kp);
 }
 extern "C" __global__ void vitbit_quantize_f32(const float* __restrict__ x, int* __restrict__ xq, float s,
-                                               int M, int K, int Kp) {
+                                               int M, int K, int Kp, long long ctr_off, int nctr) {
+  zero_counters(xq, ctr_off, nctr);
   quantize<float>(x, xq, s, M, K, Kp);
 }
 
@@ -521,11 +529,6 @@ __device__ __forceinline__ void gemm_body(const s8* __restrict__ A, const s8* __
     gemm_body<BM, BN_TC, WM, WN, ST, BNI, BNF, TM, MODE>(A, W, o, Kp, kt_per_split);                           \
   }
 
-// Tensor-core only.
-VITBIT_GEMM(tc_128x128, 128, 128, 64, 32, 3, 0, 0, 4, 0, 1)
-VITBIT_GEMM(tc_64x128, 64, 128, 32, 32, 4, 0, 0, 4, 0, 2)
-VITBIT_GEMM(tc_64x64, 64, 64, 32, 32, 4, 0, 0, 4, 0, 2)
-VITBIT_GEMM(tc_128x256, 128, 256, 64, 64, 3, 0, 0, 4, 0, 1)
 // Hybrids on the 128-row tile: tensor cores 96 columns (m = 3) or 128 (m = 4, the paper's), CUDA cores 32.
 VITBIT_GEMM(h128_tc96_i32, 128, 96, 64, 32, 3, 32, 0, 4, 0, 1)
 VITBIT_GEMM(h128_tc96_i16_f16, 128, 96, 64, 32, 3, 16, 16, 4, 0, 1)
@@ -632,19 +635,13 @@ __device__ __forceinline__ void put8(const Out& o, int row, int col, const int* 
   }
 }
 
+// The tc2 main loop: k-tiles kt0 .. kt0 + nkt - 1 of the block tile at (m0, n0), accumulated into tc.
+// Copy mapping: chunk column c of rows r0 + j * RSTEP (A rows, then W rows after BM).
 template <int BM, int BN, int WM, int WN, int STAGES>
-__device__ __forceinline__ void tc2_body(const s8* __restrict__ A, const s8* __restrict__ W, const Out& o,
-                                         int Kp, int kt_per_split) {
+__device__ __forceinline__ void tc2_mainloop(const s8* __restrict__ A, const s8* __restrict__ W, int M, int N,
+                                             int Kp, int m0, int n0, int kt0, int nkt, unsigned char* smem,
+                                             TcRole<BM, WM, WN>& tc, int wm0, int wn0, int lane) {
   typedef Tc2Cfg<BM, BN, WM, WN, STAGES> C;
-  extern __shared__ __align__(128) unsigned char smem[];
-  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
-  const int KT = (Kp + BK - 1) / BK;
-  const int kt0 = blockIdx.z * kt_per_split;
-  const int nkt = max(0, min(KT, kt0 + kt_per_split) - kt0);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int M = o.M, N = o.N;
-
-  // Copy mapping: chunk column c of rows r0 + j * RSTEP (A rows, then W rows after BM).
   const int c = threadIdx.x & 7, r0 = threadIdx.x >> 3;
   const u32 dst0 = smem_u32(smem) + r0 * BK + ((c ^ (r0 & 7)) << 4);
   const s8* ga[C::LA];
@@ -664,9 +661,6 @@ __device__ __forceinline__ void tc2_body(const s8* __restrict__ A, const s8* __r
     for (int j = 0; j < C::LW; j++) cp_async16(dst + (BM + j * C::RSTEP) * BK, ok ? gw[j] + kb : W, ok);
   };
 
-  const int wm0 = (warp % (BM / WM)) * WM, wn0 = (warp / (BM / WM)) * WN;
-  TcRole<BM, WM, WN> tc;
-  tc.zero();
 #pragma unroll
   for (int s = 0; s < STAGES - 1; s++) {
     if (s < nkt) load(s, kt0 + s);
@@ -682,6 +676,24 @@ __device__ __forceinline__ void tc2_body(const s8* __restrict__ A, const s8* __r
     tc.compute(smem + (t % STAGES) * C::STAGE_BYTES, wm0, wn0, lane);
   }
   cp_async_wait<0>();
+}
+
+template <int BM, int BN, int WM, int WN, int STAGES>
+__device__ __forceinline__ void tc2_body(const s8* __restrict__ A, const s8* __restrict__ W, const Out& o,
+                                         int Kp, int kt_per_split) {
+  typedef Tc2Cfg<BM, BN, WM, WN, STAGES> C;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  const int KT = (Kp + BK - 1) / BK;
+  const int kt0 = blockIdx.z * kt_per_split;
+  const int nkt = max(0, min(KT, kt0 + kt_per_split) - kt0);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int M = o.M, N = o.N;
+  const int wm0 = (warp % (BM / WM)) * WM, wn0 = (warp / (BM / WM)) * WN;
+  TcRole<BM, WM, WN> tc;
+  tc.zero();
+  tc2_mainloop<BM, BN, WM, WN, STAGES>(A, W, M, N, Kp, m0, n0, kt0, nkt, smem, tc, wm0, wn0, lane);
+
   __syncthreads();  // every warp is done with the stages: reuse them for the epilogue tile
 
   int* cs = reinterpret_cast<int*>(smem);
@@ -725,15 +737,12 @@ __device__ __forceinline__ void tc2_body(const s8* __restrict__ A, const s8* __r
     tc2_body<BM, BN, WM, WN, ST>(A, W, o, Kp, kt_per_split);                                                   \
   }
 
-VITBIT_TC2(tc2_128x128, 128, 128, 64, 32, 3, 2)      // 8 warps of 64x32
-VITBIT_TC2(tc2_128x128w4, 128, 128, 64, 64, 3, 2)    // 4 warps of 64x64 (fewer ldmatrix per mma)
-VITBIT_TC2(tc2_128x256, 128, 256, 64, 64, 3, 1)      // 8 warps of 64x64
 VITBIT_TC2(tc2_256x128, 256, 128, 64, 64, 3, 1)      // 8 warps of 64x64
-VITBIT_TC2(tc2_64x128, 64, 128, 64, 32, 4, 2)        // 4 warps of 64x32
 VITBIT_TC2(tc2_64x128s3, 64, 128, 64, 32, 3, 3)      // 3 stages: 3 blocks per SM
 VITBIT_TC2(tc2_64x64, 64, 64, 32, 32, 4, 3)          // 4 warps of 32x32
 VITBIT_TC2(tc2_64x64s3, 64, 64, 32, 32, 3, 4)        // 3 stages: 4 blocks per SM
 VITBIT_TC2(tc2_64x64s6, 64, 64, 32, 32, 6, 2)        // 6 stages: all of K = 768 in flight at once (small M)
+VITBIT_TC2(tc2_64x64w8, 64, 64, 16, 32, 4, 2)        // 8 warps of 16x32: two warps per scheduler (small M)
 
 // Split-K epilogue, 8 consecutive columns per thread (N % 8 == 0): 16-byte loads of the partials, exact
 // int32 sum, then the same put8 as the tc2 kernels.
@@ -847,6 +856,38 @@ __device__ __forceinline__ void put8c(const Out& o, int row, int col, const int2
   }
 }
 
+// Epilogue of a warp tile from the mma fragments (no shared memory): quad transpose to 8 consecutive
+// columns per lane, per-column alpha / bias loaded once per 32-column group, put8c.
+template <class R>
+__device__ __forceinline__ void regs_epilogue(const Out& o, const R& tc, int m0, int n0, int wm0, int wn0,
+                                              int lane) {
+  static_assert(R::NI % 4 == 0, "the quad transpose needs groups of 4 n8 blocks (WN % 32 == 0)");
+  const int M = o.M, N = o.N;
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int jg = 0; jg < R::NI / 4; jg++) {
+    const int col = n0 + wn0 + jg * 32 + t4 * 8;
+    float alpha[8], bias[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      const int cc = min(col + e, N - 1);  // columns past N are computed on a valid index, never stored
+      alpha[e] = __fmul_rn(o.x_scale, __ldg(o.w_scale + cc));
+      bias[e] = (o.flags & FLAG_BIAS) ? __ldg(o.bias + cc) : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < R::MI; i++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        int2 q[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) q[j] = make_int2(tc.acc[i][jg * 4 + j][2 * h], tc.acc[i][jg * 4 + j][2 * h + 1]);
+        quad_transpose(q, t4);
+        const int row = m0 + wm0 + i * 16 + h * 8 + g;
+        if (row < M && col < N) put8c(o, row, col, q, alpha, bias);
+      }
+  }
+}
+
 template <int BM, int BN, int WM, int WN, int STAGES>
 __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __restrict__ W, const Out& o,
                                         int Kp) {
@@ -905,7 +946,6 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
   };
 
   const int wm0 = (warp % (BM / WM)) * WM, wn0 = (warp / (BM / WM)) * WN;
-  const int g = lane >> 2, t4 = lane & 3;
   R tc;
   tc.zero();
 #pragma unroll
@@ -924,29 +964,7 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
     tc.compute(smem + (s % STAGES) * C::STAGE_BYTES, wm0, wn0, lane);
     if (++kt < KT) continue;
     // Tile done: epilogue from registers while the next tile's first stages are being copied.
-    const int m0 = (tile / tiles_n) * BM, n0 = (tile % tiles_n) * BN;
-#pragma unroll
-    for (int jg = 0; jg < R::NI / 4; jg++) {
-      const int col = n0 + wn0 + jg * 32 + t4 * 8;
-      float alpha[8], bias[8];
-#pragma unroll
-      for (int e = 0; e < 8; e++) {
-        const int cc = min(col + e, N - 1);  // columns past N are computed on a valid index, never stored
-        alpha[e] = __fmul_rn(o.x_scale, __ldg(o.w_scale + cc));
-        bias[e] = (o.flags & FLAG_BIAS) ? __ldg(o.bias + cc) : 0.f;
-      }
-#pragma unroll
-      for (int i = 0; i < R::MI; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-          int2 q[4];
-#pragma unroll
-          for (int j = 0; j < 4; j++) q[j] = make_int2(tc.acc[i][jg * 4 + j][2 * h], tc.acc[i][jg * 4 + j][2 * h + 1]);
-          quad_transpose(q, t4);
-          const int row = m0 + wm0 + i * 16 + h * 8 + g;
-          if (row < M && col < N) put8c(o, row, col, q, alpha, bias);
-        }
-    }
+    regs_epilogue(o, tc, (tile / tiles_n) * BM, (tile % tiles_n) * BN, wm0, wn0, lane);
     tc.zero();
     kt = 0;
     tile += gridDim.x;
@@ -966,6 +984,87 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
 
 VITBIT_TP(tp_128x128, 128, 128, 64, 32, 3, 2)    // 8 warps of 64x32, 96 KB: 2 blocks per SM (H100)
 VITBIT_TP(tp_64x128, 64, 128, 64, 32, 3, 3)      // 4 warps of 64x32, 72 KB: 3 blocks per SM
-VITBIT_TP(tp_64x128s4, 64, 128, 64, 32, 4, 2)    // 4 stages, 96 KB: 2 blocks per SM
 VITBIT_TP(tp_64x64, 64, 64, 32, 32, 4, 3)        // 4 warps of 32x32, 64 KB: 3 blocks per SM
 VITBIT_TP(tp_128x128w4, 128, 128, 64, 64, 3, 2)  // 4 warps of 64x64 (fewer ldmatrix per mma), 96 KB
+VITBIT_TP(tp_64x64w8, 64, 64, 16, 32, 4, 2)      // 8 warps of 16x32: two warps per scheduler (small M)
+
+// ------------------------------------------------------------------------------------------------
+// Tensor-core-only GEMM with in-kernel split-K ("tk", for small M): grid (N tiles, M tiles, S); block z
+// runs the tc2 main loop on its share of the k-tiles, writes its int32 fragments to the workspace
+// (fragment order: one int4 per thread and fragment group, coalesced), then takes a ticket on the tile's
+// counter (threadfence-reduction pattern; the counters follow the partials region of the workspace, where
+// no tactic writes partials). The block that takes the last ticket adds the other
+// S - 1 partials to its registers and runs the register epilogue of tp: no second kernel. Exactness: the
+// sum of int32 partials is the int32 sum of all K (two's-complement addition is associative, so the
+// arrival order does not matter; the total is within the int32 bound). The last block resets the
+// counter to 0; the quantize kernel of every launch also zeroes the counters (the workspace may have
+// been used by someone else in between). gridDim.z == 1: no partials, no counter.
+// ------------------------------------------------------------------------------------------------
+template <int BM, int BN, int WM, int WN, int STAGES>
+__device__ __forceinline__ void tk_body(const s8* __restrict__ A, const s8* __restrict__ W, const Out& o,
+                                        int Kp, int kt_per_split, int* __restrict__ ctr) {
+  typedef Tc2Cfg<BM, BN, WM, WN, STAGES> C;
+  typedef TcRole<BM, WM, WN> R;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ int s_last;
+  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  const int KT = (Kp + BK - 1) / BK;
+  const int kt0 = blockIdx.z * kt_per_split;
+  const int nkt = max(0, min(KT, kt0 + kt_per_split) - kt0);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int wm0 = (warp % (BM / WM)) * WM, wn0 = (warp / (BM / WM)) * WN;
+  R tc;
+  tc.zero();
+  tc2_mainloop<BM, BN, WM, WN, STAGES>(A, W, o.M, o.N, Kp, m0, n0, kt0, nkt, smem, tc, wm0, wn0, lane);
+  const int S = gridDim.z;
+  if (S > 1) {
+    constexpr int V = R::MI * R::NI;  // int4 per thread
+    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+    int4* part = reinterpret_cast<int4*>(o.partial);
+    int4* mine = part + (size_t)(tile * S + blockIdx.z) * V * C::THREADS + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < R::MI; i++)
+#pragma unroll
+      for (int j = 0; j < R::NI; j++)
+        __stcg(mine + (i * R::NI + j) * C::THREADS, make_int4(tc.acc[i][j][0], tc.acc[i][j][1], tc.acc[i][j][2], tc.acc[i][j][3]));
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int last = atomicAdd(ctr + tile, 1) == S - 1;
+      if (last) ctr[tile] = 0;  // every block of this tile has arrived: ready for the next launch
+      s_last = last;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+#pragma unroll 1
+    for (int z = 0; z < S; z++) {
+      if (z == (int)blockIdx.z) continue;
+      const int4* p = part + (size_t)(tile * S + z) * V * C::THREADS + threadIdx.x;
+#pragma unroll
+      for (int i = 0; i < R::MI; i++)
+#pragma unroll
+        for (int j = 0; j < R::NI; j++) {
+          const int4 u = __ldcg(p + (i * R::NI + j) * C::THREADS);
+          tc.acc[i][j][0] += u.x;
+          tc.acc[i][j][1] += u.y;
+          tc.acc[i][j][2] += u.z;
+          tc.acc[i][j][3] += u.w;
+        }
+    }
+  }
+  regs_epilogue(o, tc, m0, n0, wm0, wn0, lane);
+}
+
+// name, BM, BN, WM, WN, STAGES, min blocks per SM
+#define VITBIT_TK(NAME, BM, BN, WM, WN, ST, MINB)                                                             \
+  extern "C" __global__ void __launch_bounds__(Tc2Cfg<BM, BN, WM, WN, ST>::THREADS, MINB)                      \
+      vitbit_gemm_##NAME(const s8* __restrict__ A, const s8* __restrict__ W, void* y, int* partial,           \
+                         const float* __restrict__ w_scale, const float* __restrict__ bias, float x_scale,     \
+                         int flags, int M, int N, int Kp, int kt_per_split, int* ctr) {                        \
+    Out o{y, partial, w_scale, bias, x_scale, flags, M, N};                                                    \
+    tk_body<BM, BN, WM, WN, ST>(A, W, o, Kp, kt_per_split, ctr);                                               \
+  }
+
+VITBIT_TK(tk_64x64, 64, 64, 32, 32, 4, 3)     // 4 warps of 32x32, 4 stages
+VITBIT_TK(tk_64x64w8, 64, 64, 16, 32, 4, 2)  // 8 warps of 16x32: two warps per scheduler (small M)
