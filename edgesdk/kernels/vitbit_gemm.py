@@ -14,8 +14,7 @@ Tactics (``valid_tactics``): 1 = the default, a per-shape choice among the tenso
 memory) of other tile sizes / pipeline depths, 4, 5, 26, 27 with split-K for small M (second kernel sums the
 partials); 30, 31, 33, 34 persistent kernels ("tp": grid = the blocks resident on the current context's
 SMs, each walks tiles through one cp.async pipeline, epilogue from registers); 50 split-K summed
-inside the GEMM kernel by each tile's last block ("tk", small M, no second kernel); 38-40 the 64 x 64
-tile with 8 warps of 16 x 32 (tp, tc2, tk); 10-19 hybrids
+inside the GEMM kernel by each tile's last block ("tk", small M, no second kernel); 10-19 hybrids
 (TC : INT : FP column ratios from 128:8:0 to 96:0:32); 22-23 hybrids with split-K; 20-21 hybrids whose
 INT share uses packed 16-bit fields (4- and 5-bit weights only). Every tactic gives bit-identical results.
 tactic gives bit-identical results.
@@ -80,9 +79,6 @@ _C = {c.name: c for c in [
     Config("tp_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True, persistent=True),
     Config("tp_128x128w4", 128, CoreSplit(128), 64, 64, 3, tc2=True, persistent=True),
     Config("tk_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True, inkernel_splitk=True),
-    Config("tk_64x64w8", 64, CoreSplit(64), 16, 32, 4, tc2=True, inkernel_splitk=True),
-    Config("tp_64x64w8", 64, CoreSplit(64), 16, 32, 4, tc2=True, persistent=True),
-    Config("tc2_64x64w8", 64, CoreSplit(64), 16, 32, 4, tc2=True),
     Config("h128_tc128_i8", 128, CoreSplit(128, 8), 64, 32, 3),
     Config("h128_tc128_i8_f8", 128, CoreSplit(128, 8, 8), 64, 32, 3, tm=2),
     Config("h64_tc64_i8", 64, CoreSplit(64, 8), 32, 32, 4, tm=2),
@@ -124,10 +120,8 @@ TACTICS: dict[int, tuple[str, int]] = {
     # tensor cores only, split-K summed inside the GEMM kernel by each tile's last block (small M; round 3
     # also measured 3 and 4 splits and a 64 x 128 tile: never the fastest, removed)
     50: ("tk_64x64", 2),
-    # 8 warps of 16 x 32 on a 64 x 64 tile: two warps per scheduler for the latency-bound small-M shapes
-    38: ("tp_64x64w8", 1),
-    39: ("tc2_64x64w8", 1),
-    40: ("tk_64x64w8", 2),
+    # (round 3 also measured 8 warps of 16 x 32 on a 64 x 64 tile as tp/tc2/tk tactics 38-40: 1.02-1.64x
+    # slower than the best tactic everywhere, removed)
     # hybrids: tensor-core warps + INT-core (dp4a) and/or FP-core warps
     10: ("h128_tc96_i32", 1),
     11: ("h128_tc96_i16_f16", 1),
@@ -409,7 +403,7 @@ def quantize(a: dict, x_dtype: str, m: int, x: int, xq: int, stream: int) -> Non
 def gemm(a: dict, x_dtype: str, m: int, xq: int, w: int, ws: int, bias: int, y: int, stream: int,
          tactic: int = 1, part: int = 0) -> None:
     """Steps 2-3 of :func:`launch` on an already quantized Xq; ``part``: the split-K region of a workspace
-    (``workspace + _xq_bytes(m, k)``). For the in-kernel split-K tactics (40, 50) its tile counters (after
+    (``workspace + _xq_bytes(m, k)``). For the in-kernel split-K tactic (50) its tile counters (after
     the partials) must be zero on entry: zero the workspace once; every tk launch leaves them zero and no
     tactic writes there (``launch`` also zeroes them itself, in the quantize kernel)."""
     _, splits = _gemm_config(a, m, tactic)

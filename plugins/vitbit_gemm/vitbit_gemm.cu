@@ -742,7 +742,6 @@ VITBIT_TC2(tc2_64x128s3, 64, 128, 64, 32, 3, 3)      // 3 stages: 3 blocks per S
 VITBIT_TC2(tc2_64x64, 64, 64, 32, 32, 4, 3)          // 4 warps of 32x32
 VITBIT_TC2(tc2_64x64s3, 64, 64, 32, 32, 3, 4)        // 3 stages: 4 blocks per SM
 VITBIT_TC2(tc2_64x64s6, 64, 64, 32, 32, 6, 2)        // 6 stages: all of K = 768 in flight at once (small M)
-VITBIT_TC2(tc2_64x64w8, 64, 64, 16, 32, 4, 2)        // 8 warps of 16x32: two warps per scheduler (small M)
 
 // Split-K epilogue, 8 consecutive columns per thread (N % 8 == 0): 16-byte loads of the partials, exact
 // int32 sum, then the same put8 as the tc2 kernels.
@@ -986,7 +985,6 @@ VITBIT_TP(tp_128x128, 128, 128, 64, 32, 3, 2)    // 8 warps of 64x32, 96 KB: 2 b
 VITBIT_TP(tp_64x128, 64, 128, 64, 32, 3, 3)      // 4 warps of 64x32, 72 KB: 3 blocks per SM
 VITBIT_TP(tp_64x64, 64, 64, 32, 32, 4, 3)        // 4 warps of 32x32, 64 KB: 3 blocks per SM
 VITBIT_TP(tp_128x128w4, 128, 128, 64, 64, 3, 2)  // 4 warps of 64x64 (fewer ldmatrix per mma), 96 KB
-VITBIT_TP(tp_64x64w8, 64, 64, 16, 32, 4, 2)      // 8 warps of 16x32: two warps per scheduler (small M)
 
 // ------------------------------------------------------------------------------------------------
 // Tensor-core-only GEMM with in-kernel split-K ("tk", for small M): grid (N tiles, M tiles, S); block z
@@ -1067,4 +1065,3 @@ __device__ __forceinline__ void tk_body(const s8* __restrict__ A, const s8* __re
   }
 
 VITBIT_TK(tk_64x64, 64, 64, 32, 32, 4, 3)     // 4 warps of 32x32, 4 stages
-VITBIT_TK(tk_64x64w8, 64, 64, 16, 32, 4, 2)  // 8 warps of 16x32: two warps per scheduler (small M)
