@@ -253,8 +253,10 @@ def test_launcher_config_is_valid_everywhere():
                                 xs80 = tac == kbl.XS80_HEURISTIC or tac in kbl.XS80_TACTICS
                                 xl = tac == kbl.XL_HEURISTIC or tac in kbl.XL_TACTICS
                                 xl80 = tac == kbl.XL80_HEURISTIC or tac in kbl.XL80_TACTICS
-                                rule = (1, kbl.PREV_DEFAULT, kbl.XL_DEFAULT)
-                                assert tac in rule or tac in kbl.DEC_TACTICS or r80 or xs or xs80 or xl or xl80
+                                xp = tac in (kbl.XP_HEURISTIC, kbl.XP80_HEURISTIC)
+                                rule = (1, kbl.PREV_DEFAULT, kbl.XL_DEFAULT, kbl.XP_DEFAULT)
+                                assert tac in rule or tac in kbl.DEC_TACTICS or r80 or xs or xs80 or xl or xl80 or xp
+                                assert tac in rule or c["name"].endswith(("_xp", "_xp80")) == xp
                                 assert tac in rule or c["name"].endswith(("_r80", "_r80n")) == r80
                                 assert tac in rule or c["name"].endswith("_xs") == xs
                                 assert tac in rule or c["name"].endswith("_xs80") == xs80

@@ -14,9 +14,9 @@ date -u +%FT%TZ
 rc=0
 if [ "$step" = explore ]; then
   ids=()
-  for t in 80 81 82 85 86 87 89; do for m in 1 7 9 16 33 70; do ids+=("$T::test_every_tactic[$m-$t]"); done; done
+  for t in ${EVERY:-80 81 82 85 86 87 89}; do for m in 1 7 9 16 33 70; do ids+=("$T::test_every_tactic[$m-$t]"); done; done
   python3 -m pytest -q -x "${ids[@]}" "$T::test_matches_reference_xs" "$T::test_decode_v2_long_k_odd_strips" \
-    -k "not (long_k and not (-1] or -80] or -81] or -82] or -85] or -86] or -87] or -89]))" 2>&1 | tail -4 || rc=1
+    -k "${LONGK:-not (long_k and not (-1] or -80] or -81] or -82] or -85] or -86] or -87] or -89]))}" 2>&1 | tail -4 || rc=1
   date -u +%FT%TZ
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m pytest -q -x \
     "$T::test_every_tactic[1-89]" "$T::test_every_tactic[9-80]" "$T::test_every_tactic[16-85]" \

@@ -516,7 +516,7 @@ __device__ __forceinline__ uint32_t dec_tile(uint32_t w, uint32_t ea, uint32_t b
 // with the weights (16-byte cp.async, zero-filled for rows >= M and columns >= K, chunk c of row r at
 // 16 (c ^ r) so that both the copy and ldmatrix are bank-conflict free) and the B fragments are built
 // with ldmatrix.x4: 2 MB ldmatrix per group instead of 8 MB global loads that each touch up to 8 rows.
-template <typename VT, int MB, int STAGES, bool PF, bool XS = false, bool LEAN = false>
+template <typename VT, int MB, int STAGES, bool PF, bool XS = false, bool LEAN = false, int PFG = 0>
 __device__ __forceinline__ void bitmap_dec_body(
     const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
     const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,
@@ -553,8 +553,33 @@ __device__ __forceinline__ void bitmap_dec_body(
     a = (active && j <= ng) ? __ldg(oap + j) : 0;
     b = (has1 && j <= ng) ? __ldg(obp + j) : 0;
   };
+  // PFG > 0: L2 prefetch of this warp's first PFG groups (bitmaps now, values once the offsets arrive),
+  // so that only the first ring fill waits for DRAM; the ring (STAGES - 1 groups ahead) alone leaves
+  // each warp ~ng / (STAGES - 1) dependent DRAM round trips (4 for 8 groups with 3 stages).
+  if constexpr (PFG > 0) {
+    if (active) {
+      const int npf = min(ng, PFG);
+      const uint8_t* b0p = bitmaps + (static_cast<size_t>(s0) * G + g0) * (kTiles * 8);
+      for (int o = 32 * lane; o < npf * kTiles * 8; o += 32 * 32) {
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(b0p + o));
+        if (has1) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(b0p + static_cast<size_t>(G) * (kTiles * 8) + o));
+      }
+    }
+  }
   ldwin(0, oa, ob);
   if (ng > 31) ldwin(31, na, nb);
+  if constexpr (PFG > 0) {
+    const int npf = min(ng, PFG);
+    if (npf > 0) {  // warp-uniform
+      const int as = __shfl_sync(0xffffffffu, oa, 0), ae = __shfl_sync(0xffffffffu, oa, npf);
+      const int bs = __shfl_sync(0xffffffffu, ob, 0), be = __shfl_sync(0xffffffffu, ob, npf);
+      const uint8_t* vb8 = reinterpret_cast<const uint8_t*>(values);
+      for (int o = 32 * lane; o < (ae - as) * static_cast<int>(sizeof(VT)); o += 32 * 32)
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vb8 + static_cast<size_t>(as) * sizeof(VT) + o));
+      for (int o = 32 * lane; o < (be - bs) * static_cast<int>(sizeof(VT)); o += 32 * 32)
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vb8 + static_cast<size_t>(bs) * sizeof(VT) + o));
+    }
+  }
 
   const uint8_t* bsrc = bitmaps + (static_cast<size_t>(active ? s0 + (has1 ? (lane >> 2) & 1 : 0) : 0) * G + g0) *
                                       (kTiles * 8) + 16 * (lane & 3);
@@ -960,3 +985,22 @@ EDGESDK_BITMAP_DEC_XL(__half, f16, 1, 3, 768, xl80)
 EDGESDK_BITMAP_DEC_XL(__half, f16, 2, 3, 768, xl80)
 EDGESDK_BITMAP_DEC_XL(int8_t, i8, 1, 4, 768, xl80)
 EDGESDK_BITMAP_DEC_XL(int8_t, i8, 2, 3, 768, xl80)
+
+// Lean-issue X-staged kernels with an L2 prefetch of each warp's first 16 groups at start (PFG, round 4):
+// bitmap_dec_<value dtype>_mb<MB>_s<ST>_xp (16-warp build) and ..._xp80 (80-register build).
+#define EDGESDK_BITMAP_DEC_XP(VT, VN, MB, ST, LB, SFX)                                                    \
+  extern "C" __global__ void __launch_bounds__(LB, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_##SFX(        \
+      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
+      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
+      __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
+    bitmap_dec_body<VT, MB, ST, false, true, true, 16>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB); \
+  }
+
+EDGESDK_BITMAP_DEC_XP(__half, f16, 1, 3, 512, xp)
+EDGESDK_BITMAP_DEC_XP(__half, f16, 2, 3, 512, xp)
+EDGESDK_BITMAP_DEC_XP(int8_t, i8, 1, 4, 512, xp)
+EDGESDK_BITMAP_DEC_XP(int8_t, i8, 2, 3, 512, xp)
+EDGESDK_BITMAP_DEC_XP(__half, f16, 1, 3, 768, xp80)
+EDGESDK_BITMAP_DEC_XP(__half, f16, 2, 3, 768, xp80)
+EDGESDK_BITMAP_DEC_XP(int8_t, i8, 1, 4, 768, xp80)
+EDGESDK_BITMAP_DEC_XP(int8_t, i8, 2, 3, 768, xp80)
