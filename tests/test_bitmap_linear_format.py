@@ -251,19 +251,10 @@ def test_launcher_config_is_valid_everywhere():
                                 r80 = tac == kbl.R80_HEURISTIC or tac in kbl.R80_TACTICS
                                 xs = tac == kbl.XS_HEURISTIC or tac in kbl.XS_TACTICS
                                 xs80 = tac == kbl.XS80_HEURISTIC or tac in kbl.XS80_TACTICS
-                                xl = tac == kbl.XL_HEURISTIC or tac in kbl.XL_TACTICS
-                                xl80 = tac == kbl.XL80_HEURISTIC or tac in kbl.XL80_TACTICS
-                                xp = tac in (kbl.XP_HEURISTIC, kbl.XP80_HEURISTIC)
-                                rule = (1, kbl.PREV_DEFAULT, kbl.XL_DEFAULT, kbl.XP_DEFAULT)
-                                assert tac in rule or tac in kbl.DEC_TACTICS or r80 or xs or xs80 or xl or xl80 or xp
-                                assert tac in rule or c["name"].endswith(("_xp", "_xp80")) == xp
-                                assert tac in rule or c["name"].endswith(("_r80", "_r80n")) == r80
-                                assert tac in rule or c["name"].endswith("_xs") == xs
-                                assert tac in rule or c["name"].endswith("_xs80") == xs80
-                                assert tac in rule or c["name"].endswith("_xl") == xl
-                                assert tac in rule or c["name"].endswith("_xl80") == xl80
-                                if tac == kbl.XL_DEFAULT:
-                                    assert c["name"].endswith(("_xl", "_xl80"))
+                                assert tac in (1, kbl.PREV_DEFAULT) or tac in kbl.DEC_TACTICS or r80 or xs or xs80
+                                assert tac in (1, kbl.PREV_DEFAULT) or c["name"].endswith(("_r80", "_r80n")) == r80
+                                assert tac == 1 or c["name"].endswith("_xs") == xs
+                                assert tac == 1 or c["name"].endswith("_xs80") == xs80
                                 assert c["spw"] == 2 and c["name"].split("_mb")[1][0] == ("1" if m <= 8 else "2")
                             else:
                                 mt = int(c["name"].split("_mt")[1].split("_")[0])

@@ -82,17 +82,6 @@ XS_HEURISTIC = 60
 #: (K splits, strip pairs per block); 70 = their heuristic.
 XS80_TACTICS: dict[int, tuple[int, int]] = {71: (12, 1), 72: (8, 1), 73: (6, 2), 74: (4, 2), 75: (4, 4)}
 XS80_HEURISTIC = 70
-#: Lean-issue builds of the X-staged kernels (``bitmap_dec_*_xl`` / ``_xl80``, round 4: same layout and
-#: arithmetic, per-group address work hoisted out of the loop) → (K splits, strip pairs per block); 80 =
-#: the 16-warp heuristic, 85 = the 80-register heuristic, 89 = tactic 1's rule over these kernels.
-XL_TACTICS: dict[int, tuple[int, int]] = {81: (8, 1), 82: (4, 2)}
-XL_HEURISTIC = 80
-XL80_TACTICS: dict[int, tuple[int, int]] = {86: (12, 1), 87: (4, 4)}
-XL80_HEURISTIC = 85
-XL_DEFAULT = 89
-#: The lean kernels with an L2 prefetch of each warp's first 16 groups at start (``_xp`` / ``_xp80``): 90 =
-#: 16-warp heuristic, 95 = 80-register heuristic, 98 = tactic 1's rule over them.
-XP_HEURISTIC, XP80_HEURISTIC, XP_DEFAULT = 90, 95, 98
 #: The round-2 default (tactic 1 until 2026-11-22T06:35Z): 16-warp ``bitmap_dec_*`` kernels or their
 #: 80-register builds by the 3/4 cost rule; kept to compare side by side with the new default.
 PREV_DEFAULT = 59
@@ -119,8 +108,7 @@ def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
     """Tactic ids valid for any M (1 = heuristic, then the fixed configurations)."""
     _attrs(attrs)
     return [1, *TACTICS, *GEMV_TACTICS, *DEC_TACTICS, R80_HEURISTIC, *R80_TACTICS, PREV_DEFAULT, XS_HEURISTIC,
-            *XS_TACTICS, XS80_HEURISTIC, *XS80_TACTICS, XL_HEURISTIC, *XL_TACTICS, XL80_HEURISTIC, *XL80_TACTICS,
-            XL_DEFAULT, XP_HEURISTIC, XP80_HEURISTIC, XP_DEFAULT]
+            *XS_TACTICS, XS80_HEURISTIC, *XS80_TACTICS]
 
 
 def workspace_bytes(attrs: dict, m: int) -> int:
@@ -230,9 +218,7 @@ def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs=""):
     if xs:
         stages = _XS_STAGES[(value_dtype, mb)]
         slot = (_dec_slot(value_dtype) + 1024 * mb) * stages + _DEC_SCRATCH
-        wps, table = {"xs": (_MAX_WARPS, XS_TACTICS), "xs80": (_R80_WARPS_PER_SM, XS80_TACTICS),
-                      "xl": (_MAX_WARPS, XL_TACTICS), "xl80": (_R80_WARPS_PER_SM, XL80_TACTICS),
-                      "xp": (_MAX_WARPS, {}), "xp80": (_R80_WARPS_PER_SM, {})}[xs]
+        wps, table = (_MAX_WARPS, XS_TACTICS) if xs == "xs" else (_R80_WARPS_PER_SM, XS80_TACTICS)
     else:
         stages = _R80_STAGES[value_dtype]
         slot = _dec_slot(value_dtype) * stages + _DEC_SCRATCH  # per warp: ring + scan scratch
@@ -294,22 +280,6 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs")
     if gemv_ok and (tactic == XS80_HEURISTIC or tactic in XS80_TACTICS):
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs80")
-    if gemv_ok and (tactic == XL_HEURISTIC or tactic in XL_TACTICS):
-        return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xl")
-    if gemv_ok and (tactic == XL80_HEURISTIC or tactic in XL80_TACTICS):
-        return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xl80")
-    if gemv_ok and tactic == XP_HEURISTIC:
-        return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xp")
-    if gemv_ok and tactic == XP80_HEURISTIC:
-        return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xp80")
-    if gemv_ok and tactic in (XL_DEFAULT, XP_DEFAULT):
-        fam = "xl" if tactic == XL_DEFAULT else "xp"
-        c16 = _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs=fam)
-        if m <= 4:
-            c24 = _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs=fam + "80")
-            if 4 * c24["cost"] <= 3 * c16["cost"]:
-                return c24
-        return c16
     if gemv_ok and tactic == 1:
         # X-staged kernels (X rows by cp.async into the ring slot, B fragments by ldmatrix). H100,
         # 2026-11-22T06:32Z (tools/bitmap_linear_explore.py, commit d54e679, 50 % sparsity, 4096², 4096×11008,
@@ -383,7 +353,7 @@ def _plan(n: int, k: int, vd: str, x_dtype: str, m: int, tactic: int, x_aligned:
     ctx = _cuda.current_context()
     c = config(n, k, m, x_dtype, vd, tactic, _sm_count(ctx), x_aligned, _smem_per_sm(ctx))
     kern = _cuda.get_kernel(SOURCE, c["name"])
-    if c["name"].endswith(("_r80", "_r80n", "_xs", "_xs80", "_xl", "_xl80", "_xp", "_xp80")):  # up to 24 warps of rings per SM: ask for the full carveout
+    if c["name"].endswith(("_r80", "_r80n", "_xs", "_xs80")):  # up to 24 warps of rings per SM: ask for the full carveout
         cu = _cuda._driver()
         _cuda.check(cu.cuFuncSetAttribute(
             kern.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))

@@ -489,7 +489,7 @@ __device__ __forceinline__ void lds_u8x2(uint32_t addr, uint32_t& v0, uint32_t& 
 // up (another byte permute) from the lane's two bitmap bits, places them or zeros: bits (1,1) ->
 // v0 | v1 << 16, (1,0) -> v0, (0,1) -> v0 << 16, (0,0) -> 0 (zero bytes: the loads zero-extend).
 // tab: low word of the selector table (0x22102222 for fp16 values, 0x11101111 for int8 values); the
-// LEAN kernels pass it as a value the compiler cannot fold, so that it stays in one register instead
+// X-staged kernels pass it as a value the compiler cannot fold, so that it stays in one register instead
 // of being re-materialised by a move before every lookup.
 __device__ __forceinline__ uint32_t dec_tile(uint32_t w, uint32_t ea, uint32_t below, uint32_t sh,
                                              const unsigned short*, uint32_t tab = 0x22102222u) {
@@ -516,7 +516,7 @@ __device__ __forceinline__ uint32_t dec_tile(uint32_t w, uint32_t ea, uint32_t b
 // with the weights (16-byte cp.async, zero-filled for rows >= M and columns >= K, chunk c of row r at
 // 16 (c ^ r) so that both the copy and ldmatrix are bank-conflict free) and the B fragments are built
 // with ldmatrix.x4: 2 MB ldmatrix per group instead of 8 MB global loads that each touch up to 8 rows.
-template <typename VT, int MB, int STAGES, bool PF, bool XS = false, bool LEAN = false, int PFG = 0>
+template <typename VT, int MB, int STAGES, bool PF, bool XS = false>
 __device__ __forceinline__ void bitmap_dec_body(
     const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
     const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,
@@ -553,34 +553,8 @@ __device__ __forceinline__ void bitmap_dec_body(
     a = (active && j <= ng) ? __ldg(oap + j) : 0;
     b = (has1 && j <= ng) ? __ldg(obp + j) : 0;
   };
-  // PFG > 0: L2 prefetch of this warp's first PFG groups (bitmaps now, values once the offsets arrive),
-  // so that only the first ring fill waits for DRAM; the ring (STAGES - 1 groups ahead) alone leaves
-  // each warp ~ng / (STAGES - 1) dependent DRAM round trips (4 for 8 groups with 3 stages).
-  if constexpr (PFG > 0) {
-    if (active) {
-      const int npf = min(ng, PFG);
-      const uint8_t* b0p = bitmaps + (static_cast<size_t>(s0) * G + g0) * (kTiles * 8);
-      for (int o = 32 * lane; o < npf * kTiles * 8; o += 32 * 32) {
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(b0p + o));
-        if (has1) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(b0p + static_cast<size_t>(G) * (kTiles * 8) + o));
-      }
-    }
-  }
   ldwin(0, oa, ob);
   if (ng > 31) ldwin(31, na, nb);
-  if constexpr (PFG > 0) {
-    const int npf = min(ng, PFG);
-    if (npf > 0) {  // warp-uniform
-      const int as = __shfl_sync(0xffffffffu, oa, 0), ae = __shfl_sync(0xffffffffu, oa, npf);
-      const int bs = __shfl_sync(0xffffffffu, ob, 0), be = __shfl_sync(0xffffffffu, ob, npf);
-      const uint8_t* vb8 = reinterpret_cast<const uint8_t*>(values);
-      for (int o = 32 * lane; o < (ae - as) * static_cast<int>(sizeof(VT)); o += 32 * 32)
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vb8 + static_cast<size_t>(as) * sizeof(VT) + o));
-      for (int o = 32 * lane; o < (be - bs) * static_cast<int>(sizeof(VT)); o += 32 * 32)
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vb8 + static_cast<size_t>(bs) * sizeof(VT) + o));
-    }
-  }
-
   const uint8_t* bsrc = bitmaps + (static_cast<size_t>(active ? s0 + (has1 ? (lane >> 2) & 1 : 0) : 0) * G + g0) *
                                       (kTiles * 8) + 16 * (lane & 3);
   const uint32_t sbase = smem_u32(smem);
@@ -612,24 +586,14 @@ __device__ __forceinline__ void bitmap_dec_body(
 #pragma unroll
       for (int q = 0; q < kVB / 512; ++q)
         if (lane + 32 * q < cb) cp_async16_s(da + kW + 512 * q, vb + 512 * q);
-      if constexpr (XS) {  // X chunk (b, r, c) = columns 8c..8c+7 of X row 8b + r, 64 chunks per b
-        const int kb = (g0 + j) * kGroupK;
-#pragma unroll
-        for (int q = 0; q < 2 * MB; ++q) {
-          const int idx = lane + 32 * q, xr = (idx >> 3) & 7, xc = idx & 7, row = 8 * (idx >> 6) + xr;
-          const bool ok = row < M && kb + 8 * xc < K;  // K % 8 == 0
-          cp_async16_zfill_s(slot + 2 * kW + (idx >> 6) * 1024 + xr * 128 + ((xc ^ xr) << 4),
-                             ok ? static_cast<const void*>(X + static_cast<size_t>(row) * K + kb + 8 * xc)
-                                : static_cast<const void*>(X), ok);
-        }
-      }
       islot = islot + 1 == STAGES ? 0 : islot + 1;
     }
     cp_async_commit();
   };
 
-  // LEAN (X-staged kernels only): the same copies as issue() with the per-group address work hoisted
-  // out of the loop (it was ~90 SASS instructions per group, ~6 per decoded tile): per-lane source
+  // issue_xs (the X-staged kernels; round 4): the copies of issue() plus the group's X rows, with the
+  // per-group address work hoisted out of the loop (the round-3 X-staged issue was ~110 SASS
+  // instructions per group on its common path, ~7 per decoded tile; now ~88): per-lane source
   // bases and shared destinations are loop invariants, a group's value chunk c of a strip is copied
   // iff start + c·(16 / itemsize) < end, X chunks use a loop-invariant src-size (rows >= M: 0) and
   // check columns only in the K-tail group (warp-uniform), the slot address rotates by addition.
@@ -657,7 +621,7 @@ __device__ __forceinline__ void bitmap_dec_body(
   const bool blane = lane < 8;
   const uint32_t bsz = (lane < 4 || has1) ? 16u : 0u;
   const uint32_t bdst = (lane >> 2) * kW + 16 * (lane & 3);
-  auto issue_lean = [&](int j) {  // warp-uniform j
+  auto issue_xs = [&](int j) {  // warp-uniform j
     if (j < ng) {
       if (j - wbase >= 31) {
         oa = na; ob = nb; wbase += 31;
@@ -735,7 +699,7 @@ __device__ __forceinline__ void bitmap_dec_body(
   const uint32_t sh = 2u * static_cast<uint32_t>(lane & 15);
   const uint32_t below = (1u << sh) - 1u;
   // Selector table word for dec_tile; M is 1..16 here, so the OR adds nothing, but the compiler cannot
-  // know it and keeps the word in a register (LEAN only).
+  // know it and keeps the word in a register (X-staged kernels).
   const uint32_t tab = (sizeof(VT) == 2 ? 0x22102222u : 0x11101111u) | (static_cast<uint32_t>(M) & 0x80000000u);
 
   float acc[MB][4];
@@ -746,7 +710,7 @@ __device__ __forceinline__ void bitmap_dec_body(
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if constexpr (LEAN) issue_lean(s); else issue(s);
+    if constexpr (XS) issue_xs(s); else issue(s);
   }
   // X fragments of the current group (xf) and, with PF, of the next one (xn, loaded a group ahead).
   // Without PF (80-register kernels with MB = 2) the group's X is loaded at the top of its iteration,
@@ -760,7 +724,7 @@ __device__ __forceinline__ void bitmap_dec_body(
   int cslot = 0;  // stage slot being consumed
 
   for (int i = 0; i < ng; ++i) {
-    if constexpr (LEAN) issue_lean(i + STAGES - 1); else issue(i + STAGES - 1);
+    if constexpr (XS) issue_xs(i + STAGES - 1); else issue(i + STAGES - 1);
     if constexpr (PF) {
       if (i + 1 < ng) ldx(i + 1, xn);
     } else if constexpr (!XS) {
@@ -796,7 +760,7 @@ __device__ __forceinline__ void bitmap_dec_body(
       const uint4 m0 = *reinterpret_cast<const uint4*>(smem + scr_ld + 16 * kk);  // strip 0: (word, offset) of tiles 2kk, 2kk+1
       const uint4 m1 = *reinterpret_cast<const uint4*>(smem + scr_ld + 128 + 16 * kk);  // strip 1
       uint32_t a[4];
-      if constexpr (LEAN) {
+      if constexpr (XS) {
         a[0] = dec_tile(m0.x, m0.y, below, sh, static_cast<const RV*>(nullptr), tab);
         a[1] = dec_tile(m1.x, m1.y, below, sh, static_cast<const RV*>(nullptr), tab);
         a[2] = dec_tile(m0.z, m0.w, below, sh, static_cast<const RV*>(nullptr), tab);
@@ -966,41 +930,3 @@ EDGESDK_BITMAP_DEC_XS80(__half, f16, 2, 3)
 EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 1, 4)
 EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 2, 3)
 
-// Lean-issue builds of the X-staged kernels (LEAN, see bitmap_dec_body; round 4): same layout, launch
-// and arithmetic as _xs / _xs80, fewer instructions per group: bitmap_dec_<value dtype>_mb<MB>_s<ST>_xl
-// (16-warp build) and ..._xl80 (80-register build).
-#define EDGESDK_BITMAP_DEC_XL(VT, VN, MB, ST, LB, SFX)                                                    \
-  extern "C" __global__ void __launch_bounds__(LB, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_##SFX(        \
-      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
-      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
-      __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
-    bitmap_dec_body<VT, MB, ST, false, true, true>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB); \
-  }
-
-EDGESDK_BITMAP_DEC_XL(__half, f16, 1, 3, 512, xl)
-EDGESDK_BITMAP_DEC_XL(__half, f16, 2, 3, 512, xl)
-EDGESDK_BITMAP_DEC_XL(int8_t, i8, 1, 4, 512, xl)
-EDGESDK_BITMAP_DEC_XL(int8_t, i8, 2, 3, 512, xl)
-EDGESDK_BITMAP_DEC_XL(__half, f16, 1, 3, 768, xl80)
-EDGESDK_BITMAP_DEC_XL(__half, f16, 2, 3, 768, xl80)
-EDGESDK_BITMAP_DEC_XL(int8_t, i8, 1, 4, 768, xl80)
-EDGESDK_BITMAP_DEC_XL(int8_t, i8, 2, 3, 768, xl80)
-
-// Lean-issue X-staged kernels with an L2 prefetch of each warp's first 16 groups at start (PFG, round 4):
-// bitmap_dec_<value dtype>_mb<MB>_s<ST>_xp (16-warp build) and ..._xp80 (80-register build).
-#define EDGESDK_BITMAP_DEC_XP(VT, VN, MB, ST, LB, SFX)                                                    \
-  extern "C" __global__ void __launch_bounds__(LB, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_##SFX(        \
-      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
-      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
-      __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
-    bitmap_dec_body<VT, MB, ST, false, true, true, 16>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB); \
-  }
-
-EDGESDK_BITMAP_DEC_XP(__half, f16, 1, 3, 512, xp)
-EDGESDK_BITMAP_DEC_XP(__half, f16, 2, 3, 512, xp)
-EDGESDK_BITMAP_DEC_XP(int8_t, i8, 1, 4, 512, xp)
-EDGESDK_BITMAP_DEC_XP(int8_t, i8, 2, 3, 512, xp)
-EDGESDK_BITMAP_DEC_XP(__half, f16, 1, 3, 768, xp80)
-EDGESDK_BITMAP_DEC_XP(__half, f16, 2, 3, 768, xp80)
-EDGESDK_BITMAP_DEC_XP(int8_t, i8, 1, 4, 768, xp80)
-EDGESDK_BITMAP_DEC_XP(int8_t, i8, 2, 3, 768, xp80)
