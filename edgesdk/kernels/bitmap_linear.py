@@ -7,7 +7,7 @@ Three kernel families (``docs/bitmap_linear.md``):
   never padded in memory); per warp a cp.async ring of compressed groups, a per-group warp scan of the
   bitmap-word popcounts, and a branch-free tile decode (two shared loads and a byte permute); in the
   X-staged builds (``_xs``/``_xs80``, the default) the group's X rows ride in the ring slot and the B
-  fragments come from ``ldmatrix``;
+  fragments come from ``ldmatrix``, and the copies are issued from loop-invariant per-lane addresses;
 * decode path v1 ``bitmap_gemv_*`` (same conditions; tactics 20–31): X as the A operand, one strip per B
   fragment, kept for comparison;
 * generic path ``bitmap_linear_*`` (fp32 X, odd K, any M; tactics 2–11): X read from global memory per
@@ -17,11 +17,12 @@ Warps that share a strip (pair) split K (``KS``) and are reduced in shared memor
 atomics, deterministic.
 
 Where dense wins (a build-time decision for the rewrite pass, not made here): measured on an H100
-(``bench/results/bitmap_linear.json``, 2026-11-22T06:35Z) the decode path runs at 0.68–1.46× of cuBLAS
-fp16 for M ≤ 16 at 30–70 % sparsity (median over the large LLM layers 1.06× for fp16 values and 1.14× for
+(``bench/results/bitmap_linear.json``, 2026-11-22T07:51Z) the decode path runs at 0.68–1.50× of cuBLAS
+fp16 for M ≤ 16 at 30–70 % sparsity (median over the large LLM layers 1.10× for fp16 values and 1.17× for
 int8 values at 50 %); at ≥ 50 % it beats cuBLAS on the layers with K ≥ 4096 or 5632×2048 (M = 16: only
-4096², 11008×4096, 5632×2048), not on 896×4864 or 576×1536. It is decode-bound (instructions
-per 8×8 tile and launch latency), not bandwidth-bound. For prefill (M ≫ 16) decoding is repeated per
+4096², 11008×4096, 5632×2048), not on 896×4864 or 576×1536. It is bound by instruction issue (~21
+warp-instructions per 8×8 tile at ~0.6 per scheduler-cycle with 16 warps per SM) and launch latency, not by
+bandwidth (Nsight Compute, docs/bitmap_linear.md). For prefill (M ≫ 16) decoding is repeated per
 64-row tile of M and dense is faster still. Elsewhere choose this op for its footprint (0.57× / 0.32× of
 dense fp16 bytes at 50 %), or let tactic timing against a dense layer decide.
 

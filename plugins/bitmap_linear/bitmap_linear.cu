@@ -488,19 +488,22 @@ __device__ __forceinline__ void lds_u8x2(uint32_t addr, uint32_t& v0, uint32_t& 
 // group's values stays inside the slot's 16-byte slack) and one byte permute, whose selector is looked
 // up (another byte permute) from the lane's two bitmap bits, places them or zeros: bits (1,1) ->
 // v0 | v1 << 16, (1,0) -> v0, (0,1) -> v0 << 16, (0,0) -> 0 (zero bytes: the loads zero-extend).
+// tab: low word of the selector table (0x22102222 for fp16 values, 0x11101111 for int8 values); the
+// X-staged kernels pass it as a value the compiler cannot fold, so that it stays in one register instead
+// of being re-materialised by a move before every lookup.
 __device__ __forceinline__ uint32_t dec_tile(uint32_t w, uint32_t ea, uint32_t below, uint32_t sh,
-                                             const unsigned short*) {
+                                             const unsigned short*, uint32_t tab = 0x22102222u) {
   uint32_t v0, v1;
   lds_u16x2(ea + 2u * __popc(w & below), v0, v1);
-  const uint32_t sel = prmt(0x22102222u, 0x54101022u, ((w >> sh) & 3u) * 0x22u + 0x10u);
+  const uint32_t sel = prmt(tab, 0x54101022u, ((w >> sh) & 3u) * 0x22u + 0x10u);
   return prmt(v0, v1, sel);
 }
 
 __device__ __forceinline__ uint32_t dec_tile(uint32_t w, uint32_t ea, uint32_t below, uint32_t sh,
-                                             const uint8_t*) {
+                                             const uint8_t*, uint32_t tab = 0x11101111u) {
   uint32_t v0, v1;
   lds_u8x2(ea + __popc(w & below), v0, v1);
-  const uint32_t sel = prmt(0x11101111u, 0x14101011u, ((w >> sh) & 3u) * 0x22u + 0x10u);
+  const uint32_t sel = prmt(tab, 0x14101011u, ((w >> sh) & 3u) * 0x22u + 0x10u);
   // raw int8 bytes (absent -> 0) in the low byte of each half; int8 v -> fp16 exactly: bits
   // 0x6400 | (v ^ 0x80) is 1024 + v + 128; subtract 1152 per half.
   const uint32_t bits = prmt(v0, v1, sel) ^ 0x64806480u;
@@ -552,7 +555,6 @@ __device__ __forceinline__ void bitmap_dec_body(
   };
   ldwin(0, oa, ob);
   if (ng > 31) ldwin(31, na, nb);
-
   const uint8_t* bsrc = bitmaps + (static_cast<size_t>(active ? s0 + (has1 ? (lane >> 2) & 1 : 0) : 0) * G + g0) *
                                       (kTiles * 8) + 16 * (lane & 3);
   const uint32_t sbase = smem_u32(smem);
@@ -584,17 +586,81 @@ __device__ __forceinline__ void bitmap_dec_body(
 #pragma unroll
       for (int q = 0; q < kVB / 512; ++q)
         if (lane + 32 * q < cb) cp_async16_s(da + kW + 512 * q, vb + 512 * q);
-      if constexpr (XS) {  // X chunk (b, r, c) = columns 8c..8c+7 of X row 8b + r, 64 chunks per b
-        const int kb = (g0 + j) * kGroupK;
+      islot = islot + 1 == STAGES ? 0 : islot + 1;
+    }
+    cp_async_commit();
+  };
+
+  // issue_xs (the X-staged kernels; round 4): the copies of issue() plus the group's X rows, with the
+  // per-group address work hoisted out of the loop (the round-3 X-staged issue was ~110 SASS
+  // instructions per group on its common path, ~7 per decoded tile; now ~88): per-lane source
+  // bases and shared destinations are loop invariants, a group's value chunk c of a strip is copied
+  // iff start + c·(16 / itemsize) < end, X chunks use a loop-invariant src-size (rows >= M: 0) and
+  // check columns only in the K-tail group (warp-uniform), the slot address rotates by addition.
+  constexpr int kVPC = 16 / static_cast<int>(sizeof(VT));  // values per 16-byte chunk
+  const uint8_t* vlane = vbytes + 16 * lane;
+  const int vlpos = kVPC * lane;
+  // X chunk q of this lane: idx = lane + 32 q, row 8 (q >> 1) + (lane >> 3) + 4 (q & 1), 16-byte chunk
+  // lane & 7 (columns 8 (lane & 7) ..); element offset in X of group 0 of this warp; src-size.
+  const int xcol = 8 * (lane & 7);
+  const int xrow0 = lane >> 3;
+  int xoff[XS ? 2 * MB : 1];
+  int xsz = 0;  // bit q: row of chunk q < M
 #pragma unroll
-        for (int q = 0; q < 2 * MB; ++q) {
-          const int idx = lane + 32 * q, xr = (idx >> 3) & 7, xc = idx & 7, row = 8 * (idx >> 6) + xr;
-          const bool ok = row < M && kb + 8 * xc < K;  // K % 8 == 0
-          cp_async16_zfill_s(slot + 2 * kW + (idx >> 6) * 1024 + xr * 128 + ((xc ^ xr) << 4),
-                             ok ? static_cast<const void*>(X + static_cast<size_t>(row) * K + kb + 8 * xc)
-                                : static_cast<const void*>(X), ok);
+  for (int q = 0; q < (XS ? 2 * MB : 1); ++q) {
+    const int row = 8 * (q >> 1) + xrow0 + 4 * (q & 1);
+    xoff[q] = (row < M ? row : 0) * K + xcol + g0 * kGroupK;
+    xsz |= (row < M ? 1 : 0) << q;
+  }
+  // shared destination of chunk q: block q >> 1 (1 KB), row r = xrow0 + 4 (q & 1), chunk xc ^ r
+  const uint32_t xd0 = static_cast<uint32_t>(xrow0 * 128 + (((lane & 7) ^ xrow0) << 4));
+  const uint32_t xd1 = (xd0 ^ 64u) + 512u;
+  const uint8_t* bsrc_l = bsrc;
+  const uint32_t send = sring + STAGES * kSlot;
+  uint32_t islot_a = sring;
+  const bool blane = lane < 8;
+  const uint32_t bsz = (lane < 4 || has1) ? 16u : 0u;
+  const uint32_t bdst = (lane >> 2) * kW + 16 * (lane & 3);
+  auto issue_xs = [&](int j) {  // warp-uniform j
+    if (j < ng) {
+      if (j - wbase >= 31) {
+        oa = na; ob = nb; wbase += 31;
+        if (ng > wbase + 31) ldwin(wbase + 31, na, nb);
+      }
+      const int r = j - wbase;
+      const int a0 = __shfl_sync(0xffffffffu, oa, r), a1 = __shfl_sync(0xffffffffu, oa, r + 1);
+      const int b0 = __shfl_sync(0xffffffffu, ob, r), b1 = __shfl_sync(0xffffffffu, ob, r + 1);
+      const uint32_t slot = islot_a;
+      if (blane)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(slot + bdst),
+                     "l"(bsrc_l + static_cast<uint32_t>(j) * (kTiles * 8)), "r"(bsz));
+      const int pa = a0 + vlpos, pb = b0 + vlpos;
+      const uint8_t* va = vlane + static_cast<uint32_t>(a0) * sizeof(VT);
+      const uint8_t* vb = vlane + static_cast<uint32_t>(b0) * sizeof(VT);
+      const uint32_t da = slot + kTiles * 8 + 16 * lane;
+#pragma unroll
+      for (int q = 0; q < kVB / 512; ++q)
+        if (pa + q * 32 * kVPC < a1) cp_async16_s(da + 512 * q, va + 512 * q);
+#pragma unroll
+      for (int q = 0; q < kVB / 512; ++q)
+        if (pb + q * 32 * kVPC < b1) cp_async16_s(da + kW + 512 * q, vb + 512 * q);
+      if constexpr (XS) {
+        const int kj = j * kGroupK;
+        const uint32_t xs = slot + 2 * kW;
+        if ((g0 + j + 1) * kGroupK <= K) {  // warp-uniform: the whole group inside K
+#pragma unroll
+          for (int q = 0; q < 2 * MB; ++q)
+            cp_async16_zfill_s(xs + (q & 1 ? xd1 : xd0) + 1024 * (q >> 1), X + (xoff[q] + kj), (xsz >> q) & 1);
+        } else {
+          const bool cok = (g0 + j) * kGroupK + xcol < K;
+#pragma unroll
+          for (int q = 0; q < 2 * MB; ++q) {
+            const bool ok = cok && ((xsz >> q) & 1);
+            cp_async16_zfill_s(xs + (q & 1 ? xd1 : xd0) + 1024 * (q >> 1), ok ? X + (xoff[q] + kj) : X, ok);
+          }
         }
       }
+      islot_a = slot + kSlot == send ? sring : slot + kSlot;
       islot = islot + 1 == STAGES ? 0 : islot + 1;
     }
     cp_async_commit();
@@ -632,6 +698,9 @@ __device__ __forceinline__ void bitmap_dec_body(
   const uint32_t scr_ld = scr + (lane >= 16 ? 64 : 0);
   const uint32_t sh = 2u * static_cast<uint32_t>(lane & 15);
   const uint32_t below = (1u << sh) - 1u;
+  // Selector table word for dec_tile; M is 1..16 here, so the OR adds nothing, but the compiler cannot
+  // know it and keeps the word in a register (X-staged kernels).
+  const uint32_t tab = (sizeof(VT) == 2 ? 0x22102222u : 0x11101111u) | (static_cast<uint32_t>(M) & 0x80000000u);
 
   float acc[MB][4];
 #pragma unroll
@@ -640,7 +709,9 @@ __device__ __forceinline__ void bitmap_dec_body(
     for (int r = 0; r < 4; ++r) acc[b][r] = 0.f;
 
 #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) issue(s);
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if constexpr (XS) issue_xs(s); else issue(s);
+  }
   // X fragments of the current group (xf) and, with PF, of the next one (xn, loaded a group ahead).
   // Without PF (80-register kernels with MB = 2) the group's X is loaded at the top of its iteration,
   // before the ring wait and the scan, and other resident warps cover the L1/L2 latency.
@@ -653,7 +724,7 @@ __device__ __forceinline__ void bitmap_dec_body(
   int cslot = 0;  // stage slot being consumed
 
   for (int i = 0; i < ng; ++i) {
-    issue(i + STAGES - 1);
+    if constexpr (XS) issue_xs(i + STAGES - 1); else issue(i + STAGES - 1);
     if constexpr (PF) {
       if (i + 1 < ng) ldx(i + 1, xn);
     } else if constexpr (!XS) {
@@ -689,10 +760,17 @@ __device__ __forceinline__ void bitmap_dec_body(
       const uint4 m0 = *reinterpret_cast<const uint4*>(smem + scr_ld + 16 * kk);  // strip 0: (word, offset) of tiles 2kk, 2kk+1
       const uint4 m1 = *reinterpret_cast<const uint4*>(smem + scr_ld + 128 + 16 * kk);  // strip 1
       uint32_t a[4];
-      a[0] = dec_tile(m0.x, m0.y, below, sh, static_cast<const RV*>(nullptr));
-      a[1] = dec_tile(m1.x, m1.y, below, sh, static_cast<const RV*>(nullptr));
-      a[2] = dec_tile(m0.z, m0.w, below, sh, static_cast<const RV*>(nullptr));
-      a[3] = dec_tile(m1.z, m1.w, below, sh, static_cast<const RV*>(nullptr));
+      if constexpr (XS) {
+        a[0] = dec_tile(m0.x, m0.y, below, sh, static_cast<const RV*>(nullptr), tab);
+        a[1] = dec_tile(m1.x, m1.y, below, sh, static_cast<const RV*>(nullptr), tab);
+        a[2] = dec_tile(m0.z, m0.w, below, sh, static_cast<const RV*>(nullptr), tab);
+        a[3] = dec_tile(m1.z, m1.w, below, sh, static_cast<const RV*>(nullptr), tab);
+      } else {
+        a[0] = dec_tile(m0.x, m0.y, below, sh, static_cast<const RV*>(nullptr));
+        a[1] = dec_tile(m1.x, m1.y, below, sh, static_cast<const RV*>(nullptr));
+        a[2] = dec_tile(m0.z, m0.w, below, sh, static_cast<const RV*>(nullptr));
+        a[3] = dec_tile(m1.z, m1.w, below, sh, static_cast<const RV*>(nullptr));
+      }
       if constexpr (XS) {
 #pragma unroll
         for (int b = 0; b < MB; ++b) mma16816(acc[b], a, xb[b][2 * (kk & 1)], xb[b][2 * (kk & 1) + 1]);
@@ -851,3 +929,4 @@ EDGESDK_BITMAP_DEC_XS80(__half, f16, 1, 3)
 EDGESDK_BITMAP_DEC_XS80(__half, f16, 2, 3)
 EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 1, 4)
 EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 2, 3)
+

@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Launch the default EdgeBitmapLinear kernel (tactic 1) on a few decode cases, for a profiler.
+
+Each case is launched 3 times (outputs checked against the float64 reference after the last one);
+run under Nsight Compute, e.g.
+  ncu --kernel-name regex:bitmap_dec --launch-skip 2 --launch-count 1 --section SchedulerStats ...
+  python tools/bitmap_linear_profile.py --cases 4096x4096:1:0.5:float16
+
+Usage: python tools/bitmap_linear_profile.py [--cases KxN:M:sparsity:value_dtype,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.bench_bitmap_linear import random_packed  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="4096x4096:1:0.5:float16,4096x4096:1:0.5:int8,4096x4096:16:0.5:float16")
+    a = ap.parse_args(argv)
+    import torch
+
+    from edgesdk.kernels import _cuda
+    from edgesdk.kernels import bitmap_linear as kbl
+
+    torch.zeros(1, device="cuda")
+    _cuda.init()
+    for case in a.cases.split(","):
+        kn, m, s, vd = case.split(":")
+        k, n = (int(v) for v in kn.split("x"))
+        m, s = int(m), float(s)
+        p = random_packed(k, n, s, vd, 11)
+        t = [torch.from_numpy(v).cuda() for v in p.to_tensors().values()]
+        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+        c = kbl.config(n, k, m, "float16", vd, 1, torch.cuda.get_device_properties(0).multi_processor_count)
+        for _ in range(3):
+            kbl.launch(p.node_attributes(), "float16", m, [x.data_ptr(), *[v.data_ptr() for v in t]], [y.data_ptr()],
+                       torch.cuda.current_stream().cuda_stream, 1)
+        torch.cuda.synchronize()
+        xd = x.double().cpu().numpy()
+        ref = (xd @ p.raw_values().astype(np.float64).T) * p.scales.astype(np.float64)
+        tol = 2.0**-10 * np.abs(ref) + 2.0**-16 * (np.abs(xd) @ np.abs(p.raw_values().astype(np.float64)).T) * p.scales + 2.0**-24
+        ok = bool((np.abs(y.double().cpu().numpy() - ref) <= tol).all())
+        print(f"case {case}: {c['name']} grid {c['grid'][0]} warps {c['block'][0] // 32} ks {c['ks']} ok={ok}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
