@@ -56,3 +56,18 @@ def test_stream_split_heuristic():
         assert prev <= ts <= ks.MAX_TOKENS_PER_SPLIT2
         prev = ts
     assert prev == ks.MAX_TOKENS_PER_SPLIT2
+
+
+def test_default_tactic_rule():
+    """Tactic 2 (fused merge) by default at <= 100 tiles per SM and <= 32 splits, else tactic 1."""
+    # (hq, hkv, B, ctx) on 132 SMs: tiles per SM 15.5, 62 (ns 52), 3.9, 62 (ns 13), 93 (ns 11), 1986, 23 (ns 86)
+    cases = [((32, 8, 1, 4096), ks.STREAM_FUSED), ((32, 8, 1, 16384), ks.STREAM), ((32, 8, 1, 1024), ks.STREAM_FUSED),
+             ((32, 8, 4, 4096), ks.STREAM_FUSED), ((9, 3, 16, 4096), ks.STREAM_FUSED), ((32, 8, 16, 32768), ks.STREAM),
+             ((9, 3, 1, 16384), ks.STREAM), ((32, 8, 4, 16384), ks.STREAM)]
+    for (hq, hkv, b, ctx), want in cases:
+        assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132) == want, (hq, hkv, b, ctx)
+        cfg = SparseKVConfig(64, hq, hkv, 0.7, 0.7, ctx)
+        assert ks.plan_cache(cfg, b, ctx, sms=132) == ks.plan_cache(cfg, b, ctx, sms=132, tactic=want)
+    # a forced split size counts: 64-token splits at 4k are 64 splits -> tactic 1
+    assert ks.default_tactic(64, 32, 8, 1, 4096, sms=132, tokens_per_split=64) == ks.STREAM
+    assert ks.default_tactic(64, 32, 8, 1, 4096, sms=132, tokens_per_split=128) == ks.STREAM_FUSED

@@ -11,10 +11,10 @@ step can be captured in a CUDA graph. Cache arrays (:class:`CachePtrs`) are laid
   ``group`` tokens when it reaches ``window + group``. Update ``lens`` (+1) *before* calling.
 - :func:`decode_attention` — one query per sequence ``[B, Hq, d]`` fp16 → ``out [B, Hq, d]`` fp16,
   split over tokens (flash-decoding) into a caller-preallocated workspace
-  (:func:`workspace_bytes`), then merged. Tactics: :data:`STREAM` (default; warp-streaming flash
-  attention with K and V decompressed into tensor-core tiles), :data:`STREAM_FUSED` (the same, merge in
-  the last block; zero the workspace counters once with :func:`init_workspace`), :data:`SPLIT_V1` (the
-  first kernel). Measured per shape in ``docs/sparse_kv.md``.
+  (:func:`workspace_bytes`), then merged. Tactics: :data:`STREAM` (warp-streaming flash
+  attention with K and V decompressed into tensor-core tiles, then the merge kernel), :data:`STREAM_FUSED`
+  (the same, merge in the last block; zero the workspace counters once with :func:`init_workspace`),
+  :data:`SPLIT_V1` (the first kernel); default (``tactic=None``): :func:`default_tactic`. Measured per shape in ``docs/sparse_kv.md``.
 - :func:`dense_decode_attention` — the same kernels on a plain dense fp16 cache (the dense baseline,
   tactic :data:`SPLIT_V1` by default).
 """
@@ -110,9 +110,9 @@ MAX_TOKENS_PER_SPLIT2 = 8192
 
 
 def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, batch: int, max_len: int,
-         sms: int | None = None, tokens_per_split: int | None = None, tactic: int = STREAM) -> tuple[int, int]:
+         sms: int | None = None, tokens_per_split: int | None = None, tactic: int | None = None) -> tuple[int, int]:
     """(tokens per split, number of splits) for ``max_len`` tokens. ``rk``/``rv``: record bytes (0 for a
-    dense cache).
+    dense cache). ``tactic=None``: the one :func:`default_tactic` picks.
 
     Tactic 0: about 4 blocks per SM in total, at least 128 tokens per split, at most
     :func:`max_tokens_per_split`. Tactics 1, 2: each warp of a split walks ``k`` 16-token tiles one after
@@ -122,6 +122,8 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
     at least 1, at most :data:`MAX_TOKENS_PER_SPLIT2` / 64: the fit of the split sweep in
     ``bench/results/sparse_kv_sweep_73df276.json`` (best measured ``k``: 2 at t = 6 and 16, 4 at 47,
     8 at 124 and 186, 6–12 at 248, 21–42 at 1986)."""
+    if tactic is None:
+        tactic = default_tactic(head_dim, num_q_heads, num_kv_heads, batch, max_len, sms, tokens_per_split)
     if tactic not in TACTICS:
         raise EdgeSDKError(f"sparse_kv tactic {tactic!r} is unknown", f"use one of {TACTICS}")
     g = num_q_heads // num_kv_heads
@@ -141,8 +143,31 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
     return tokens_per_split, max(1, math.ceil(max(1, max_len) / tokens_per_split))
 
 
+#: :func:`default_tactic`: tactic 2 (fused merge) while the 16-token tiles per SM stay at most this
+#: and its split count at most :data:`FUSED_MAX_SPLITS` (one merge pass), else tactic 1.
+FUSED_MAX_TILES_PER_SM = 100
+FUSED_MAX_SPLITS = 32
+
+
+def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: int, max_len: int,
+                   sms: int | None = None, tokens_per_split: int | None = None) -> int:
+    """The tactic of a call without one: :data:`STREAM_FUSED` when ``B · Hkv · ⌈max_len / 16⌉ / sms ≤ 100``
+    and its plan has ≤ 32 splits (its merge tail is then one L2 round trip), else :data:`STREAM`. Fit to
+    the full benchmark at commit ``ddda89f`` (``bench/results/sparse_kv.json``, H100, 48 sparse rows,
+    full GPU; each tactic's time the best of its heuristic split, twice and half of it): on the 22 rows it
+    gives to tactic 2, tactic 2 took 0.90–0.98× tactic 1's time, except Llama B = 4, 4k at 50 % (1.015×)
+    and B = 16, 1k at 50 % (0.999×); of the 26 rows it gives to tactic 1, tactic 2 was faster on 7, by
+    ≤ 1.3 % but on SmolLM2 B = 1, 16k at 70 % (0.967×)."""
+    sms = sms or sm_count()
+    tiles_per_sm = batch * num_kv_heads * math.ceil(max(1, max_len) / TILE2) / sms
+    if tiles_per_sm > FUSED_MAX_TILES_PER_SM:
+        return STREAM
+    _, ns = plan(head_dim, num_q_heads, num_kv_heads, 0, 0, batch, max_len, sms, tokens_per_split, STREAM_FUSED)
+    return STREAM_FUSED if ns <= FUSED_MAX_SPLITS else STREAM
+
+
 def plan_cache(cfg: SparseKVConfig, batch: int, max_len: int, sms: int | None = None,
-               tokens_per_split: int | None = None, tactic: int = STREAM) -> tuple[int, int]:
+               tokens_per_split: int | None = None, tactic: int | None = None) -> tuple[int, int]:
     """:func:`plan` for a sparse cache (what :func:`decode_attention` uses)."""
     return plan(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, cfg.rk, cfg.rv, batch, max_len, sms,
                 tokens_per_split, tactic)
@@ -218,6 +243,9 @@ def append(cfg: SparseKVConfig, batch: int, k_new: int, v_new: int, cache: Cache
              [_p(k_new), _p(v_new), *_cache_args(cfg, cache)], stream)
 
 
+#: Tactic 2's merge tail (kernel argument ``fuse``): 1 = one L2 round trip per 32 splits (merge_last1),
+#: 2 = round 3's two-pass merge (A/B timing only).
+_FUSE_MODE = 1
 COMBINE_THREADS = 256  # merge kernel (tactics 0, 1): one block per (sequence, query head), splits spread over its threads
 
 
@@ -225,6 +253,8 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
                stream: int, tensors: list, geometry: list, rk: int, rv: int, scale: float | None, sms: int | None,
                tokens_per_split: int | None, tactic: int) -> None:
     g = hq // hkv
+    if tactic is None:
+        tactic = default_tactic(head_dim, hq, hkv, batch, max_len, sms, tokens_per_split)
     ts, ns = plan(head_dim, hq, hkv, rk, rv, batch, max_len, sms, tokens_per_split, tactic)
     scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * _LOG2E
     parts = workspace + 4 * _counter_words(batch, hq)
@@ -237,7 +267,7 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
         ka = _kernel(f"sparse_kv_attn2_d{head_dim}_g{gqa_pad(g)}", max_smem_carveout=True)
         ka.launch((ns, hkv, batch), (THREADS2,),
                   [_p(q), _p(workspace), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale),
-                   _p(out), _i(tactic == STREAM_FUSED)],
+                   _p(out), _i(_FUSE_MODE if tactic == STREAM_FUSED else 0)],
                   stream, smem_bytes2(head_dim, rk, rv))
         if tactic == STREAM_FUSED:
             return
@@ -247,7 +277,7 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
 
 def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cache: CachePtrs, out: int,
                      workspace: int, stream: int, scale: float | None = None, sms: int | None = None,
-                     tokens_per_split: int | None = None, tactic: int = STREAM) -> None:
+                     tokens_per_split: int | None = None, tactic: int | None = None) -> None:
     """``out[b, i] = softmax(q[b, i] · Kᵀ · scale) · V`` over the ``lens[b]`` cached tokens of sequence b.
 
     Args:
@@ -259,12 +289,13 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
         cache (CachePtrs): The cache (records, rings, lens).
         out (int): fp16 ``[B, Hq, d]``; sequences of length 0 get zeros.
         workspace (int): ``workspace_bytes(Hq, d, B, plan(...)[1])`` bytes, preallocated; its counters
-            zeroed once by :func:`init_workspace` (tactic 2).
+            zeroed once by :func:`init_workspace` (tactic 2, which the default may pick).
         stream (int): CUDA stream.
         scale (float | None): Score scale, default ``1 / sqrt(d)``.
         sms (int | None): SM count for the split heuristic (default: the device's).
         tokens_per_split (int | None): Force the split size (multiple of 64).
-        tactic (int): :data:`SPLIT_V1`, :data:`STREAM` (default) or :data:`STREAM_FUSED`.
+        tactic (int | None): :data:`SPLIT_V1`, :data:`STREAM`, :data:`STREAM_FUSED` or None (default:
+            :func:`default_tactic`, STREAM_FUSED at small tile counts, else STREAM).
     """
     if not 1 <= max_len <= cfg.capacity or batch < 1:
         raise EdgeSDKError(f"sparse_kv decode_attention: max_len={max_len}, batch={batch}",

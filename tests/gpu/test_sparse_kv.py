@@ -114,6 +114,7 @@ CASES = [  # (d, hq, hkv, k_sparsity, v_sparsity, lens)
     (128, 4, 4, 0.0, 0.0, [129]),
     (64, 8, 1, 0.3, 0.9, [63, 64, 65, 3001]),
     (128, 14, 2, 0.7, 0.7, [517]),
+    (64, 4, 2, 0.9, 0.9, [2001, 5]),  # small records: tactic 2's merge passes hold 26 splits (64-token splits: 32)
 ]
 
 
