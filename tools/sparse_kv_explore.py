@@ -98,8 +98,7 @@ def run_shape(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
     n_sp = len(cptr)
     inner_s = max(inner, n_sp)
     base = None
-    for kname, tactic, fmode in [("v1", 0, 1), ("attn2", 1, 1), ("attn2", 2, 1), ("attn2 merge2", 2, 2)]:
-        ks._FUSE_MODE = fmode  # tactic 2's merge tail: 1 one round trip per pass, 2 round 3's two-pass
+    for kname, tactic in [("v1", 0), ("attn2", 1), ("attn2", 2)]:
         ts0, _ = ks.plan_cache(cfg, B, ctx, sms=sms, tactic=tactic)
         cap = ks.max_tokens_per_split(d, hq // hkv, cfg.rk, cfg.rv) if tactic == 0 else ks.MAX_TOKENS_PER_SPLIT2
         for ts in sorted({ts0, min(cap, 2 * ts0)}):
@@ -115,7 +114,6 @@ def run_shape(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
             if base is None:
                 base = o
             rec(f"sparse{s} {kname} t{tactic} ts{ts}", us, ns=ns, diff_vs_t0=(o - base).abs().max().item())
-    ks._FUSE_MODE = 1
 
 
 def run_sweep(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> None:

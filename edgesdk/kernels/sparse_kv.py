@@ -243,9 +243,6 @@ def append(cfg: SparseKVConfig, batch: int, k_new: int, v_new: int, cache: Cache
              [_p(k_new), _p(v_new), *_cache_args(cfg, cache)], stream)
 
 
-#: Tactic 2's merge tail (kernel argument ``fuse``): 1 = one L2 round trip per 32 splits (merge_last1),
-#: 2 = round 3's two-pass merge (A/B timing only).
-_FUSE_MODE = 1
 COMBINE_THREADS = 256  # merge kernel (tactics 0, 1): one block per (sequence, query head), splits spread over its threads
 
 
@@ -267,7 +264,7 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
         ka = _kernel(f"sparse_kv_attn2_d{head_dim}_g{gqa_pad(g)}", max_smem_carveout=True)
         ka.launch((ns, hkv, batch), (THREADS2,),
                   [_p(q), _p(workspace), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale),
-                   _p(out), _i(_FUSE_MODE if tactic == STREAM_FUSED else 0)],
+                   _p(out), _i(1 if tactic == STREAM_FUSED else 0)],
                   stream, smem_bytes2(head_dim, rk, rv))
         if tactic == STREAM_FUSED:
             return

@@ -557,59 +557,6 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 // Bytes of one warp's region: K and V tiles [16][D + 8] fp16, then kStages record stages.
 __device__ __forceinline__ int stage_bytes(int rk, int rv) { return round_up(16 * rk, 16) + round_up(16 * rv, 16); }
 
-// Fused merge (tactic 2), run by the last block of a (sequence, KV head): all G query heads at once,
-// thread -> (head g, channels c, c + 1), no barrier. Pass 1: M = max of the ns split maxima; pass 2:
-// sum of exp2(m_s - M) * (l_s, O_s[c, c + 1]); 8 splits' loads in flight per step (L2, ld.cg); fixed
-// order: deterministic. part0: head g, split s at (g * NS + s) * (D + 2) floats.
-template <int D>
-__device__ __forceinline__ void merge_last(const float* __restrict__ part0, int ns, int NS, int G,
-                                           __half* __restrict__ dst) {
-  constexpr int PR = D + 2, H2 = D / 2, U = 8;
-  for (int e = threadIdx.x; e < G * H2; e += kThreads2) {
-    const int g = e / H2, c = 2 * (e % H2);
-    const float* pg = part0 + static_cast<size_t>(g) * NS * PR;
-    float M = -INFINITY;
-    int s = 0;
-    for (; s + U <= ns; s += U) {
-      float mv[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) mv[u] = __ldcg(pg + static_cast<size_t>(s + u) * PR);
-#pragma unroll
-      for (int u = 0; u < U; ++u) M = fmaxf(M, mv[u]);
-    }
-    for (; s < ns; ++s) M = fmaxf(M, __ldcg(pg + static_cast<size_t>(s) * PR));
-    float den = 0.f, n0 = 0.f, n1 = 0.f;
-    for (s = 0; s + U <= ns; s += U) {
-      float mv[U], lv[U];
-      float2 ov[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const float* p = pg + static_cast<size_t>(s + u) * PR;
-        mv[u] = __ldcg(p);
-        lv[u] = __ldcg(p + 1);
-        ov[u] = __ldcg(reinterpret_cast<const float2*>(p + 2 + c));
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const float f = exp2f(mv[u] - M);
-        den = fmaf(f, lv[u], den);
-        n0 = fmaf(f, ov[u].x, n0);
-        n1 = fmaf(f, ov[u].y, n1);
-      }
-    }
-    for (; s < ns; ++s) {
-      const float* p = pg + static_cast<size_t>(s) * PR;
-      const float f = exp2f(__ldcg(p) - M);
-      const float2 o = __ldcg(reinterpret_cast<const float2*>(p + 2 + c));
-      den = fmaf(f, __ldcg(p + 1), den);
-      n0 = fmaf(f, o.x, n0);
-      n1 = fmaf(f, o.y, n1);
-    }
-    *reinterpret_cast<__half2*>(dst + static_cast<size_t>(g) * D + c) =
-        den > 0.f ? __floats2half2_rn(n0 / den, n1 / den) : __floats2half2_rn(0.f, 0.f);
-  }
-}
-
 // Fused merge (tactic 2) of one L2 round trip per pass of up to 32 splits: warp w merges heads w,
 // w + kW2, ...; the pass's partials (m, l, O[D]) of one head are contiguous in the workspace and are
 // copied by the warp's lanes into the warp's own shared region with 8-byte cp.async (all in flight;
@@ -878,11 +825,8 @@ __device__ __forceinline__ void attn2_split(
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  if (fuse == 2)  // round-3 two-pass merge (A/B only)
-    merge_last<D>(part0, ns, NS, G, out + (static_cast<size_t>(b) * Hq + h * G) * D);
-  else
-    merge_last1<D>(part0, ns, NS, G, out + (static_cast<size_t>(b) * Hq + h * G) * D, wbase,
-                   2 * 16 * TR * 2 + kStages * sb);
+  merge_last1<D>(part0, ns, NS, G, out + (static_cast<size_t>(b) * Hq + h * G) * D, wbase,
+                 2 * 16 * TR * 2 + kStages * sb);
   if (tid == 0) counters[bh] = 0u;  // ready for the next call (CUDA-graph replays)
 }
 
