@@ -12,8 +12,8 @@ times graph replays per tactic, and round-trips the runtime's pinned and mapped 
 
     python tools/plugin_launch_check.py BUILD/model.onnx [...] --json out.json
 
-The JSON carries the device, date and commit, one row per launch, and per (build folder, operator,
-X dtype, M) a group: launches, worst error, and the medians over the group's layers of the GPU time
+The JSON carries the device, date and commit, one row per launch with ``--with-rows``, and per (build
+folder, operator, X dtype, M) a group: launches, worst error, and the medians over the group's layers of the GPU time
 with the default tactic (what TensorRT's 0 resolves to) and with each layer's best tactic.
 """
 
@@ -247,7 +247,8 @@ def main() -> int:
     ap.add_argument("models", nargs="+", type=Path, help="rewritten ONNX models with plugin nodes")
     ap.add_argument("--m", default="1,17,136", help="rows M to test (comma-separated)")
     ap.add_argument("--timing-reps", type=int, default=20, help="launches per timed graph (0: no timing)")
-    ap.add_argument("--json", type=Path, help="write all rows here")
+    ap.add_argument("--json", type=Path, help="write device, date, commit, summary and groups here")
+    ap.add_argument("--with-rows", action="store_true", help="also write every launch's row into --json")
     args = ap.parse_args()
     init()
     arch = current_arch()
@@ -280,7 +281,9 @@ def main() -> int:
                + " ".join(str(p) for p in args.models), "summary": summary,
                "graph_capture": {"layers": sum(r["tactic"] == "graph(default)" for r in rows),
                                  "all_ok": all(r["ok"] for r in rows if r["tactic"] == "graph(default)")},
-               "runtime_buffers": extra, "groups": group_rows(rows), "rows": rows}
+               "runtime_buffers": extra, "groups": group_rows(rows)}
+        if args.with_rows:
+            doc["rows"] = rows
         tmp = args.json.with_name(args.json.name + ".tmp")
         tmp.write_text(json.dumps(doc, indent=1))
         tmp.replace(args.json)
