@@ -371,11 +371,15 @@ from hypothesis import strategies as st  # noqa: E402
        form=st.sampled_from(FORMS), dtype=st.sampled_from([TensorProto.FLOAT, TensorProto.FLOAT16]))
 def test_bitmap_rewrite_property(k, n, sparsity, form, dtype):
     """Odd sizes (K, N not multiples of 64, down to 1), sparsity 0 and 1 included: the rewritten node
-    computes the pruned layer and every row keeps K - round(s·K) weights."""
+    computes the pruned layer and every row keeps K - round(s·K) weights (the reported sparsity also counts
+    weights that were zero already, e.g. a 7e-9 that fp16 rounds to 0)."""
     m = linear_model(form, dtype, k=k, n=n, seed=k * 1000 + n)
+    native_zeros = float(np.mean(numpy_helper.to_array(next(i for i in m.graph.initializer
+                                                            if i.name == "fc.weight")) == 0))
     new, (row,) = rewrite_model(m, cfg(sparsity=sparsity, kernels="bitmap"), None, ORIN)
     check_structure(m, new, 1)
-    assert row["sparsity"] == pytest.approx(round(sparsity * k) / k)
+    pruned = round(sparsity * k) / k
+    assert pruned - 1e-12 <= row["sparsity"] <= pruned + native_zeros + 1e-12
     check_plugin_nodes(new, feeds_for(m, count=1))
 
 
