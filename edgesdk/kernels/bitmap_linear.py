@@ -83,12 +83,6 @@ XS_HEURISTIC = 60
 #: (K splits, strip pairs per block); 70 = their heuristic.
 XS80_TACTICS: dict[int, tuple[int, int]] = {71: (12, 1), 72: (8, 1), 73: (6, 2), 74: (4, 2), 75: (4, 4)}
 XS80_HEURISTIC = 70
-#: Round 5: their 96-register builds (``bitmap_dec_*_xs96``, ``__launch_bounds__(640, 1)``: 95 registers on
-#: sm_90, 21 warps per SM by registers; 4-warp blocks give 20 resident warps where the rings fit) →
-#: (K splits, strip pairs per block); 76 = their heuristic.
-XS96_TACTICS: dict[int, tuple[int, int]] = {77: (4, 1), 78: (2, 2), 79: (10, 1)}
-XS96_HEURISTIC = 76
-_XS96_WARPS_PER_SM = 21  # 96 registers × 32 lanes per warp: 65 536 / 3 072
 #: The round-2 default (tactic 1 until 2026-11-22T06:35Z): 16-warp ``bitmap_dec_*`` kernels or their
 #: 80-register builds by the 3/4 cost rule; kept to compare side by side with the new default.
 PREV_DEFAULT = 59
@@ -115,7 +109,7 @@ def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
     """Tactic ids valid for any M (1 = heuristic, then the fixed configurations)."""
     _attrs(attrs)
     return [1, *TACTICS, *GEMV_TACTICS, *DEC_TACTICS, R80_HEURISTIC, *R80_TACTICS, PREV_DEFAULT, XS_HEURISTIC,
-            *XS_TACTICS, XS80_HEURISTIC, *XS80_TACTICS, XS96_HEURISTIC, *XS96_TACTICS]
+            *XS_TACTICS, XS80_HEURISTIC, *XS80_TACTICS]
 
 
 def workspace_bytes(attrs: dict, m: int) -> int:
@@ -225,8 +219,7 @@ def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs=""):
     if xs:
         stages = _XS_STAGES[(value_dtype, mb)]
         slot = (_dec_slot(value_dtype) + 1024 * mb) * stages + _DEC_SCRATCH
-        wps, table = {"xs": (_MAX_WARPS, XS_TACTICS), "xs80": (_R80_WARPS_PER_SM, XS80_TACTICS),
-                      "xs96": (_XS96_WARPS_PER_SM, XS96_TACTICS)}[xs]
+        wps, table = (_MAX_WARPS, XS_TACTICS) if xs == "xs" else (_R80_WARPS_PER_SM, XS80_TACTICS)
     else:
         stages = _R80_STAGES[value_dtype]
         slot = _dec_slot(value_dtype) * stages + _DEC_SCRATCH  # per warp: ring + scan scratch
@@ -238,8 +231,7 @@ def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs=""):
         # memory allow, K split as finely as needed; cost = waves × (groups per warp + ~3 groups of
         # pipeline fill and reduction); ties keep the coarser K split.
         best = None
-        # xs96: K splits of 5 and 10 too (4 × 5 or 2 × 10 warps fill its 20-21 warps per SM)
-        for ks_ in (1, 2, 3, 4, 5, 6, 8, 10, 12, 16) if xs == "xs96" else (1, 2, 3, 4, 6, 8, 12, 16):
+        for ks_ in (1, 2, 3, 4, 6, 8, 12, 16):
             if ks_ > 1 and ks_ > g:
                 break
             for pb_ in (1, 2, 4, 8, 16):
@@ -289,8 +281,6 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs")
     if gemv_ok and (tactic == XS80_HEURISTIC or tactic in XS80_TACTICS):
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs80")
-    if gemv_ok and (tactic == XS96_HEURISTIC or tactic in XS96_TACTICS):
-        return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs96")
     if gemv_ok and tactic == 1:
         # X-staged kernels (X rows by cp.async into the ring slot, B fragments by ldmatrix). H100,
         # 2026-11-22T06:32Z (tools/bitmap_linear_explore.py, commit d54e679, 50 % sparsity, 4096², 4096×11008,
@@ -364,7 +354,7 @@ def _plan(n: int, k: int, vd: str, x_dtype: str, m: int, tactic: int, x_aligned:
     ctx = _cuda.current_context()
     c = config(n, k, m, x_dtype, vd, tactic, _sm_count(ctx), x_aligned, _smem_per_sm(ctx))
     kern = _cuda.get_kernel(SOURCE, c["name"])
-    if c["name"].endswith(("_r80", "_r80n", "_xs", "_xs80", "_xs96")):  # up to 24 warps of rings per SM: ask for the full carveout
+    if c["name"].endswith(("_r80", "_r80n", "_xs", "_xs80")):  # up to 24 warps of rings per SM: ask for the full carveout
         cu = _cuda._driver()
         _cuda.check(cu.cuFuncSetAttribute(
             kern.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))

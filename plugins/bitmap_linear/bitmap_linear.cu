@@ -930,19 +930,3 @@ EDGESDK_BITMAP_DEC_XS80(__half, f16, 2, 3)
 EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 1, 4)
 EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 2, 3)
 
-// Round 5: 96-register builds of the X-staged kernels (__launch_bounds__(640, 1): <= 102 registers, so
-// 20 warps per SM fit the register file: five 4-warp or two 10-warp blocks where the rings fit) --
-// between the 16-warp build (96-113 registers) and the 80-register one: bitmap_dec_<vd>_mb<MB>_s<ST>_xs96.
-#define EDGESDK_BITMAP_DEC_XS96(VT, VN, MB, ST)                                                           \
-  extern "C" __global__ void __launch_bounds__(640, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_xs96(         \
-      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
-      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
-      __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
-    bitmap_dec_body<VT, MB, ST, false, true>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB); \
-  }
-
-EDGESDK_BITMAP_DEC_XS96(__half, f16, 1, 3)
-EDGESDK_BITMAP_DEC_XS96(__half, f16, 2, 3)
-EDGESDK_BITMAP_DEC_XS96(int8_t, i8, 1, 4)
-EDGESDK_BITMAP_DEC_XS96(int8_t, i8, 2, 3)
-
