@@ -171,66 +171,11 @@ def run_sweep(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
         rec(f"sparse{s} {name}", us, tactic=tactic, ts=ts, ns=ns, heur=ts == h1,
             diff_vs_first=(o - base).abs().max().item())
 
-def run_zf(model: str, B: int, ctx: int, s: float, rows: list, sms: int, reps: int = 3) -> None:
-    """Round 3c A/B: tactics 1 and 2 at the heuristic split with the default kernel (attn2) and the
-    zero-fill variant (attn2z, ``ks.ZERO_FILL_ASYNC``), interleaved ``reps`` times in one process, plus SDPA."""
-    hq, hkv, d = MODELS[model]
-    st = torch.cuda.Stream()
-    sp = st.cuda_stream
-    gen = torch.Generator(device="cuda").manual_seed(ctx + B)
-    k = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
-    v = torch.randn_like(k)
-    q = torch.randn((B, hq, d), device="cuda", dtype=torch.float16, generator=gen)
-    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
-    out = torch.empty((B, hq, d), device="cuda", dtype=torch.float16)
-    nd = copies(2 * k.numel() * 2)
-    inner = max(20 if k.numel() * 4 < (64 << 20) else 8, nd)
-
-    def rec(variant, us, **kw):
-        rows.append(dict(model=model, batch=B, context=ctx, variant=variant, us=us, **kw))
-        print(f"{model:7s} B={B:2d} ctx={ctx:5d} {variant:28s} {us:9.2f} us {kw if kw else ''}", flush=True)
-
-    kc = [k] + [k.clone() for _ in range(nd - 1)]
-    vc = [v] + [v.clone() for _ in range(nd - 1)]
-    it = iter(range(1 << 30))
-    q4 = q[:, :, None, :]
-
-    def sdpa():
-        i = next(it) % nd
-        torch.nn.functional.scaled_dot_product_attention(q4, kc[i], vc[i], enable_gqa=True)
-    rec("sdpa", time_graph(sdpa, inner=inner, stream=st))
-    del kc[1:], vc[1:]
-    cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
-    _keep, cptr = compressed_copies(cfg, B, ctx, k, v, lens, sp)
-    n_sp = len(cptr)
-    inner_s = max(inner, n_sp)
-    for tactic in (ks.STREAM, ks.STREAM_FUSED):
-        ts, ns = ks.plan_cache(cfg, B, ctx, sms=sms, tactic=tactic)
-        ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
-        ks.init_workspace(ws.data_ptr(), B, hq, sp)
-        outs = {}
-        for r in range(reps):
-            for zf in (False, True):
-                ks.ZERO_FILL_ASYNC = zf
-                it = iter(range(1 << 30))
-
-                def fn(ts=ts, ws=ws, tactic=tactic):
-                    ks.decode_attention(cfg, B, ctx, q.data_ptr(), cptr[next(it) % n_sp], out.data_ptr(),
-                                        ws.data_ptr(), sp, tokens_per_split=ts, tactic=tactic)
-                us = time_graph(fn, inner=inner_s, stream=st)  # captured while the flag is set
-                torch.cuda.synchronize()
-                outs[zf] = out.clone()
-                rec(f"sparse{s} t{tactic} {'attn2z' if zf else 'attn2'} ts{ts}", us, tactic=tactic, ts=ts, ns=ns,
-                    zero_fill=zf, rep=r, same_as_attn2=bool(torch.equal(outs[zf], outs[False])))
-        ks.ZERO_FILL_ASYNC = False
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="sparse_kv_explore.json")
     ap.add_argument("--sparsity", type=float, default=0.7)
     ap.add_argument("--sweep", action="store_true", help="split-size sweep of tactics 1, 2 (run_sweep)")
-    ap.add_argument("--zf", action="store_true", help="A/B of the zero-fill variant of tactics 1, 2 (run_zf)")
     ap.add_argument("--shapes", default="llama:1:4096,smollm:1:4096,llama:4:16384,llama:16:32768,smollm:16:32768")
     a = ap.parse_args()
     torch.cuda.init()
@@ -239,9 +184,7 @@ def main():
     rows: list[dict] = []
     for spec in a.shapes.split(","):
         m, b, c = spec.split(":")
-        if a.zf:
-            run_zf(m, int(b), int(c), a.sparsity, rows, sms)
-        elif a.sweep:
+        if a.sweep:
             run_sweep(m, int(b), int(c), a.sparsity, rows, sms)
         else:
             run_shape(m, int(b), int(c), a.sparsity, rows, sms)

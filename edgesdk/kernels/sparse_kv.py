@@ -98,18 +98,11 @@ def sm_count() -> int:
     return int(_cuda.check(cu.cuDeviceGetAttribute(attr, dev)))
 
 
-def smem_bytes2(head_dim: int, rk: int, rv: int, zero_fill: bool = False) -> int:
+def smem_bytes2(head_dim: int, rk: int, rv: int) -> int:
     """Dynamic shared memory of the warp-streaming kernel (tactics 1, 2): per warp two ``[16][d + 8]``
-    fp16 tiles (four with ``zero_fill``: double-buffered) and :data:`STAGES2` record stages (mirrors
-    ``attn2_split`` in the .cu)."""
+    fp16 tiles and :data:`STAGES2` record stages (mirrors ``attn2_split`` in the .cu)."""
     r16 = lambda x: -(-x // 16) * 16  # noqa: E731
-    nt = 4 if zero_fill else 2
-    return WARPS2 * (nt * TILE2 * (head_dim + 8) * 2 + STAGES2 * (r16(TILE2 * rk) + r16(TILE2 * rv)))
-
-
-#: Experiment (round 3c): tactics 1/2 run ``sparse_kv_attn2z_*`` (double-buffered tiles zeroed by
-#: cp.async zero-fill copies) instead of ``sparse_kv_attn2_*``. Read at each launch.
-ZERO_FILL_ASYNC = False
+    return WARPS2 * (2 * TILE2 * (head_dim + 8) * 2 + STAGES2 * (r16(TILE2 * rk) + r16(TILE2 * rv)))
 
 
 #: Largest split of the warp-streaming kernel (its shared memory does not depend on the split).
@@ -268,12 +261,11 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
                   [_p(q), _p(parts), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale)],
                   stream, smem_bytes(head_dim, g, ts, rk, rv))
     else:
-        zf = ZERO_FILL_ASYNC
-        ka = _kernel(f"sparse_kv_attn2{'z' if zf else ''}_d{head_dim}_g{gqa_pad(g)}", max_smem_carveout=True)
+        ka = _kernel(f"sparse_kv_attn2_d{head_dim}_g{gqa_pad(g)}", max_smem_carveout=True)
         ka.launch((ns, hkv, batch), (THREADS2,),
                   [_p(q), _p(workspace), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale),
                    _p(out), _i(1 if tactic == STREAM_FUSED else 0)],
-                  stream, smem_bytes2(head_dim, rk, rv, zf))
+                  stream, smem_bytes2(head_dim, rk, rv))
         if tactic == STREAM_FUSED:
             return
     kc = _kernel(f"sparse_kv_combine_d{head_dim}")

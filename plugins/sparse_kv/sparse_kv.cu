@@ -485,13 +485,10 @@ struct BitIterDesc {
 // D = 64 without a loop or branch per bit (BF): the high word is walked first, and the low word
 // (with the row's low half) replaces it by selects when it runs out. put() runs at most popcount
 // times, so an exhausted low word is never read.
-template <bool ZERO = true>
 __device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row) {
   uint4* row4 = reinterpret_cast<uint4*>(row);
-  if constexpr (ZERO) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
-  }
+  for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
   const uint32_t lo = reinterpret_cast<const uint32_t*>(rec)[0], hi = reinterpret_cast<const uint32_t*>(rec)[1];
   uint8_t* const rlo = reinterpret_cast<uint8_t*>(row);
   uint32_t cur = hi != 0u ? hi : lo;
@@ -524,18 +521,15 @@ __device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec,
 
 // Scatter one compressed record into a dense fp16 row (zeros elsewhere), highest channel first.
 // D = 64: decode_row64_bf; D = 128: BitIterDesc over four words.
-// ZERO = false: the row is already zero (tactic 1's zero-fill variant).
-template <int D, bool ZERO = true>
+template <int D>
 __device__ __forceinline__ void decode_row_desc(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row) {
   if constexpr (D == 64) {
-    decode_row64_bf<ZERO>(rec, keep, row);
+    decode_row64_bf(rec, keep, row);
     return;
   }
   uint4* row4 = reinterpret_cast<uint4*>(row);
-  if constexpr (ZERO) {
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
-  }
+  for (int i = 0; i < D / 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
   BitIterDesc<D / 32> it;
   it.init(reinterpret_cast<const uint32_t*>(rec));
   const uint2* vals = reinterpret_cast<const uint2*>(rec + D / 8);
@@ -558,10 +552,6 @@ __device__ __forceinline__ void decode_row_desc(const uint8_t* __restrict__ rec,
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
-}
-// 16 zero bytes into shared memory by the async copy unit (src-size 0: nothing is read from src).
-__device__ __forceinline__ void cp_async16_zero(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, 0;\n" ::"r"(smem_u32(dst)), "l"(src));
 }
 
 // Bytes of one warp's region: K and V tiles [16][D + 8] fp16, then kStages record stages.
@@ -633,9 +623,7 @@ __device__ __forceinline__ void merge_last1(const float* __restrict__ part0, int
   }
 }
 
-// ZF: K/V tiles double-buffered per warp; tile i + 1's compressed and padding rows are zeroed by
-// cp.async zero-fill copies issued before tile i is decoded (no zero stores in the decode).
-template <int D, int GP, bool ZF>
+template <int D, int GP>
 __device__ __forceinline__ void attn2_split(
     const __half* __restrict__ q, float* __restrict__ ws, const int* __restrict__ lens,
     const uint8_t* __restrict__ k_rec, const uint8_t* __restrict__ v_rec,
@@ -666,12 +654,10 @@ __device__ __forceinline__ void attn2_split(
   const size_t bh = static_cast<size_t>(b) * Hkv + h;
   const int sb = stage_bytes(rk, rv);
   const int kbytes = round_up(16 * rk, 16);
-  constexpr int NT = ZF ? 4 : 2;  // fp16 tiles per warp
-  const int wbytes = NT * 16 * TR * 2 + kStages * sb;
-  uint8_t* wbase = smem_raw + static_cast<size_t>(warp) * wbytes;
+  uint8_t* wbase = smem_raw + static_cast<size_t>(warp) * (2 * 16 * TR * 2 + kStages * sb);
   __half* kt = reinterpret_cast<__half*>(wbase);
   __half* vt = kt + 16 * TR;
-  uint8_t* stages = wbase + NT * 16 * TR * 2;
+  uint8_t* stages = wbase + 2 * 16 * TR * 2;
 
   const int ntiles = (n + 15) >> 4;
   const int cnt = ntiles > warp ? (ntiles - warp + kW2 - 1) / kW2 : 0;
@@ -687,19 +673,6 @@ __device__ __forceinline__ void attn2_split(
     }
     cp_async_commit();
   };
-  const __half* dring0 = ((lane & 16) ? v_ring : k_ring) + bh * C * D;  // any valid address (zero fill reads none)
-  auto zfill = [&](int i) {  // zero this lane's row of tile i's buffer unless it is a window row
-    if (i < cnt) {
-      const int t = t_begin + (warp + i * kW2) * 16 + (lane & 15);
-      if (t < ncomp_end || t >= t_end) {
-        __half* row = ((lane & 16) ? vt : kt) + (i & 1) * 2 * 16 * TR + (lane & 15) * TR;
-#pragma unroll
-        for (int e = 0; e < D / 8; ++e) cp_async16_zero(row + 8 * e, dring0);
-      }
-    }
-    cp_async_commit();
-  };
-  if constexpr (ZF) zfill(0);
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i);
 
@@ -731,26 +704,19 @@ __device__ __forceinline__ void attn2_split(
   const __half* vrow = vt + ((mi >> 1) * 8 + rr) * TR + (mi & 1) * 8;  // ldmatrix.trans: A = V^T [channels x tokens]
 
   for (int i = 0; i < cnt; ++i) {
-    const int boff = ZF ? (i & 1) * 2 * 16 * TR : 0;  // this tile's buffer (halfs)
-    if constexpr (ZF) {
-      zfill(i + 1);  // buffer of tile i - 1, whose ldmatrix reads ended before the last __syncwarp
-      issue(i + kStages - 1);
-      cp_async_wait<kStages>();  // tile i's records and zero fill (groups Z(i), R(i) precede 3 newer ones)
-    } else {
-      issue(i + kStages - 1);
-      cp_async_wait<kStages - 1>();
-    }
+    issue(i + kStages - 1);
+    cp_async_wait<kStages - 1>();
     __syncwarp();
     const int tb = t_begin + (warp + i * kW2) * 16;
     {
       const int t = tb + dr;
       if (t < ncomp_end) {
-        decode_row_desc<D, !ZF>(stages + (i % kStages) * sb + doff, dkeep, drow + boff);
+        decode_row_desc<D>(stages + (i % kStages) * sb + doff, dkeep, drow);
       } else if (t < t_end) {  // dense window row: all of it in flight at once
         const __half* src = dring + static_cast<size_t>(t % C) * D;
 #pragma unroll
-        for (int e = 0; e < D / 8; ++e) cp_async16(drow + boff + 8 * e, src + 8 * e);
-      } else if constexpr (!ZF) {
+        for (int e = 0; e < D / 8; ++e) cp_async16(drow + 8 * e, src + 8 * e);
+      } else {
         uint4* row4 = reinterpret_cast<uint4*>(drow);
 #pragma unroll
         for (int e = 0; e < D / 8; ++e) row4[e] = make_uint4(0u, 0u, 0u, 0u);
@@ -766,7 +732,7 @@ __device__ __forceinline__ void attn2_split(
 #pragma unroll
     for (int kc = 0; kc < KC; ++kc) {
       uint32_t ak[4];
-      ldmatrix_x4(ak, krow + boff + kc * 16);
+      ldmatrix_x4(ak, krow + kc * 16);
       mma16816(s, ak, qb[kc][0], qb[kc][1]);
     }
     const bool ok0 = tb + g_row < t_end, ok1 = tb + g_row + 8 < t_end;
@@ -801,7 +767,7 @@ __device__ __forceinline__ void attn2_split(
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
       uint32_t av[4];
-      ldmatrix_x4_trans(av, vrow + boff + m * 16);
+      ldmatrix_x4_trans(av, vrow + m * 16);
       mma16816(acc[m], av, pb[0], pb[1]);
     }
     __syncwarp();
@@ -829,7 +795,7 @@ __device__ __forceinline__ void attn2_split(
     }
   }
   __syncthreads();
-  const size_t wstride = wbytes / 4;  // floats between warp regions
+  const size_t wstride = (2 * 16 * TR * 2 + kStages * sb) / 4;  // floats between warp regions
   // Workspace: uint32 counters[round_up(B * Hq, 4)] (fused merge), then the split partials.
   unsigned int* counters = reinterpret_cast<unsigned int*>(ws);
   float* part0 = ws + round_up(static_cast<int>(gridDim.z) * Hq, 4) + (static_cast<size_t>(b) * Hq + h * G) * NS * PR;  // head g, split s: (g * NS + s) * PR
@@ -859,7 +825,8 @@ __device__ __forceinline__ void attn2_split(
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  merge_last1<D>(part0, ns, NS, G, out + (static_cast<size_t>(b) * Hq + h * G) * D, wbase, wbytes);
+  merge_last1<D>(part0, ns, NS, G, out + (static_cast<size_t>(b) * Hq + h * G) * D, wbase,
+                 2 * 16 * TR * 2 + kStages * sb);
   if (tid == 0) counters[bh] = 0u;  // ready for the next call (CUDA-graph replays)
 }
 
@@ -1009,11 +976,7 @@ DEF_ATTN(128, 8)
 #define DEF_ATTN2(D, GP)                                                                               \
   extern "C" __global__ void __launch_bounds__(kThreads2, D == 64 ? 6 : 3) sparse_kv_attn2_d##D##_g##GP(     \
       ATTN_ARGS, __half* out, int fuse) {                                                               \
-    attn2_split<D, GP, false>(ATTN_PASS, out, fuse);                                                   \
-  }                                                                                                    \
-  extern "C" __global__ void __launch_bounds__(kThreads2, D == 64 ? 6 : 3) sparse_kv_attn2z_d##D##_g##GP(    \
-      ATTN_ARGS, __half* out, int fuse) {                                                               \
-    attn2_split<D, GP, true>(ATTN_PASS, out, fuse);                                                    \
+    attn2_split<D, GP>(ATTN_PASS, out, fuse);                                                          \
   }
 DEF_ATTN2(64, 1)
 DEF_ATTN2(64, 2)

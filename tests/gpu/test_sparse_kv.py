@@ -233,25 +233,3 @@ def test_record_words_empty_d64(tactic):
     expect = ref.cache_attention(host, q)
     for tps in (64, None, 1024):
         check_attention(gpu_attention(cfg, g, q, S, tps, tactic), expect)
-
-
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"d{c[0]}-{c[1]}q{c[2]}kv-{c[3]}-{c[4]}")
-def test_zero_fill_variant(case, monkeypatch):
-    """Tactics 1/2 with ks.ZERO_FILL_ASYNC (kernel sparse_kv_attn2z_*: double-buffered tiles zeroed by
-    cp.async zero-fill copies) against the float64 reference, and bit-identical to the default kernel."""
-    d, hq, hkv, sk, sv, lens = case
-    rng = np.random.default_rng(len(lens) * 1000 + d + hq + 7)
-    S = max(lens) + 6
-    cfg = f.SparseKVConfig(d, hq, hkv, sk, sv, S)
-    k, v = make(rng, len(lens), hkv, S, d)
-    host = f.SparseKVCache.prefill(cfg, k, v, lens)
-    g = gpu_prefill(cfg, k, v, lens)
-    q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
-    expect = ref.cache_attention(host, q)
-    for tactic, tps in [s for s in SPLITS if s[0] != ks.SPLIT_V1]:
-        monkeypatch.setattr(ks, "ZERO_FILL_ASYNC", False)
-        base = gpu_attention(cfg, g, q, S, tps, tactic)
-        monkeypatch.setattr(ks, "ZERO_FILL_ASYNC", True)
-        out = gpu_attention(cfg, g, q, S, tps, tactic)
-        check_attention(out, expect)
-        assert np.array_equal(out, base), f"tactic {tactic}, split {tps}: differs from the default kernel"
