@@ -31,7 +31,7 @@ from bench._common import meta, time_graph  # noqa: E402
 from edgesdk.formats.sparse_kv import SparseKVConfig  # noqa: E402
 from edgesdk.kernels import _cuda  # noqa: E402
 from edgesdk.kernels import sparse_kv as ks  # noqa: E402
-from sparse_kv_explore import MODELS, compressed_copies  # noqa: E402
+from sparse_kv_explore import MODELS, compressed_copies, random_problem  # noqa: E402
 
 SWITCHES = [  # (exact text, replacement): each must occur once
     ("  for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);",
@@ -103,12 +103,7 @@ def main() -> None:
         model, B, ctx = shape.split(":")
         B, ctx = int(B), int(ctx)
         hq, hkv, d = MODELS[model]
-        gen = torch.Generator(device="cuda").manual_seed(ctx + B)
-        k = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
-        v = torch.randn_like(k)
-        q = torch.randn((B, hq, d), device="cuda", dtype=torch.float16, generator=gen)
-        lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
-        out = torch.empty((B, hq, d), device="cuda", dtype=torch.float16)
+        k, v, q, lens, out = random_problem(model, B, ctx)
         cfg = SparseKVConfig(d, hq, hkv, a.sparsity, a.sparsity, ctx + 1)
         _keep, cptr = compressed_copies(cfg, B, ctx, k, v, lens, sp)
         del k, v

@@ -33,6 +33,18 @@ def copies(nbytes: int) -> int:
     return max(1, min(64, math.ceil(ROTATE / max(1, nbytes))))
 
 
+def random_problem(model: str, B: int, ctx: int, device: str = "cuda"):
+    """K, V [B, Hkv, ctx, d] and Q [B, Hq, d] fp16 standard normal (generator seeded by the shape), every
+    sequence ``ctx`` long, and an output buffer [B, Hq, d]."""
+    hq, hkv, d = MODELS[model]
+    gen = torch.Generator(device=device).manual_seed(ctx + B)
+    k = torch.randn((B, hkv, ctx, d), device=device, dtype=torch.float16, generator=gen)
+    v = torch.randn_like(k)
+    q = torch.randn((B, hq, d), device=device, dtype=torch.float16, generator=gen)
+    lens = torch.full((B,), ctx, dtype=torch.int32, device=device)
+    return k, v, q, lens, torch.empty((B, hq, d), device=device, dtype=torch.float16)
+
+
 def compressed_copies(cfg: SparseKVConfig, B: int, ctx: int, k, v, lens, sp: int) -> tuple[list, list]:
     """Prefill one compressed cache from ``k``/``v`` [B, Hkv, ctx, d] and replicate it beyond L2.
 
@@ -53,12 +65,7 @@ def run_shape(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
     hq, hkv, d = MODELS[model]
     st = torch.cuda.Stream()
     sp = st.cuda_stream
-    gen = torch.Generator(device="cuda").manual_seed(ctx + B)
-    k = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
-    v = torch.randn_like(k)
-    q = torch.randn((B, hq, d), device="cuda", dtype=torch.float16, generator=gen)
-    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
-    out = torch.empty((B, hq, d), device="cuda", dtype=torch.float16)
+    k, v, q, lens, out = random_problem(model, B, ctx)
     nd = copies(2 * k.numel() * 2)
     kc = [k] + [k.clone() for _ in range(nd - 1)]
     vc = [v] + [v.clone() for _ in range(nd - 1)]
@@ -123,12 +130,7 @@ def run_sweep(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
     hq, hkv, d = MODELS[model]
     st = torch.cuda.Stream()
     sp = st.cuda_stream
-    gen = torch.Generator(device="cuda").manual_seed(ctx + B)
-    k = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
-    v = torch.randn_like(k)
-    q = torch.randn((B, hq, d), device="cuda", dtype=torch.float16, generator=gen)
-    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
-    out = torch.empty((B, hq, d), device="cuda", dtype=torch.float16)
+    k, v, q, lens, out = random_problem(model, B, ctx)
     nd = copies(2 * k.numel() * 2)
     kc = [k] + [k.clone() for _ in range(nd - 1)]
     vc = [v] + [v.clone() for _ in range(nd - 1)]

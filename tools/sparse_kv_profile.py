@@ -20,8 +20,7 @@ import torch  # noqa: E402
 
 from edgesdk.formats.sparse_kv import SparseKVConfig  # noqa: E402
 from edgesdk.kernels import sparse_kv as ks  # noqa: E402
-
-MODELS = {"llama": (32, 8, 64), "smollm": (9, 3, 64)}
+from sparse_kv_explore import MODELS, random_problem  # noqa: E402
 
 
 def main() -> None:
@@ -36,12 +35,7 @@ def main() -> None:
         model, B, ctx = shape.split(":")
         B, ctx = int(B), int(ctx)
         hq, hkv, d = MODELS[model]
-        gen = torch.Generator(device="cuda").manual_seed(ctx + B)
-        k = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
-        v = torch.randn_like(k)
-        q = torch.randn((B, hq, d), device="cuda", dtype=torch.float16, generator=gen)
-        lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
-        out = torch.empty((B, hq, d), device="cuda", dtype=torch.float16)
+        k, v, q, lens, out = random_problem(model, B, ctx)
         cfg = SparseKVConfig(d, hq, hkv, a.sparsity, a.sparsity, ctx + 1)
         mk = lambda r: torch.empty((B, hkv, cfg.record_capacity, r), device="cuda", dtype=torch.uint8)  # noqa: E731
         bufs = (mk(cfg.rk), mk(cfg.rv), torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16),
