@@ -45,6 +45,12 @@ def random_problem(model: str, B: int, ctx: int, device: str = "cuda"):
     return k, v, q, lens, torch.empty((B, hq, d), device=device, dtype=torch.float16)
 
 
+def dense_copies(k, v) -> tuple[list, list]:
+    """``k`` and ``v`` plus clones, enough that the dense caches rotated through exceed L2."""
+    nd = copies(2 * k.numel() * 2)
+    return [k] + [k.clone() for _ in range(nd - 1)], [v] + [v.clone() for _ in range(nd - 1)]
+
+
 def compressed_copies(cfg: SparseKVConfig, B: int, ctx: int, k, v, lens, sp: int) -> tuple[list, list]:
     """Prefill one compressed cache from ``k``/``v`` [B, Hkv, ctx, d] and replicate it beyond L2.
 
@@ -66,9 +72,8 @@ def run_shape(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
     st = torch.cuda.Stream()
     sp = st.cuda_stream
     k, v, q, lens, out = random_problem(model, B, ctx)
-    nd = copies(2 * k.numel() * 2)
-    kc = [k] + [k.clone() for _ in range(nd - 1)]
-    vc = [v] + [v.clone() for _ in range(nd - 1)]
+    kc, vc = dense_copies(k, v)
+    nd = len(kc)
     inner = max(20 if k.numel() * 4 < (64 << 20) else 8, nd)
 
     def rec(variant, us, **kw):
@@ -131,9 +136,8 @@ def run_sweep(model: str, B: int, ctx: int, s: float, rows: list, sms: int) -> N
     st = torch.cuda.Stream()
     sp = st.cuda_stream
     k, v, q, lens, out = random_problem(model, B, ctx)
-    nd = copies(2 * k.numel() * 2)
-    kc = [k] + [k.clone() for _ in range(nd - 1)]
-    vc = [v] + [v.clone() for _ in range(nd - 1)]
+    kc, vc = dense_copies(k, v)
+    nd = len(kc)
     q4 = q[:, :, None, :]
     it = iter(range(1 << 30))
 
