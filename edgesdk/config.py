@@ -49,6 +49,9 @@ class BuildConfig(BaseModel):
         sparsity_scope: ``layer`` (every rewritten layer pruned to ``sparsity``) or ``global`` (one
             threshold over all rewritten layers, so sensitive layers keep more weights).
         kernels: Plugin kernels to use (``none`` keeps plain ONNX ops).
+        measure: ``auto`` times each bitmap candidate against the dense layer when the build runs on
+            the target GPU and keeps dense where it is faster; ``on`` times on any GPU here; ``off``
+            uses the static rule only (``edgesdk.rewrite.choose``).
         exclude: Regexes on layer names left in float and unrewritten.
         include_lm_head: Also quantize/rewrite an LLM's output head.
         atol: Absolute tolerance of the verification (Polygraphy, mean error).
@@ -82,6 +85,7 @@ class BuildConfig(BaseModel):
     prune: Literal["magnitude", "wanda"] = "wanda"
     sparsity_scope: Literal["layer", "global"] = "layer"
     kernels: Literal["auto", "bitmap", "vitbit", "none"] = "auto"
+    measure: Literal["auto", "on", "off"] = "auto"
     exclude: list[str] = Field(default_factory=list)
     include_lm_head: bool = False
     atol: float = Field(0.1, ge=0)

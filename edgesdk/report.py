@@ -34,6 +34,14 @@ def _mb(n) -> str:
     return "-" if n is None else f"{n / 1e6:.2f}"
 
 
+def _timed(r: dict) -> str:
+    """Note of a layer that kept its plugin after timing (``measured``), else ""."""
+    m = r.get("measured")
+    if not m or r.get("kernel") == "none":
+        return ""
+    return f"measured: {m['bitmap_us']:.1f} µs vs dense {m['dense_us']:.1f} µs ({m['dense_us'] / m['bitmap_us']:.2f}×)"
+
+
 def layers_table(layers: list[dict], title: str = "Linear layers") -> Table:
     t = Table(title=title, title_justify="left")
     for c, j in [("layer", "left"), ("kind", "left"), ("K×N", "right"), ("int8", "center"), ("sparsity", "right"),
@@ -42,7 +50,7 @@ def layers_table(layers: list[dict], title: str = "Linear layers") -> Table:
     for r in layers:
         k, n = r["shape"]
         t.add_row(r["name"], r["kind"], f"{k}×{n}", "yes" if r["quantized"] else "no", f"{r['sparsity']:.2f}",
-                  r["kernel"], _mb(r.get("bytes_dense")), _mb(r.get("bytes_packed")), r.get("reason") or "")
+                  r["kernel"], _mb(r.get("bytes_dense")), _mb(r.get("bytes_packed")), r.get("reason") or _timed(r))
     return t
 
 
@@ -57,6 +65,8 @@ def print_summary(report: dict, console: Console | None = None) -> None:
         console.print(layers_table(shown, f"Linear layers ({len(layers)}; first 12 and last 4 shown, all in report.json)"))
     else:
         console.print(layers_table(layers))
+    for note in sorted({r["choice"] for r in layers if r.get("choice")}):
+        console.print(f"Kernel choice (--kernels auto): {note}")
     if report.get("verify"):
         t = Table(title="Verification (ONNX Runtime, Polygraphy): processed vs ...", title_justify="left")
         for c in ("vs", "output", "samples", "max_abs", "mean_abs", "rel_l2", "cosine", "top1", "result"):

@@ -330,3 +330,108 @@ def gpu_available() -> bool:
         return int(n[0]) == 0 and n[1] > 0
     except Exception:
         return False
+
+
+# ------------------------------------------------------------------------------- device timing
+# Used where edgesdk measures on the GPU it runs on (the ``--measure`` kernel choice of `edgesdk
+# build`, tools): buffers from cuMemAlloc, launches captured in a CUDA graph, medians of replays.
+class DeviceBuffer:
+    """A ``cuMemAlloc`` allocation (freed by :meth:`free` or on leaving a ``with`` block)."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = max(int(nbytes), 1)
+        self.ptr = check(_driver().cuMemAlloc(self.nbytes))
+
+    def __int__(self) -> int:
+        return int(self.ptr)
+
+    def __enter__(self) -> "DeviceBuffer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    def upload(self, a) -> "DeviceBuffer":
+        """Copy the bytes of numpy array ``a`` to the start of the buffer (synchronous)."""
+        import numpy as np
+
+        a = np.ascontiguousarray(a)
+        if a.nbytes > self.nbytes:
+            raise ValueError(f"upload of {a.nbytes} bytes into a {self.nbytes}-byte buffer")
+        if a.nbytes:
+            check(_driver().cuMemcpyHtoD(self.ptr, a.ctypes.data, a.nbytes))
+        return self
+
+    def download(self, shape, dtype):
+        """The first bytes of the buffer as a numpy array of ``shape`` and ``dtype`` (synchronous)."""
+        import numpy as np
+
+        out = np.empty(shape, dtype)
+        check(_driver().cuMemcpyDtoH(out.ctypes.data, self.ptr, out.nbytes))
+        return out
+
+    def poison(self) -> None:
+        """Fill with 0xFF bytes (NaN in fp16 and fp32)."""
+        check(_driver().cuMemsetD8(self.ptr, 0xFF, self.nbytes))
+
+    def free(self) -> None:
+        if self.ptr is not None:
+            check(_driver().cuMemFree(self.ptr))
+            self.ptr = None
+
+
+def device_facts() -> dict:
+    """Name, ``sm_XY``, SM count of the current context and L2 bytes of the current device."""
+    cu = _driver()
+    init()
+    dev = check(cu.cuCtxGetDevice())
+    A = cu.CUdevice_attribute
+    name = check(cu.cuDeviceGetName(64, dev))
+    name = (name.split(b"\0")[0].decode() if isinstance(name, bytes) else str(name))
+    try:
+        res = check(cu.cuCtxGetDevResource(cu.CUcontext(current_context()),
+                                           cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
+        sms = int(res.sm.smCount)
+    except Exception:  # drivers / bindings without green-context resources
+        sms = int(check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)))
+    return {"name": name, "arch": current_arch(), "sm_count": sms,
+            "l2_bytes": int(check(cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, dev)))}
+
+
+def graph_time_us(launch_once, count: int, stream, samples: int = 7) -> float:
+    """GPU µs per call of ``launch_once(i)`` (i = 0 .. count - 1, e.g. rotating over weight copies):
+    the ``count`` calls are captured once in a CUDA graph (global capture mode, so a host sync or an
+    allocation inside fails), the graph is replayed ``samples`` times between events, and the median
+    over the replays after the first (warm-up) is returned."""
+    import statistics
+
+    cu = _driver()
+    check(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    try:
+        for i in range(count):
+            launch_once(i)
+    finally:
+        graph = check(cu.cuStreamEndCapture(stream))
+    exe = check(cu.cuGraphInstantiate(graph, 0))
+    check(cu.cuGraphDestroy(graph))
+    start, end = check(cu.cuEventCreate(0)), check(cu.cuEventCreate(0))
+    try:
+        times = []
+        for _ in range(max(2, samples)):
+            check(cu.cuEventRecord(start, stream))
+            check(cu.cuGraphLaunch(exe, stream))
+            check(cu.cuEventRecord(end, stream))
+            check(cu.cuEventSynchronize(end))
+            times.append(check(cu.cuEventElapsedTime(start, end)) * 1e3 / count)
+    finally:
+        for e in (start, end):
+            check(cu.cuEventDestroy(e))
+        check(cu.cuGraphExecDestroy(exe))
+    return float(statistics.median(times[1:]))
+
+
+def rotation_copies(nbytes: int, l2_bytes: int, limit_bytes: int = 1 << 30, most: int = 64) -> int:
+    """How many copies of an ``nbytes`` operand a timing loop rotates through so that consecutive
+    calls never find it in L2: enough for 2 × L2, at least 2, at most ``most`` and ``limit_bytes``."""
+    want = -(-2 * max(l2_bytes, 1) // max(nbytes, 1)) + 1
+    return int(max(2, min(want, most, max(2, limit_bytes // max(nbytes, 1)))))

@@ -40,7 +40,7 @@ from edgesdk.errors import EdgeSDKError, FormatError
 from edgesdk.formats import bitmap_linear as bitmap_fmt
 from edgesdk.formats import vitbit_gemm as vitbit_fmt
 from edgesdk.inspect import GraphIndex, LinearInfo, _attr, bias_values, find_linears, weight_kn
-from edgesdk.rewrite.choose import KERNELS, LayerFacts, choose
+from edgesdk.rewrite.choose import KERNELS, MEASURE, LayerFacts, choose, decide_measured, measure_plan
 from edgesdk.sparsify import activation_norms, prune
 
 PLUGIN_DOMAIN = "edgesdk"
@@ -365,7 +365,7 @@ def _pack(kernel: str, w: np.ndarray, q: np.ndarray | None, scale: np.ndarray | 
 
 
 # ----------------------------------------------------------------------------------------- the pass
-def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None
+def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None, measurer=None
                   ) -> tuple[onnx.ModelProto, list[dict]]:
     """Prune, choose kernels, pack and insert plugin nodes (see the module docstring).
 
@@ -375,10 +375,14 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None
             ``include_lm_head``, and ``sparsity_scope`` when present).
         calibration: Feeds for Wanda: one dict (input name → array) or a list of them.
         device: ``DeviceProfile`` for the ``auto`` rule (roofline figures), or None.
+        measurer: ``f(packed, m, int8) -> dict`` timing a bitmap candidate against dense (the
+            :func:`~edgesdk.kernels.bitmap_linear.measure_vs_dense` contract); None: that function when
+            ``config.measure`` and this machine's GPU allow it (:func:`choose.measure_plan`).
 
     Returns:
         The rewritten model and one dict per linear with ``name, kind, shape [K, N], quantized,
-        sparsity, kernel, bytes_dense, bytes_packed, reason`` (reason None when rewritten).
+        sparsity, kernel, bytes_dense, bytes_packed, reason`` (reason None when rewritten); bitmap
+        candidates of ``auto`` also get ``measured`` (the times, or None) and ``choice`` (how it was decided).
 
     Raises:
         EdgeSDKError: Bad options, Wanda without calibration, or a result that fails the checker.
@@ -423,6 +427,7 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None
 
     # 3. choose, pack, replace
     probed = _probe_rows(model, [ix.nodes[li.node].input[0] for li in chosen]) if kernels == "auto" else {}
+    timer = _Timer(str(getattr(config, "measure", "auto") or "auto"), device, measurer) if kernels == "auto" else None
     report: list[dict] = []
     taken = {t.name for t in model.graph.initializer} | {o for n in model.graph.node for o in n.output} \
         | {i.name for i in model.graph.input}
@@ -462,6 +467,13 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None
                 packed = _pack(kernel, w, q, scale, bias, x_scale, gelu is not None)
             except FormatError as err:
                 kernel, reason = "none", f"{kernel}: {err.problem}"
+        if kernel == "bitmap" and packed is not None and timer is not None:
+            row["measured"] = meas = timer(packed, facts.m, q is not None)
+            row["choice"] = timer.note
+            if meas is not None:
+                kernel, reason = decide_measured(meas)
+                if kernel == "none":
+                    packed = None
         row["kernel"], row["reason"] = kernel, reason
         if packed is None:
             if li.name in stats and row["sparsity"] > 0:
@@ -496,6 +508,46 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None
         new_vi.append(helper.make_tensor_value_info(
             y_out, x_type[0], None if y_dims is None else [d if d else None for d in y_dims]))
     return _finish(model, new_nodes, drop, new_inits, new_vi), report
+
+
+class _Timer:
+    """The measured choice of ``auto`` (see :mod:`edgesdk.rewrite.choose`): decides once, on the first
+    bitmap candidate, whether to time on this GPU; caches times per (N, K, M, values, INT8, density)."""
+
+    def __init__(self, mode: str, device, measurer=None):
+        if mode not in MEASURE:
+            raise EdgeSDKError(f"unknown --measure {mode!r}", f"use one of {', '.join(MEASURE)}")
+        self.mode, self.device, self.fn = mode, device, measurer
+        self.note = "measured by the caller's measurer" if measurer else None
+        self.ready = measurer is not None or mode == "off"
+        if mode == "off":
+            self.note = "--measure off: static rule"
+        self.cache: dict[tuple, dict] = {}
+
+    def __call__(self, packed, m: int, int8: bool) -> dict | None:
+        if not self.ready:
+            self.ready = True
+            measure, self.note = measure_plan(self.mode, self.device, _host_gpu())
+            if measure:
+                from edgesdk.kernels.bitmap_linear import measure_vs_dense
+
+                self.fn = measure_vs_dense
+        if self.fn is None:
+            return None
+        key = (packed.n, packed.k, int(m), packed.value_dtype, bool(int8), round(float(packed.density), 2))
+        if key not in self.cache:
+            self.cache[key] = self.fn(packed, int(m), bool(int8))
+        return dict(self.cache[key])
+
+
+def _host_gpu():
+    """This machine's GPU profile, or None (no GPU / driver / cuda-python)."""
+    from edgesdk.devices import host_profile
+
+    try:
+        return host_profile()
+    except EdgeSDKError:
+        return None
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -16,6 +16,14 @@
 
 ``bitmap`` and ``vitbit`` force that kernel on every layer that can take it; layers that cannot
 (e.g. a float linear under ``vitbit``) keep their original nodes and get a reason.
+
+**Measured choice** (``measure``, :func:`measure_plan`): the rule above only says where the bitmap
+kernel *can* win. Where it loses depends on the GPU (launch latency, SMs, bandwidth, layer size), so
+when the build runs on the target GPU (a Jetson building its own engine, as TensorRT requires, or
+``--device host``), ``auto`` times each bitmap candidate against the dense layer it replaces
+(``edgesdk.kernels.bitmap_linear.measure_vs_dense``: our kernel vs cuBLAS, fp16 and for INT8 Q/DQ layers
+also INT8) and keeps the dense layer where it is faster (:func:`decide_measured`) — TensorRT's own
+timing-based tactic choice, extended to the plugin-or-not decision. The times go into the report.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KERNELS = ("auto", "bitmap", "vitbit", "none")
+MEASURE = ("auto", "on", "off")
 BITMAP_MIN_SPARSITY = 0.3
 DECODE_MAX_M = 16
 
@@ -96,3 +105,50 @@ def choose(f: LayerFacts, kernels: str, device) -> tuple[str, str | None]:
     if not (f.int8_weights and f.int8_act):
         return "none", f"auto: float linear with M={f.m} rows per call: TensorRT's dense kernels"
     return "none", f"auto: {vitbit_why}"
+
+
+def measure_plan(mode: str, device, host) -> tuple[bool, str]:
+    """Whether ``auto`` times its bitmap candidates on this machine's GPU: ``(measure, note)``.
+
+    Args:
+        mode: ``auto`` (measure when this machine's GPU is the target: ``device`` is ``host``, or the
+            same compute capability and SM count as the profile), ``on`` (measure on whatever GPU is
+            here, with a note when it is not the target), ``off``.
+        device: Target :class:`~edgesdk.devices.DeviceProfile` (or None).
+        host: Profile of this machine's GPU, or None when there is none.
+
+    Raises:
+        EdgeSDKError: ``on`` without a GPU.
+    """
+    from edgesdk.errors import EdgeSDKError
+
+    if mode not in MEASURE:
+        raise EdgeSDKError(f"unknown --measure {mode!r}", f"use one of {', '.join(MEASURE)}")
+    if mode == "off":
+        return False, "--measure off: static rule"
+    target = getattr(device, "name", None)
+    if host is None or not getattr(host, "sm_count", 0):
+        if mode == "on":
+            raise EdgeSDKError("--measure on needs an NVIDIA GPU on this machine (none answers through cuda-python)",
+                               "build on the target device (e.g. the Jetson), or use --measure auto/off")
+        return False, (f"not measured: no GPU here, so the static rule decides; build on the {target or 'target'} "
+                       "to time each layer against dense")
+    same = target == "host" or (host.compute_capability == getattr(device, "compute_capability", None)
+                                and host.sm_count == getattr(device, "sm_count", None))
+    if same:
+        return True, f"measured on this GPU ({host.description}, {host.sm_count} SMs)"
+    if mode == "on":
+        return True, (f"measured on {host.description} ({host.sm_count} SMs), which is NOT the target "
+                      f"{target}: the choice may differ there")
+    return False, (f"not measured: this GPU ({host.description}, {host.sm_count} SMs) is not the target {target}, "
+                   "so the static rule decides; build on the target, or --measure on to time here anyway")
+
+
+def decide_measured(meas: dict) -> tuple[str, str | None]:
+    """``(kernel, reason)`` from :func:`~edgesdk.kernels.bitmap_linear.measure_vs_dense`'s times: the
+    bitmap kernel only if it is not slower than the best dense time."""
+    b, d = float(meas["bitmap_us"]), float(meas["dense_us"])
+    if b <= d:
+        return "bitmap", None
+    return "none", (f"auto: measured on {meas.get('gpu', 'this GPU')} at M={meas.get('m')}: bitmap {b:.1f} µs vs "
+                    f"dense {d:.1f} µs ({meas.get('dense', 'cuBLAS')}): the dense layer is faster")
