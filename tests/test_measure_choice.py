@@ -69,7 +69,11 @@ def test_measure_plan_modes():
 def test_decide_measured():
     meas = {"bitmap_us": 12.3, "dense_us": 16.6, "dense": "cuBLAS fp16", "gpu": "G", "m": 1}
     assert decide_measured(meas) == ("bitmap", None)
-    assert decide_measured({**meas, "bitmap_us": 16.6}) == ("bitmap", None)  # a tie keeps the smaller footprint
+    # near-ties keep the dense layer (margin 2 %)
+    assert decide_measured({**meas, "bitmap_us": 16.6 / 1.02}) == ("bitmap", None)
+    kernel, why = decide_measured({**meas, "bitmap_us": 16.5})
+    assert kernel == "none" and why.endswith("the dense layer is faster or within the margin")
+    assert decide_measured({**meas, "bitmap_us": 16.5}, margin=1.0) == ("bitmap", None)
     kernel, why = decide_measured({**meas, "bitmap_us": 9.1, "dense_us": 6.2, "dense": "cuBLAS int8"})
     assert kernel == "none"
     assert why == "auto: measured on G at M=1: bitmap 9.1 µs vs dense 6.2 µs (cuBLAS int8): the dense layer is faster"
