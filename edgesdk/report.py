@@ -39,7 +39,8 @@ def _timed(r: dict) -> str:
     m = r.get("measured")
     if not m or r.get("kernel") == "none":
         return ""
-    return f"measured: {m['bitmap_us']:.1f} µs vs dense {m['dense_us']:.1f} µs ({m['dense_us'] / m['bitmap_us']:.2f}×)"
+    ours = m[f"{m.get('plugin', 'bitmap')}_us"]
+    return f"measured: {ours:.1f} µs vs dense {m['dense_us']:.1f} µs ({m['dense_us'] / ours:.2f}×)"
 
 
 def layers_table(layers: list[dict], title: str = "Linear layers") -> Table:

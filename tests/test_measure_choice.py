@@ -149,3 +149,39 @@ def test_rewrite_without_gpu_keeps_static_rule_and_says_so(monkeypatch):
     assert all(r["choice"] == "--measure off: static rule" for r in rows)
     with pytest.raises(EdgeSDKError, match="unknown --measure"):
         rewrite_model(two_layer_model(), cfg(measure="maybe"), None, ORIN)
+
+
+def test_vitbit_candidate_measured_and_kept_dense_when_slower():
+    # an INT8 Q/DQ linear with 40 rows per call (not decode-style: the static rule's vitbit case) is timed;
+    # slower than dense int8 -> its Q/DQ nodes stay
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_rewrite import feeds_for, linear_model
+
+    from edgesdk.inspect import find_linears
+    from edgesdk.quantize import quantize_int8
+
+    m = linear_model("matmul_add_3d")  # X [B, 5, 70]
+    q = quantize_int8(m, feeds_for(m, count=3), find_linears(m))
+    q.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 40  # X [B, 40, 70]: M = 40 at B = 1
+    calls = []
+
+    def measure(packed, rows, int8):
+        calls.append((type(packed).__name__, rows, int8))
+        return {"plugin": "vitbit", "vitbit_us": 7.0, "dense_us": 6.0, "dense": "cuBLAS int8", "m": rows,
+                "gpu": "TestGPU", "sm_count": 16}
+
+    new, (row,) = rewrite_model(q, cfg(sparsity=0.0), None, ORIN, measurer=measure)
+    assert calls == [("VitBitWeights", 40, True)]
+    assert row["kernel"] == "none" and "vitbit 7.0 µs vs dense 6.0 µs (cuBLAS int8)" in row["reason"]
+    assert row["measured"]["plugin"] == "vitbit"
+    ops = [n.op_type for n in new.graph.node]
+    assert "EdgeVitBitGemm" not in ops and "QuantizeLinear" in ops and "MatMul" in ops
+    # faster than dense by the margin: the plugin node replaces the Q/DQ linear
+    calls.clear()
+    new, (row,) = rewrite_model(q, cfg(sparsity=0.0), None, ORIN,
+                                measurer=lambda p, r, i: {"plugin": "vitbit", "vitbit_us": 5.0, "dense_us": 6.0,
+                                                          "dense": "cuBLAS int8", "m": r, "gpu": "G", "sm_count": 16})
+    assert row["kernel"] == "vitbit" and [n.op_type for n in new.graph.node].count("EdgeVitBitGemm") == 1

@@ -435,3 +435,41 @@ def rotation_copies(nbytes: int, l2_bytes: int, limit_bytes: int = 1 << 30, most
     calls never find it in L2: enough for 2 × L2, at least 2, at most ``most`` and ``limit_bytes``."""
     want = -(-2 * max(l2_bytes, 1) // max(nbytes, 1)) + 1
     return int(max(2, min(want, most, max(2, limit_bytes // max(nbytes, 1)))))
+
+
+def time_layer_us(tensors, x, y_bytes: int, call, workspace_bytes: int = 0, stream=None) -> float | None:
+    """GPU µs of one call of a layer whose operands are ``tensors`` (numpy arrays: weights, scales, ...):
+    the tensors are uploaded in :func:`rotation_copies` copies (a model's layers do not stay in L2 between
+    calls), X (numpy) once, Y and the workspace allocated; ``call(inputs, outputs, workspace, stream)`` —
+    ``inputs`` = [X, *tensors] device pointers — runs once outside capture (compilation, planning; a
+    non-zero return value there, e.g. a library status, makes this return None), then
+    :func:`graph_time_us` over the copies."""
+    cu = _driver()
+    init()
+    nbytes = sum(int(t.nbytes) for t in tensors)
+    copies = rotation_copies(nbytes, device_facts()["l2_bytes"])
+    own = stream is None
+    st = check(cu.cuStreamCreate(1)) if own else stream
+    bufs = []
+    try:
+        xd = DeviceBuffer(x.nbytes).upload(x)
+        yd = DeviceBuffer(y_bytes)
+        ws = DeviceBuffer(workspace_bytes) if workspace_bytes else None
+        bufs += [b for b in (xd, yd, ws) if b is not None]
+        sets = []
+        for _ in range(copies):
+            ds = [DeviceBuffer(t.nbytes).upload(t) for t in tensors]
+            bufs += ds
+            sets.append([int(xd), *(int(d) for d in ds)])
+        wsp = int(ws) if ws is not None else 0
+        status = call(sets[0], [int(yd)], wsp, int(st))
+        if status:
+            return None
+        check(cu.cuStreamSynchronize(st))
+        return graph_time_us(lambda i: call(sets[i % copies], [int(yd)], wsp, int(st)), max(copies, 16), st)
+    finally:
+        check(cu.cuStreamSynchronize(st))
+        for b in bufs:
+            b.free()
+        if own:
+            check(cu.cuStreamDestroy(st))

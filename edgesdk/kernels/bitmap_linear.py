@@ -406,37 +406,13 @@ def launch(attrs: dict, x_dtype: str, m: int, inputs: list[int], outputs: list[i
 
 def time_us(weights: "fmt.BitmapLinearWeights", m: int, tactic: int = 1, stream: int | None = None,
             seed: int = 0) -> float:
-    """GPU µs of one ``launch`` of this packed layer with fp16 X of ``m`` rows on the current device:
-    copies of the packed tensors rotated beyond 2 × L2 (a model's layers do not stay in L2 between
-    calls), launches captured in a CUDA graph, median of replays."""
-    cu = _cuda._driver()
-    _cuda.init()
+    """GPU µs of one ``launch`` of this packed layer with fp16 X of ``m`` rows on the current device
+    (:func:`edgesdk.kernels._cuda.time_layer_us`: operand copies rotated beyond 2 × L2, CUDA graph, median)."""
     attrs = weights.node_attributes()
-    tensors = list(weights.to_tensors().values())
     x = np.random.default_rng(seed).standard_normal((m, weights.k)).astype(np.float16)
-    copies = _cuda.rotation_copies(weights.nbytes, _cuda.device_facts()["l2_bytes"])
-    own = stream is None
-    st = _cuda.check(cu.cuStreamCreate(1)) if own else stream
-    bufs = []
-    try:
-        xd = _cuda.DeviceBuffer(x.nbytes).upload(x)
-        yd = _cuda.DeviceBuffer(2 * m * weights.n)
-        bufs += [xd, yd]
-        sets = []
-        for _ in range(copies):
-            ds = [_cuda.DeviceBuffer(t.nbytes).upload(t) for t in tensors]
-            bufs += ds
-            sets.append([int(xd), *(int(d) for d in ds)])
-        launch(attrs, "float16", m, sets[0], [int(yd)], int(st), tactic)  # plan + compile outside capture
-        _cuda.check(cu.cuStreamSynchronize(st))
-        return _cuda.graph_time_us(lambda i: launch(attrs, "float16", m, sets[i % copies], [int(yd)], int(st), tactic),
-                                   max(copies, 16), st)
-    finally:
-        _cuda.check(cu.cuStreamSynchronize(st))
-        for b in bufs:
-            b.free()
-        if own:
-            _cuda.check(cu.cuStreamDestroy(st))
+    return _cuda.time_layer_us(list(weights.to_tensors().values()), x, 2 * m * weights.n,
+                               lambda ins, outs, ws, st: launch(attrs, "float16", m, ins, outs, st, tactic),
+                               stream=stream)
 
 
 def measure_vs_dense(weights: "fmt.BitmapLinearWeights", m: int, int8_dense: bool = False) -> dict:
@@ -445,7 +421,7 @@ def measure_vs_dense(weights: "fmt.BitmapLinearWeights", m: int, int8_dense: boo
     The dense side is cuBLAS fp16 (``edgesdk.kernels.dense``); with ``int8_dense`` (the layer came from
     an INT8 Q/DQ linear, which TensorRT would run in INT8) also cuBLAS INT8, and the faster of the two
     counts. Returns ``{"bitmap_us", "dense_us", "dense", "fp16_us", "int8_us", "m", "gpu", "sm_count"}``
-    (``int8_us`` None when not timed or not supported by cuBLAS for the shape)."""
+    (``int8_us`` None when not timed or not supported by cuBLAS for the shape), ``"plugin": "bitmap"``."""
     from edgesdk.kernels import dense
 
     facts = _cuda.device_facts()
@@ -453,6 +429,6 @@ def measure_vs_dense(weights: "fmt.BitmapLinearWeights", m: int, int8_dense: boo
     fp16 = dense.time_us(weights.n, weights.k, m, "float16")
     i8 = dense.time_us(weights.n, weights.k, m, "int8") if int8_dense else None
     best, kind = (i8, "cuBLAS int8") if i8 is not None and i8 < fp16 else (fp16, "cuBLAS fp16")
-    return {"bitmap_us": round(ours, 3), "dense_us": round(best, 3), "dense": kind, "fp16_us": round(fp16, 3),
+    return {"plugin": "bitmap", "bitmap_us": round(ours, 3), "dense_us": round(best, 3), "dense": kind, "fp16_us": round(fp16, 3),
             "int8_us": None if i8 is None else round(i8, 3), "m": int(m), "gpu": facts["name"],
             "sm_count": facts["sm_count"]}

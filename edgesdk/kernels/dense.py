@@ -131,8 +131,6 @@ def time_us(n: int, k: int, m: int, dtype: str = "float16", stream: int | None =
     """GPU µs of one dense ``Y = X · Wᵀ`` on the current device: random X and W (or ``w``), W copies
     rotated beyond 2 × L2, calls captured in a CUDA graph, median of replays. For int8: None when cuBLAS
     cannot run the shape here (status ≠ 0 on the first call: e.g. k % 4 ≠ 0)."""
-    cu = _cuda._driver()
-    _cuda.init()
     rng = np.random.default_rng(seed)
     if dtype == "float16":
         xs = rng.standard_normal((m, k)).astype(np.float16)
@@ -142,29 +140,12 @@ def time_us(n: int, k: int, m: int, dtype: str = "float16", stream: int | None =
         xs = rng.integers(-127, 128, (m, k), dtype=np.int8)
         ws = (w if w is not None else rng.integers(-127, 128, (n, k))).astype(np.int8)
         ybytes = 4 * m * n
-    facts = _cuda.device_facts()
-    copies = _cuda.rotation_copies(ws.nbytes, facts["l2_bytes"])
-    own = stream is None
-    st = _cuda.check(cu.cuStreamCreate(1)) if own else stream
-    bufs = []
-    try:
-        xd = _cuda.DeviceBuffer(xs.nbytes).upload(xs)
-        yd = _cuda.DeviceBuffer(ybytes)
-        bufs += [xd, yd]
-        wds = [_cuda.DeviceBuffer(ws.nbytes).upload(ws) for _ in range(copies)]
-        bufs += wds
-        status = linear(int(xd), int(wds[0]), int(yd), m, n, k, dtype, int(st))  # warm-up, outside capture
-        if status != 0 and dtype == "int8":
-            # not supported (15), or no int8 kernel that launches here (13 seen on a 16-SM green context)
-            return None
-        if status != 0:
+
+    def call(ins, outs, _ws, st):
+        status = linear(ins[0], ins[1], outs[0], m, n, k, dtype, st)
+        if status != 0 and dtype == "float16":
             raise RuntimeError(f"cublasGemmEx failed with status {status} ({dtype}, m={m}, n={n}, k={k})")
-        _cuda.check(cu.cuStreamSynchronize(st))
-        return _cuda.graph_time_us(lambda i: linear(int(xd), int(wds[i % copies]), int(yd), m, n, k, dtype,
-                                                    int(st)), max(copies, 16), st)
-    finally:
-        _cuda.check(cu.cuStreamSynchronize(st))
-        for b in bufs:
-            b.free()
-        if own:
-            _cuda.check(cu.cuStreamDestroy(st))
+        # int8: not supported (15), or no int8 kernel that launches here (13 seen on a 16-SM green context)
+        return status
+
+    return _cuda.time_layer_us([ws], xs, ybytes, call, stream=stream)

@@ -415,3 +415,36 @@ def gemm(a: dict, x_dtype: str, m: int, xq: int, w: int, ws: int, bias: int, y: 
     ctr = part + _partials_bytes(m, a["n"]) if part else 0  # the tk tile counters follow the partials
     _cuda.launch_all(_gemm_launches(a, x_dtype, m, tactic, _p(xq), _p(w), _p(ws), _p(bias), _p(y), _p(part),
                                     _p(ctr)), stream)
+
+
+def time_us(weights, m: int, tactic: int = 1, x_dtype: str = "float16", stream: int | None = None,
+            seed: int = 0) -> float:
+    """GPU µs of one ``launch`` (quantize + GEMM, what the plugin runs) of this packed layer with X of ``m``
+    rows on the current device (:func:`edgesdk.kernels._cuda.time_layer_us`: operand copies rotated beyond
+    2 × L2, CUDA graph, median)."""
+    import numpy as np
+
+    attrs = weights.node_attributes()
+    x = (np.random.default_rng(seed).standard_normal((m, weights.k)) * 40 * weights.x_scale).astype(x_dtype)
+    return _cuda.time_layer_us(
+        list(weights.to_tensors().values()), x, m * weights.n * np.dtype(x_dtype).itemsize,
+        lambda ins, outs, ws, st: launch(attrs, x_dtype, m, ins, outs, st, tactic, workspace=ws),
+        workspace_bytes=workspace_bytes(attrs, m), stream=stream)
+
+
+def measure_vs_dense(weights, m: int) -> dict:
+    """Time this packed layer (tactic 1) against the dense layer it replaces on the current GPU: an INT8
+    Q/DQ linear, which TensorRT runs as an int8 GEMM — cuBLAS int8 × int8 → int32 stands in for it
+    (``edgesdk.kernels.dense``; without the dequantize/bias epilogue and the quantization of X, which ours
+    includes), or cuBLAS fp16 where cuBLAS has no int8 kernel for the shape. Returns
+    ``{"plugin": "vitbit", "vitbit_us", "dense_us", "dense", "fp16_us", "int8_us", "m", "gpu", "sm_count"}``."""
+    from edgesdk.kernels import dense
+
+    facts = _cuda.device_facts()
+    ours = time_us(weights, m)
+    i8 = dense.time_us(weights.n, weights.k, m, "int8")
+    fp16 = dense.time_us(weights.n, weights.k, m, "float16") if i8 is None else None
+    best, kind = (i8, "cuBLAS int8") if i8 is not None else (fp16, "cuBLAS fp16")
+    return {"plugin": "vitbit", "vitbit_us": round(ours, 3), "dense_us": round(best, 3), "dense": kind,
+            "fp16_us": None if fp16 is None else round(fp16, 3), "int8_us": None if i8 is None else round(i8, 3),
+            "m": int(m), "gpu": facts["name"], "sm_count": facts["sm_count"]}

@@ -375,13 +375,13 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
             ``include_lm_head``, and ``sparsity_scope`` when present).
         calibration: Feeds for Wanda: one dict (input name → array) or a list of them.
         device: ``DeviceProfile`` for the ``auto`` rule (roofline figures), or None.
-        measurer: ``f(packed, m, int8) -> dict`` timing a bitmap candidate against dense (the
-            :func:`~edgesdk.kernels.bitmap_linear.measure_vs_dense` contract); None: that function when
+        measurer: ``f(packed, m, int8) -> dict`` timing a plugin candidate against dense (the
+            ``edgesdk.kernels.<op>.measure_vs_dense`` contract); None: those functions when
             ``config.measure`` and this machine's GPU allow it (:func:`choose.measure_plan`).
 
     Returns:
         The rewritten model and one dict per linear with ``name, kind, shape [K, N], quantized,
-        sparsity, kernel, bytes_dense, bytes_packed, reason`` (reason None when rewritten); bitmap
+        sparsity, kernel, bytes_dense, bytes_packed, reason`` (reason None when rewritten); plugin
         candidates of ``auto`` also get ``measured`` (the times, or None) and ``choice`` (how it was decided).
 
     Raises:
@@ -467,7 +467,7 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
                 packed = _pack(kernel, w, q, scale, bias, x_scale, gelu is not None)
             except FormatError as err:
                 kernel, reason = "none", f"{kernel}: {err.problem}"
-        if kernel == "bitmap" and packed is not None and timer is not None:
+        if kernel in ("bitmap", "vitbit") and packed is not None and timer is not None:
             row["measured"] = meas = timer(packed, facts.m, q is not None)
             row["choice"] = timer.note
             if meas is not None:
@@ -512,7 +512,7 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
 
 class _Timer:
     """The measured choice of ``auto`` (see :mod:`edgesdk.rewrite.choose`): decides once, on the first
-    bitmap candidate, whether to time on this GPU; caches times per (N, K, M, values, INT8, density)."""
+    plugin candidate, whether to time on this GPU; caches times per (operator, N, K, M, values, INT8, density)."""
 
     def __init__(self, mode: str, device, measurer=None):
         if mode not in MEASURE:
@@ -529,15 +529,25 @@ class _Timer:
             self.ready = True
             measure, self.note = measure_plan(self.mode, self.device, _host_gpu())
             if measure:
-                from edgesdk.kernels.bitmap_linear import measure_vs_dense
-
-                self.fn = measure_vs_dense
+                self.fn = _measure_on_gpu
         if self.fn is None:
             return None
-        key = (packed.n, packed.k, int(m), packed.value_dtype, bool(int8), round(float(packed.density), 2))
+        key = (type(packed).__name__, packed.n, packed.k, int(m), getattr(packed, "value_dtype", None),
+               getattr(packed, "bits", None), bool(int8), round(float(getattr(packed, "density", 1.0)), 2))
         if key not in self.cache:
             self.cache[key] = self.fn(packed, int(m), bool(int8))
         return dict(self.cache[key])
+
+
+def _measure_on_gpu(packed, m: int, int8: bool) -> dict:
+    """``measure_vs_dense`` of the packed layer's operator on this GPU."""
+    if isinstance(packed, vitbit_fmt.VitBitWeights):
+        from edgesdk.kernels.vitbit_gemm import measure_vs_dense as vitbit_measure
+
+        return vitbit_measure(packed, m)
+    from edgesdk.kernels.bitmap_linear import measure_vs_dense as bitmap_measure
+
+    return bitmap_measure(packed, m, int8)
 
 
 def _host_gpu():

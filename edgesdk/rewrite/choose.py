@@ -17,12 +17,12 @@
 ``bitmap`` and ``vitbit`` force that kernel on every layer that can take it; layers that cannot
 (e.g. a float linear under ``vitbit``) keep their original nodes and get a reason.
 
-**Measured choice** (``measure``, :func:`measure_plan`): the rule above only says where the bitmap
-kernel *can* win. Where it loses depends on the GPU (launch latency, SMs, bandwidth, layer size), so
+**Measured choice** (``measure``, :func:`measure_plan`): the rule above only says where a plugin
+*can* win. Where it loses depends on the GPU (launch latency, SMs, bandwidth, layer size), so
 when the build runs on the target GPU (a Jetson building its own engine, as TensorRT requires, or
-``--device host``), ``auto`` times each bitmap candidate against the dense layer it replaces
-(``edgesdk.kernels.bitmap_linear.measure_vs_dense``: our kernel vs cuBLAS, fp16 and for INT8 Q/DQ layers
-also INT8) and keeps the dense layer where it is faster (:func:`decide_measured`) — TensorRT's own
+``--device host``), ``auto`` times each plugin candidate against the dense layer it replaces
+(``edgesdk.kernels.<op>.measure_vs_dense``: our kernel vs cuBLAS — fp16, and INT8 for INT8 Q/DQ layers)
+and keeps the dense layer unless the plugin is ``MEASURE_MARGIN`` faster (:func:`decide_measured`) — TensorRT's own
 timing-based tactic choice, extended to the plugin-or-not decision. The times go into the report.
 """
 
@@ -150,11 +150,13 @@ def measure_plan(mode: str, device, host) -> tuple[bool, str]:
 
 
 def decide_measured(meas: dict, margin: float = MEASURE_MARGIN) -> tuple[str, str | None]:
-    """``(kernel, reason)`` from :func:`~edgesdk.kernels.bitmap_linear.measure_vs_dense`'s times: the
-    bitmap kernel only if the best dense time is at least ``margin`` × its time."""
-    b, d = float(meas["bitmap_us"]), float(meas["dense_us"])
+    """``(kernel, reason)`` from a ``measure_vs_dense`` result (``edgesdk.kernels.bitmap_linear`` or
+    ``edgesdk.kernels.vitbit_gemm``; ``meas["plugin"]`` names it, default ``bitmap``): the plugin only if the
+    best dense time is at least ``margin`` × its time."""
+    plugin = meas.get("plugin", "bitmap")
+    b, d = float(meas[f"{plugin}_us"]), float(meas["dense_us"])
     if d >= margin * b:
-        return "bitmap", None
-    return "none", (f"auto: measured on {meas.get('gpu', 'this GPU')} at M={meas.get('m')}: bitmap {b:.1f} µs vs "
+        return plugin, None
+    return "none", (f"auto: measured on {meas.get('gpu', 'this GPU')} at M={meas.get('m')}: {plugin} {b:.1f} µs vs "
                     f"dense {d:.1f} µs ({meas.get('dense', 'cuBLAS')}): the dense layer is faster"
                     + (" or within the margin" if d >= b else ""))

@@ -91,3 +91,18 @@ def test_rewrite_measured_on_this_gpu():
         assert r["measured"] is not None and r["measured"]["sm_count"] == host.sm_count
         assert r["choice"].startswith("measured on this GPU")
         assert (r["kernel"] == "bitmap") == (r["measured"]["bitmap_us"] <= r["measured"]["dense_us"])
+
+
+def test_vitbit_measure_vs_dense():
+    from edgesdk.formats.vitbit_gemm import VitBitWeights
+    from edgesdk.kernels import vitbit_gemm as kvg
+
+    rng = np.random.default_rng(5)
+    q = rng.integers(-127, 128, (300, 776), dtype=np.int8)
+    p = VitBitWeights.pack(q, rng.uniform(0.001, 0.01, 300).astype(np.float32), 8,
+                           bias=rng.standard_normal(300).astype(np.float32), x_scale=0.02)
+    t = kvg.time_us(p, 197)
+    assert math.isfinite(t) and 0.5 < t < 5000
+    meas = kvg.measure_vs_dense(p, 197)
+    assert meas["plugin"] == "vitbit" and meas["m"] == 197 and 0.5 < meas["vitbit_us"] < 5000
+    assert meas["dense"] == "cuBLAS int8" and meas["dense_us"] == meas["int8_us"] and meas["fp16_us"] is None
