@@ -137,7 +137,7 @@ def measure_plan(mode: str, device, host) -> tuple[bool, str]:
             raise EdgeSDKError("--measure on needs an NVIDIA GPU on this machine (none answers through cuda-python)",
                                "build on the target device (e.g. the Jetson), or use --measure auto/off")
         return False, (f"not measured: no GPU here, so the static rule decides; build on the {target or 'target'} "
-                       "to time each layer against dense")
+                       "device to time each layer against dense")
     same = target == "host" or (host.compute_capability == getattr(device, "compute_capability", None)
                                 and host.sm_count == getattr(device, "sm_count", None))
     if same:
