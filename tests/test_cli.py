@@ -26,7 +26,7 @@ def test_help_teaches(cmd):
 def test_build_help_lists_kebab_case_flags():
     out = runner.invoke(app, ["build", "--help"], terminal_width=200).output
     for flag in ("--device", "--output", "--calibration-count", "--shape", "--include-lm-head", "--min-cosine",
-                 "--no-verify", "--config", "--exclude", "--kernels", "--sparsity"):
+                 "--no-verify", "--config", "--exclude", "--kernels", "--measure", "--sparsity"):
         assert flag in out, flag
     assert "edgesdk build models/digits_vit.onnx" in out
 
@@ -84,6 +84,9 @@ def test_config_parsing():
             parse_shape(bad)
     c = BuildConfig(shape_hints=["x:1x3"])
     assert c.shape_hints == {"x": [1, 3]} and c.kernels == "auto" and c.prune == "wanda" and c.sparsity == 0.0
+    assert c.measure == "auto" and load_config(None, {"measure": "off"}).measure == "off"
+    with pytest.raises(EdgeSDKError, match="measure: Input should be 'auto', 'on' or 'off'"):
+        load_config(None, {"measure": "bogus"})
     assert load_config(None, {"device": None, "sparsity": 0.5}).sparsity == 0.5
     with pytest.raises(EdgeSDKError, match="sparsity"):
         load_config(None, {"sparsity": 1.5})
