@@ -185,3 +185,20 @@ def test_vitbit_candidate_measured_and_kept_dense_when_slower():
                                 measurer=lambda p, r, i: {"plugin": "vitbit", "vitbit_us": 5.0, "dense_us": 6.0,
                                                           "dense": "cuBLAS int8", "m": r, "gpu": "G", "sm_count": 16})
     assert row["kernel"] == "vitbit" and [n.op_type for n in new.graph.node].count("EdgeVitBitGemm") == 1
+
+
+def test_timing_failure_falls_back_under_auto_and_fails_under_on(monkeypatch):
+    import edgesdk.rewrite as rw
+
+    monkeypatch.setattr(rw, "_host_gpu", lambda: ORIN_HOST)  # "this GPU is the target"
+
+    def broken(packed, m, int8):
+        raise RuntimeError("CUDA driver call failed: CUDA_ERROR_NO_BINARY_FOR_GPU (209)")
+
+    monkeypatch.setattr(rw, "_measure_on_gpu", broken)
+    # the timer compares against the module-level function, so patch before the rewrite creates it
+    _, rows = rewrite_model(two_layer_model(), cfg(), None, ORIN)
+    assert all(r["kernel"] == "bitmap" and r["measured"] is None for r in rows)
+    assert rows[-1]["choice"].startswith("not measured: timing on this GPU failed (RuntimeError: CUDA driver")
+    with pytest.raises(RuntimeError, match="NO_BINARY"):
+        rewrite_model(two_layer_model(), cfg(measure="on"), None, ORIN)
