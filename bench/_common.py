@@ -85,8 +85,13 @@ def time_graph(fn: Callable[[], None], inner: int = 20, reps: int = 15, warmup: 
 
 def write_results(name: str, rows: list[dict], info: dict) -> Path:
     """Write ``bench/results/<name>.json`` atomically; returns the path."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    return write_json(RESULTS / f"{name}.json", rows, info)
+
+
+def write_json(path: Path, rows: list[dict], info: dict) -> Path:
+    """Write ``{"meta": info, "rows": rows}`` to ``path`` atomically (temp file + rename); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"meta": info, "rows": rows}, indent=1))
     os.replace(tmp, path)

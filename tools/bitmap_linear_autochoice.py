@@ -112,10 +112,9 @@ def main(argv=None) -> int:
                            f"MEASURE_MARGIN = {MEASURE_MARGIN} from the raw times measured at {old['meta']['date']}"}
         for s in info["summary"]:
             print(json.dumps(s))
-        tmp = args.json.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"meta": info, "rows": rows}, indent=1))
-        tmp.replace(args.json)
-        print(f"wrote {args.json}")
+        from bench._common import write_json
+
+        print(f"wrote {write_json(args.json, rows, info)}")
         return 0
 
     jobs = [(k, n, s, vd, 1000 * i + int(s * 10)) for i, (k, n) in enumerate(SHAPES) for s, vd in VARIANTS]
@@ -126,27 +125,19 @@ def main(argv=None) -> int:
     res = ROOT / "bench" / "results"
     rows = run("full", packed, bench_speedups(res / "bitmap_linear.json"))
     if args.green:
-        cu = _cuda._driver()
-        full = _cuda.current_context()
-        ctx, sms = _cuda.green_context(args.green)
-        _cuda.check(cu.cuCtxSetCurrent(ctx))
-        rows += run(f"green{sms}", packed, bench_speedups(res / "bitmap_linear_green16.json") if sms == 16 else {})
-        _cuda.check(cu.cuCtxSetCurrent(cu.CUcontext(full)))
+        with _cuda.in_green_context(args.green) as sms:
+            rows += run(f"green{sms}", packed, bench_speedups(res / "bitmap_linear_green16.json") if sms == 16 else {})
     summary = summarize(rows)
     for s in summary:
         print(json.dumps(s))
-    from bench._common import meta
+    from bench._common import meta, write_json
 
     info = meta({"tool": "tools/bitmap_linear_autochoice.py", "gpu": facts,
                  "method": "edgesdk.kernels.bitmap_linear.measure_vs_dense (the build's timer: CUDA graph of >= 16 "
                            "launches over operand copies rotated beyond 2x L2, median of 6 replays) per row, "
                            "decision by edgesdk.rewrite.choose.decide_measured",
                  "margin": MEASURE_MARGIN, "summary": summary})
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.json.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"meta": info, "rows": rows}, indent=1))
-    tmp.replace(args.json)
-    print(f"wrote {args.json}")
+    print(f"wrote {write_json(args.json, rows, info)}")
     return 0
 
 

@@ -9,7 +9,6 @@ standing in for TensorRT's INT8 GEMM, without its epilogue), timed by the build'
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -54,22 +53,14 @@ def main(argv=None) -> int:
     facts = _cuda.device_facts()
     rows = run("full")
     if args.green:
-        cu = _cuda._driver()
-        full = _cuda.current_context()
-        ctx, sms = _cuda.green_context(args.green)
-        _cuda.check(cu.cuCtxSetCurrent(ctx))
-        rows += run(f"green{sms}")
-        _cuda.check(cu.cuCtxSetCurrent(cu.CUcontext(full)))
-    from bench._common import meta
+        with _cuda.in_green_context(args.green) as sms:
+            rows += run(f"green{sms}")
+    from bench._common import meta, write_json
 
     info = meta({"tool": "tools/vitbit_gemm_autochoice.py", "gpu": facts, "margin": MEASURE_MARGIN,
                  "method": "edgesdk.kernels.vitbit_gemm.measure_vs_dense (CUDA graph of >= 16 launches over operand "
                            "copies rotated beyond 2x L2, median of 6 replays); decision by decide_measured"})
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.json.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"meta": info, "rows": rows}, indent=1))
-    tmp.replace(args.json)
-    print(f"wrote {args.json}")
+    print(f"wrote {write_json(args.json, rows, info)}")
     return 0
 
 

@@ -320,6 +320,25 @@ def green_context(sm_count: int = 16):
     return ctx, int(g.sm.smCount)
 
 
+class in_green_context:
+    """``with in_green_context(16) as sms:`` runs the block with a green context of ``sm_count`` SMs current
+    (:func:`green_context`; ``sms`` = the SMs it got), then makes the previous context current again."""
+
+    def __init__(self, sm_count: int = 16):
+        self.sm_count = sm_count
+
+    def __enter__(self) -> int:
+        cu = _driver()
+        self.prev = current_context()
+        ctx, sms = green_context(self.sm_count)
+        check(cu.cuCtxSetCurrent(ctx))
+        return sms
+
+    def __exit__(self, *exc) -> None:
+        cu = _driver()
+        check(cu.cuCtxSetCurrent(cu.CUcontext(self.prev)))
+
+
 def gpu_available() -> bool:
     """True when cuda-python imports and a CUDA device answers (used by tests to skip)."""
     try:
