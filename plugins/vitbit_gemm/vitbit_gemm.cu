@@ -1065,3 +1065,195 @@ __device__ __forceinline__ void tk_body(const s8* __restrict__ A, const s8* __re
   }
 
 VITBIT_TK(tk_64x64, 64, 64, 32, 32, 4, 3)     // 4 warps of 32x32, 4 stages
+
+// ------------------------------------------------------------------------------------------------
+// Persistent tensor-core GEMM with a stream-K tail ("ts"): the tp kernel's single cp.async pipeline over
+// a list of work units. Blocks b < G first walk whole tiles b, b + G, ... below dp_tiles (data-parallel
+// rounds, epilogue from registers as tp). The remaining T - dp_tiles tiles form I = (T - dp_tiles) * KT
+// k-tile iterations, cut into sk_blocks contiguous ranges [b * I / sk_blocks, (b + 1) * I / sk_blocks)
+// (sk_blocks <= min(G, I): every range is non-empty). A unit = the part of one tile inside a block's range.
+// A unit that covers the whole tile ends in the register epilogue; a partial unit stores its int32
+// fragments to the partial slot (2 b + 0: the block's first stream-K tile, 2 b + 1: its last; a block
+// touches at most two tiles partially), then __threadfence + an atomic ticket on the tile's counter; the
+// block that takes the last ticket (contributors = owners of the tile's first .. last iteration) adds the
+// other contributors' partials and runs the epilogue. Nobody waits for anybody (no deadlock whatever the
+// residency). Exact: the result is the int32 sum of all K-products of the tile, partial sums added in any
+// order (two's-complement addition is associative; each partial is a sum over fewer terms than the total,
+// which is within the int32 bound). The last block resets the counter to 0; the quantize kernel of every
+// launch also zeroes the counters (a TensorRT workspace is shared).
+// ------------------------------------------------------------------------------------------------
+template <int BM, int BN, int WM, int WN, int STAGES>
+__device__ __forceinline__ void ts_body(const s8* __restrict__ A, const s8* __restrict__ W, const Out& o,
+                                        int Kp, int dp_tiles, int sk_blocks, int* __restrict__ ctr) {
+  typedef Tc2Cfg<BM, BN, WM, WN, STAGES> C;
+  typedef TcRole<BM, WM, WN> R;
+  static_assert(R::NI % 4 == 0, "the quad transpose needs groups of 4 n8 blocks (WN % 32 == 0)");
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ int s_last;
+  const int M = o.M, N = o.N;
+  const int tiles_n = (N + BN - 1) / BN;
+  const int tiles = tiles_n * ((M + BM - 1) / BM);
+  const int KT = (Kp + BK - 1) / BK;
+  const int G = gridDim.x, b = blockIdx.x;
+  const long long I = (long long)(tiles - dp_tiles) * KT;  // stream-K iterations
+  const int Gs = sk_blocks;
+  auto sk_begin = [&](int blk) -> long long { return (long long)blk * I / Gs; };
+  auto sk_owner = [&](long long i) -> int { return (int)(((i + 1) * Gs - 1) / I); };  // max blk: begin <= i
+  const long long beg = b < Gs ? sk_begin(b) : 0, end = b < Gs ? sk_begin(b + 1) : 0;
+  const int dp_mine = b < dp_tiles ? (dp_tiles - 1 - b) / G + 1 : 0;
+  const int S = dp_mine * KT + (int)(end - beg);  // (tile, k-tile) steps of this block, one pipeline
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  // The unit after `tile` in this block's order (tile = -1: the first); kbeg / kend: its k-tile range.
+  auto next_unit = [&](int tile, int& nt, int& kbeg, int& kend) {
+    if (tile < 0 && b < dp_tiles) {
+      nt = b; kbeg = 0; kend = KT;
+      return;
+    }
+    if (tile >= 0 && tile < dp_tiles && tile + G < dp_tiles) {
+      nt = tile + G; kbeg = 0; kend = KT;
+      return;
+    }
+    long long i0;
+    if (tile < dp_tiles) {  // first stream-K unit
+      i0 = beg;
+      nt = dp_tiles + (int)(beg / KT);
+    } else {
+      nt = tile + 1;
+      i0 = (long long)(nt - dp_tiles) * KT;
+    }
+    const long long t0 = (long long)(nt - dp_tiles) * KT;
+    kbeg = (int)(i0 - t0);
+    kend = (int)min((long long)KT, end - t0);
+  };
+
+  const int c = threadIdx.x & 7, r0 = threadIdx.x >> 3;
+  const u32 dst0 = smem_u32(smem) + r0 * BK + ((c ^ (r0 & 7)) << 4);
+  const int rstride = C::RSTEP * Kp;
+  const s8* pa = A;
+  const s8* pw = W;
+  u32 valid = 0;
+  auto rebase = [&](int tile) {
+    const int m0 = (tile / tiles_n) * BM, n0 = (tile % tiles_n) * BN;
+    pa = A + (size_t)(m0 + r0) * Kp + c * 16;
+    pw = W + (size_t)(n0 + r0) * Kp + c * 16;
+    valid = 0;
+#pragma unroll
+    for (int j = 0; j < C::LA; j++) valid |= (u32)(m0 + r0 + j * C::RSTEP < M) << j;
+#pragma unroll
+    for (int j = 0; j < C::LW; j++) valid |= (u32)(n0 + r0 + j * C::RSTEP < N) << (C::LA + j);
+  };
+  int ld_tile = -1, ld_kt = 0, ld_kend = 0;
+  if (S > 0) {
+    next_unit(-1, ld_tile, ld_kt, ld_kend);
+    rebase(ld_tile);
+  }
+  int ld_left = S;
+  auto load_next = [&](int s) {
+    const u32 dst = dst0 + s * C::STAGE_BYTES;
+    const int kb = ld_kt * BK;
+    const bool ok = kb + c * 16 < Kp;
+#pragma unroll
+    for (int j = 0; j < C::LA; j++) {
+      const bool v = ok && ((valid >> j) & 1);
+      cp_async16(dst + j * C::RSTEP * BK, v ? pa + j * rstride + kb : A, v);
+    }
+#pragma unroll
+    for (int j = 0; j < C::LW; j++) {
+      const bool v = ok && ((valid >> (C::LA + j)) & 1);
+      cp_async16(dst + (BM + j * C::RSTEP) * BK, v ? pw + j * rstride + kb : W, v);
+    }
+    --ld_left;
+    if (++ld_kt == ld_kend && ld_left > 0) {
+      next_unit(ld_tile, ld_tile, ld_kt, ld_kend);
+      rebase(ld_tile);
+    }
+  };
+
+  const int wm0 = (warp % (BM / WM)) * WM, wn0 = (warp / (BM / WM)) * WN;
+  R tc;
+  tc.zero();
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; s++) {
+    if (s < S) load_next(s);
+    cp_async_commit();
+  }
+  int tile = -1, kt = 0, kbeg = 0, kend = 0;
+  if (S > 0) {
+    next_unit(-1, tile, kbeg, kend);
+    kt = kbeg;
+  }
+  constexpr int V = R::MI * R::NI;  // int4 per thread in a partial slot
+  int4* part = reinterpret_cast<int4*>(o.partial);
+#pragma unroll 1
+  for (int s = 0; s < S; s++) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    const int nx = s + STAGES - 1;
+    if (nx < S) load_next(nx % STAGES);
+    cp_async_commit();
+    tc.compute(smem + (s % STAGES) * C::STAGE_BYTES, wm0, wn0, lane);
+    if (++kt < kend) continue;
+    bool emit = true;
+    if (kbeg != 0 || kend != KT) {  // a partial stream-K unit: fixup through the workspace
+      const long long t0 = (long long)(tile - dp_tiles) * KT;
+      const int first = sk_owner(t0), last = sk_owner(t0 + KT - 1);
+      const int mslot = 2 * b + (tile == dp_tiles + (int)(beg / KT) ? 0 : 1);
+      int4* mine = part + (size_t)mslot * V * C::THREADS + threadIdx.x;
+#pragma unroll
+      for (int i = 0; i < R::MI; i++)
+#pragma unroll
+        for (int j = 0; j < R::NI; j++)
+          __stcg(mine + (i * R::NI + j) * C::THREADS,
+                 make_int4(tc.acc[i][j][0], tc.acc[i][j][1], tc.acc[i][j][2], tc.acc[i][j][3]));
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        const int lst = atomicAdd(ctr + tile, 1) == last - first;
+        if (lst) ctr[tile] = 0;  // every contributor has arrived: ready for the next launch
+        s_last = lst;
+      }
+      __syncthreads();
+      emit = s_last;
+      if (emit) {
+        __threadfence();
+#pragma unroll 1
+        for (int q = first; q <= last; q++) {
+          if (q == b) continue;
+          const int qslot = 2 * q + (tile == dp_tiles + (int)(sk_begin(q) / KT) ? 0 : 1);
+          const int4* p = part + (size_t)qslot * V * C::THREADS + threadIdx.x;
+#pragma unroll
+          for (int i = 0; i < R::MI; i++)
+#pragma unroll
+            for (int j = 0; j < R::NI; j++) {
+              const int4 u = __ldcg(p + (i * R::NI + j) * C::THREADS);
+              tc.acc[i][j][0] += u.x;
+              tc.acc[i][j][1] += u.y;
+              tc.acc[i][j][2] += u.z;
+              tc.acc[i][j][3] += u.w;
+            }
+        }
+      }
+    }
+    if (emit) regs_epilogue(o, tc, (tile / tiles_n) * BM, (tile % tiles_n) * BN, wm0, wn0, lane);
+    tc.zero();
+    if (s + 1 < S) {
+      next_unit(tile, tile, kbeg, kend);
+      kt = kbeg;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// name, BM, BN, WM, WN, STAGES, min blocks per SM; kt_per_split: unused (the launcher's common argument list)
+#define VITBIT_TS(NAME, BM, BN, WM, WN, ST, MINB)                                                             \
+  extern "C" __global__ void __launch_bounds__(Tc2Cfg<BM, BN, WM, WN, ST>::THREADS, MINB)                      \
+      vitbit_gemm_##NAME(const s8* __restrict__ A, const s8* __restrict__ W, void* y, int* partial,           \
+                         const float* __restrict__ w_scale, const float* __restrict__ bias, float x_scale,     \
+                         int flags, int M, int N, int Kp, int kt_per_split, int* ctr, int dp_tiles,            \
+                         int sk_blocks) {                                                                      \
+    Out o{y, partial, w_scale, bias, x_scale, flags, M, N};                                                    \
+    ts_body<BM, BN, WM, WN, ST>(A, W, o, Kp, dp_tiles, sk_blocks, ctr);                                        \
+  }
+
+VITBIT_TS(ts_128x128, 128, 128, 64, 32, 3, 2)  // tp_128x128 + stream-K tail
