@@ -150,6 +150,7 @@ MAX_SPLITS = max(s for _, s in TACTICS.values())
 STREAMK_TAIL_ROUNDS = {35: 2, 36: 1}  # stream-K tactic -> rounds (at most) whose tiles are split
 SK_MAX_BLOCKS = 264  # stream-K blocks at most (2 per SM x 132 SMs): the workspace holds 2 partial tiles each
 SK_MAX_PER_TILE = 4  # stream-K blocks per tile at most where tiles < blocks (bounds the workspace)
+STREAMK_DP_ONLY = False  # exploration: run the ts kernel with every tile data-parallel (its loop alone)
 
 
 def auto_tactic(n: int, k: int, m: int, sms: int) -> int:
@@ -424,6 +425,8 @@ def streamk_schedule(tactic: int, m: int, n: int, kt: int, resident: int) -> tup
         return g, t, 0
     dp = max(0, q - STREAMK_TAIL_ROUNDS[tactic] + 1) * g
     gs = min(g, (t - dp) * kt, _sk_blocks_max(m, n))
+    if STREAMK_DP_ONLY or (t - dp) * kt * (gs + 1) >= 1 << 31:  # the kernel's 32-bit range arithmetic
+        return g, t, 0
     return g, dp, gs
 
 

@@ -1095,11 +1095,14 @@ __device__ __forceinline__ void ts_body(const s8* __restrict__ A, const s8* __re
   const int tiles = tiles_n * ((M + BM - 1) / BM);
   const int KT = (Kp + BK - 1) / BK;
   const int G = gridDim.x, b = blockIdx.x;
-  const long long I = (long long)(tiles - dp_tiles) * KT;  // stream-K iterations
+  // 32-bit arithmetic: the launcher keeps (tiles - dp_tiles) * KT * (sk_blocks + 1) < 2^31 (no 64-bit
+  // division, i.e. no call to a division routine, inside the main loop)
+  const int I = (tiles - dp_tiles) * KT;  // stream-K iterations
   const int Gs = sk_blocks;
-  auto sk_begin = [&](int blk) -> long long { return (long long)blk * I / Gs; };
-  auto sk_owner = [&](long long i) -> int { return (int)(((i + 1) * Gs - 1) / I); };  // max blk: begin <= i
-  const long long beg = b < Gs ? sk_begin(b) : 0, end = b < Gs ? sk_begin(b + 1) : 0;
+  auto sk_begin = [&](int blk) -> int { return blk * I / Gs; };
+  auto sk_owner = [&](int i) -> int { return ((i + 1) * Gs - 1) / I; };  // the largest blk with begin <= i
+  const int beg = b < Gs ? sk_begin(b) : 0, end = b < Gs ? sk_begin(b + 1) : 0;
+  const int sk_tile0 = dp_tiles + beg / KT, sk_kbeg0 = beg - (beg / KT) * KT;  // this block's first unit
   const int dp_mine = b < dp_tiles ? (dp_tiles - 1 - b) / G + 1 : 0;
   const int S = dp_mine * KT + (int)(end - beg);  // (tile, k-tile) steps of this block, one pipeline
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1114,17 +1117,14 @@ __device__ __forceinline__ void ts_body(const s8* __restrict__ A, const s8* __re
       nt = tile + G; kbeg = 0; kend = KT;
       return;
     }
-    long long i0;
     if (tile < dp_tiles) {  // first stream-K unit
-      i0 = beg;
-      nt = dp_tiles + (int)(beg / KT);
+      nt = sk_tile0;
+      kbeg = sk_kbeg0;
     } else {
       nt = tile + 1;
-      i0 = (long long)(nt - dp_tiles) * KT;
+      kbeg = 0;
     }
-    const long long t0 = (long long)(nt - dp_tiles) * KT;
-    kbeg = (int)(i0 - t0);
-    kend = (int)min((long long)KT, end - t0);
+    kend = min(KT, end - (nt - dp_tiles) * KT);
   };
 
   const int c = threadIdx.x & 7, r0 = threadIdx.x >> 3;
@@ -1196,9 +1196,9 @@ __device__ __forceinline__ void ts_body(const s8* __restrict__ A, const s8* __re
     if (++kt < kend) continue;
     bool emit = true;
     if (kbeg != 0 || kend != KT) {  // a partial stream-K unit: fixup through the workspace
-      const long long t0 = (long long)(tile - dp_tiles) * KT;
+      const int t0 = (tile - dp_tiles) * KT;
       const int first = sk_owner(t0), last = sk_owner(t0 + KT - 1);
-      const int mslot = 2 * b + (tile == dp_tiles + (int)(beg / KT) ? 0 : 1);
+      const int mslot = 2 * b + (tile == sk_tile0 ? 0 : 1);
       int4* mine = part + (size_t)mslot * V * C::THREADS + threadIdx.x;
 #pragma unroll
       for (int i = 0; i < R::MI; i++)
@@ -1220,7 +1220,7 @@ __device__ __forceinline__ void ts_body(const s8* __restrict__ A, const s8* __re
 #pragma unroll 1
         for (int q = first; q <= last; q++) {
           if (q == b) continue;
-          const int qslot = 2 * q + (tile == dp_tiles + (int)(sk_begin(q) / KT) ? 0 : 1);
+          const int qslot = 2 * q + (tile == dp_tiles + sk_begin(q) / KT ? 0 : 1);
           const int4* p = part + (size_t)qslot * V * C::THREADS + threadIdx.x;
 #pragma unroll
           for (int i = 0; i < R::MI; i++)
