@@ -225,17 +225,6 @@ def bench_config(label: str, ctx, prim, stream_int: int, tstream, triton_mm, rng
                      lambda i, t=t: K.gemm(a, "float16", m, xq.data_ptr(), ins[i % ROT][1], ins[i % ROT][2],
                                            ins[i % ROT][3], y.data_ptr(), stream_int, t,
                                            part=ws.data_ptr() + K._xq_bytes(m, k)))
-                if t in K.STREAMK_TAIL_ROUNDS and os.environ.get("VITBIT_BENCH_SK_DIAG"):
-                    # diagnosis: the same ts kernel with every tile data-parallel (its loop, no stream-K)
-                    def dp_only(i, t=t):
-                        K.STREAMK_DP_ONLY = True
-                        try:
-                            K.gemm(a, "float16", m, xq.data_ptr(), ins[i % ROT][1], ins[i % ROT][2],
-                                   ins[i % ROT][3], y.data_ptr(), stream_int, t,
-                                   part=ws.data_ptr() + K._xq_bytes(m, k))
-                        finally:
-                            K.STREAMK_DP_ONLY = False
-                    safe(f"ours gemm t{t} {name} dp-only (diag)", dp_only)
                 if t == 1:
                     safe("ours op t1 (quantize+gemm)",
                          lambda i: K.launch(a, "float16", m, ins[i % ROT], [y.data_ptr()], stream_int, 1,
@@ -244,8 +233,7 @@ def bench_config(label: str, ctx, prim, stream_int: int, tstream, triton_mm, rng
                  lambda i: K.gemm(a, "float16", m, xq.data_ptr(), ins[i % ROT][1], ins[i % ROT][2],
                                   ins[i % ROT][3], y.data_ptr(), stream_int, 1,
                                   part=ws.data_ptr() + K._xq_bytes(m, k)))
-            ours = {kk: v for kk, v in res.items() if kk.startswith("ours gemm") and "repeat" not in kk
-                    and "(diag)" not in kk}
+            ours = {kk: v for kk, v in res.items() if kk.startswith("ours gemm") and "repeat" not in kk}
             best = min(ours, key=ours.get)
             tc1 = next((v for kk, v in ours.items() if kk.startswith("ours gemm t1 ")), None)
             tc1_name = next((kk for kk in ours if kk.startswith("ours gemm t1 ")), None)

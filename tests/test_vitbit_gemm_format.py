@@ -225,11 +225,8 @@ def test_launcher_tactics_and_workspace_without_gpu():
     assert {20, 21} <= set(K.valid_tactics(dict(a, bits=4), 197))
     # Xq + the larger of 4 splits of M x N int32 partials and the tk layout (whole 64-row tiles, 4 splits
     # of 64 x 64 tiles), then one counter per 64 x 64 tile
-    # and the stream-K slots (2 partial 128 x 128 int32 tiles per block, at most 4 blocks per tile / 264),
-    # then one counter per 64 x 64 tile
-    sk = 2 * min(264, 4 * 2 * 6) * 128 * 128 * 4
-    assert K.workspace_bytes(a, 197) == 197 * 768 + max(4 * 4 * 197 * 768, 4 * 2 * 256 * 768, sk) + 4 * 4 * 12
-    assert K.workspace_bytes(a, 197 * 32) == 197 * 32 * 768 + 2 * 264 * 128 * 128 * 4 + 4 * 99 * 12
+    assert K.workspace_bytes(a, 197) == 197 * 768 + max(4 * 4 * 197 * 768, 4 * 2 * 256 * 768) + 4 * 4 * 12
+    assert K.workspace_bytes(a, 197 * 32) == 197 * 32 * 768
     for t in K.valid_tactics(dict(a, bits=5)):
         if t == K.AUTO:
             continue
@@ -270,62 +267,3 @@ def test_default_tactic_is_the_measured_choice_per_shape():
     for (k, n, m, sms), t in want.items():
         assert K.auto_tactic(n, k, m, sms) == t, (k, n, m, sms)
         assert t in K.valid_tactics({"n": n, "k": k, "bits": 8, "x_scale": 0.02, "has_bias": 1, "gelu": 0}, m)
-
-
-def _streamk_walk(tactic, m, n, kt, resident):
-    from edgesdk.kernels import vitbit_gemm as K
-    """Python mirror of ts_body's work split: per block, its units (tile, kbeg, kend) in order."""
-    g, dp, gs = K.streamk_schedule(tactic, m, n, kt, resident)
-    t = -(-m // 128) * -(-n // 128)
-    it = (t - dp) * kt
-    units = []
-    for b in range(g):
-        u = [(tile, 0, kt) for tile in range(b, dp, g)]
-        if b < gs:
-            beg, end = b * it // gs, (b + 1) * it // gs
-            assert end > beg  # every stream-K block has work (the ticket count relies on it)
-            i = beg
-            while i < end:
-                tile = dp + i // kt
-                t0 = (tile - dp) * kt
-                u.append((tile, i - t0, min(kt, end - t0)))
-                i = t0 + min(kt, end - t0)
-        units.append(u)
-    return g, dp, gs, t, units
-
-
-@pytest.mark.parametrize("tactic", [35, 36])
-@pytest.mark.parametrize("m,n,kt,resident", [(6304, 2304, 6, 264), (6304, 768, 24, 264), (1576, 2304, 6, 264),
-                                             (197, 768, 6, 264), (197, 3072, 24, 32), (150, 264, 8, 3),
-                                             (1576, 768, 24, 16), (6304, 3072, 6, 16), (300, 300, 1, 7),
-                                             (129, 129, 3, 1), (6304, 2304, 6, 288)])
-def test_streamk_schedule_covers_every_k_tile_once(tactic, m, n, kt, resident):
-    from edgesdk.kernels import vitbit_gemm as K
-    g, dp, gs, t, units = _streamk_walk(tactic, m, n, kt, resident)
-    assert 1 <= g <= resident and gs <= min(g, K._sk_blocks_max(m, n)) and dp % g == 0 or dp == t
-    covered = {}
-    for b, u in enumerate(units):
-        partial = [x for x in u if not (x[1] == 0 and x[2] == kt)]
-        assert len(partial) <= 2  # two partial slots per block
-        if len(partial) == 2:  # slot 0 = the block's first stream-K tile, slot 1 = its last
-            assert partial[0][0] != partial[1][0]
-        for tile, kb, ke in u:
-            assert 0 <= kb < ke <= kt
-            covered.setdefault(tile, []).append((kb, ke, b))
-    assert sorted(covered) == list(range(t))
-    for tile, parts in covered.items():
-        parts.sort()
-        assert parts[0][0] == 0 and parts[-1][1] == kt
-        assert all(x[1] == y[0] for x, y in zip(parts, parts[1:]))  # contiguous, no overlap
-        owners = [x[2] for x in parts]
-        if len(parts) > 1:  # the kernel's sk_owner(i) = ((i + 1) gs - 1) // I finds the first and last owner
-            t0, it = (tile - dp) * kt, (t - dp) * kt
-            assert owners[0] == ((t0 + 1) * gs - 1) // it and owners[-1] == ((t0 + kt) * gs - 1) // it
-        assert owners == list(range(owners[0], owners[0] + len(owners)))  # first..last owner, as the kernel counts
-    assert (t - dp) * kt == 0 or gs >= 1
-    if t % g == 0:
-        assert dp == t and gs == 0
-    if tactic == 36 and t > g:
-        assert dp == t // g * g
-    if tactic == 35 and t >= 2 * g and t % g:
-        assert dp == (t // g - 1) * g

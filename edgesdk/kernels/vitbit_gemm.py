@@ -51,7 +51,6 @@ class Config:
     tc2: bool = False  # second-generation tensor-core-only kernel (epilogue staged through smem)
     persistent: bool = False  # "tp": resident blocks walk the tiles, one pipeline, epilogue from registers
     inkernel_splitk: bool = False  # "tk": split-K partials summed by the tile's last block (no 2nd kernel)
-    streamk: bool = False  # "ts": persistent + stream-K tail (partial tiles summed by their last block)
 
     @property
     def bn(self) -> int:
@@ -65,7 +64,7 @@ class Config:
     @property
     def smem(self) -> int:
         pipe = self.stages * (self.bm + self.bn) * BK
-        staged = self.tc2 and not (self.persistent or self.inkernel_splitk or self.streamk)
+        staged = self.tc2 and not (self.persistent or self.inkernel_splitk)
         return max(pipe, self.bm * (self.bn + 8) * 4) if staged else pipe
 
 
@@ -80,7 +79,6 @@ _C = {c.name: c for c in [
     Config("tp_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True, persistent=True),
     Config("tp_128x128w4", 128, CoreSplit(128), 64, 64, 3, tc2=True, persistent=True),
     Config("tk_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True, inkernel_splitk=True),
-    Config("ts_128x128", 128, CoreSplit(128), 64, 32, 3, tc2=True, persistent=True, streamk=True),
     Config("h128_tc128_i8", 128, CoreSplit(128, 8), 64, 32, 3),
     Config("h128_tc128_i8_f8", 128, CoreSplit(128, 8, 8), 64, 32, 3, tm=2),
     Config("h64_tc64_i8", 64, CoreSplit(64, 8), 32, 32, 4, tm=2),
@@ -122,11 +120,6 @@ TACTICS: dict[int, tuple[str, int]] = {
     # tensor cores only, split-K summed inside the GEMM kernel by each tile's last block (small M; round 3
     # also measured 3 and 4 splits and a 64 x 128 tile: never the fastest, removed)
     50: ("tk_64x64", 2),
-    # persistent tp_128x128 with a stream-K tail (round 4): 35 = data-parallel rounds, then the last
-    # 1-2 rounds' tiles (T - (T // G - 1) G of T tiles, G resident blocks) split by k-tiles over all blocks;
-    # 36 = only the last partial round's tiles (T mod G) split
-    35: ("ts_128x128", 1),
-    36: ("ts_128x128", 1),
     # (round 3 also measured 8 warps of 16 x 32 on a 64 x 64 tile as tp/tc2/tk tactics 38-40: 1.02-1.64x
     # slower than the best tactic everywhere, removed)
     # hybrids: tensor-core warps + INT-core (dp4a) and/or FP-core warps
@@ -147,10 +140,6 @@ TACTICS: dict[int, tuple[str, int]] = {
 }
 AUTO = TC_ONLY = 1
 MAX_SPLITS = max(s for _, s in TACTICS.values())
-STREAMK_TAIL_ROUNDS = {35: 2, 36: 1}  # stream-K tactic -> rounds (at most) whose tiles are split
-SK_MAX_BLOCKS = 264  # stream-K blocks at most (2 per SM x 132 SMs): the workspace holds 2 partial tiles each
-SK_MAX_PER_TILE = 4  # stream-K blocks per tile at most where tiles < blocks (bounds the workspace)
-STREAMK_DP_ONLY = False  # exploration: run the ts kernel with every tile data-parallel (its loop alone)
 
 
 def auto_tactic(n: int, k: int, m: int, sms: int) -> int:
@@ -217,30 +206,24 @@ def _tk_tiles(cfg: Config, m: int, n: int) -> int:
     return -(-m // cfg.bm) * -(-n // cfg.bn)
 
 
-def _sk_blocks_max(m: int, n: int) -> int:
-    """Stream-K blocks the workspace has partial slots for (2 slots of one 128 x 128 int32 tile each)."""
-    return min(SK_MAX_BLOCKS, SK_MAX_PER_TILE * -(-m // 128) * -(-n // 128))
-
-
 def _partials_bytes(m: int, n: int) -> int:
-    """Bytes of the partials region (after Xq), enough for every tactic that uses one: M x N int32 per
-    split for the tc2 split-K tactics, whole tiles per split for the tk tactics (both where split-K is on),
-    2 partial 128 x 128 tiles per stream-K block (ts, always)."""
-    b = 2 * _sk_blocks_max(m, n) * 128 * 128 * 4
-    if _splitk_ok(m, n):
-        b = max(b, 4 * MAX_SPLITS * m * n)
-        for name, splits in TACTICS.values():
-            cfg = _C.get(name)
-            if cfg is not None and cfg.inkernel_splitk:
-                b = max(b, 4 * _tk_tiles(cfg, m, n) * splits * cfg.bm * cfg.bn)
+    """Bytes of the split-K partials region (after Xq), enough for every split-K tactic: M x N int32 per
+    split for the tc2 tactics, whole tiles per split for the tk tactics; 0 where split-K is off."""
+    if not _splitk_ok(m, n):
+        return 0
+    b = 4 * MAX_SPLITS * m * n
+    for name, splits in TACTICS.values():
+        cfg = _C.get(name)
+        if cfg is not None and cfg.inkernel_splitk:
+            b = max(b, 4 * _tk_tiles(cfg, m, n) * splits * cfg.bm * cfg.bn)
     return -(-b // 256) * 256
 
 
 def _counters(m: int, n: int) -> int:
-    """Tile counters of the tk and ts tactics, after the partials region (one int32 per tile, at most
-    64 x 64 tiles). They sit where no tactic writes partials, so they stay zero between launches (each tk /
-    ts launch leaves them zero) whichever tactics share the workspace."""
-    return -(-m // 64) * -(-n // 64)
+    """Tile counters of the tk tactics, after the partials region (one int32 per tile, at most 64 x 64 tiles).
+    They sit where no tactic writes partials, so they stay zero between launches (each tk launch leaves
+    them zero) whichever tactics share the workspace."""
+    return -(-m // 64) * -(-n // 64) if _splitk_ok(m, n) else 0
 
 
 def workspace_bytes(attrs: dict, m: int) -> int:
@@ -346,9 +329,9 @@ def _plan(a: dict, x_dtype: str, m: int, tactic: int) -> tuple[tuple[_cuda.Launc
     counters in the workspace (0: none)."""
     slots, (x, xq, w, ws, bias, y, part, ctr) = _cuda.ArgBlock.pointer_slots(8)
     cfg, splits = _gemm_config(a, m, tactic)
-    part_off = _xq_bytes(m, a["k"]) if splits > 1 or cfg.streamk else 0
+    part_off = _xq_bytes(m, a["k"]) if splits > 1 else 0
     ctr_off = nctr = 0
-    if (cfg.inkernel_splitk and splits > 1) or cfg.streamk:  # the quantize kernel zeroes the tile counters
+    if cfg.inkernel_splitk and splits > 1:  # the quantize kernel zeroes this tactic's tile counters
         ctr_off, nctr = part_off + _partials_bytes(m, a["n"]), _tk_tiles(cfg, m, a["n"])
     q = _quantize_launch(a, x_dtype, m, x, xq, slots, ctr_off // 4, nctr)
     return (q, *_gemm_launches(a, x_dtype, m, tactic, xq, w, ws, bias, y, part, ctr)), part_off, ctr_off
@@ -393,17 +376,12 @@ def _gemm_launches(a: dict, x_dtype: str, m: int, tactic: int, xq, w, ws, bias, 
     kps = -(-kt // splits)  # K tiles per split
     kern = _kernel(f"vitbit_gemm_{cfg.name}")
     grid = (-(-n // cfg.bn), -(-m // cfg.bm), splits)
-    extra = [ctr] if cfg.inkernel_splitk else []
-    if cfg.streamk:
-        g, dp, gs = streamk_schedule(tactic, m, n, kt, persistent_grid(kern, cfg, 1 << 30))
-        grid = (g, 1, 1)
-        extra = [ctr, ctypes.c_int(dp), ctypes.c_int(gs)]
-    elif cfg.persistent:  # one split; the kernel walks tiles blockIdx.x, + gridDim.x, ...
+    if cfg.persistent:  # one split; the kernel walks tiles blockIdx.x, + gridDim.x, ...
         grid = (persistent_grid(kern, cfg, grid[0] * grid[1]), 1, 1)
     out = [kern.plan(
         grid, (cfg.threads,),
         _cuda.ArgBlock([xq, w, y, part, ws, bias, xs, ctypes.c_int(flags), ctypes.c_int(m), ctypes.c_int(n),
-                        ctypes.c_int(kp), ctypes.c_int(kps)] + extra), cfg.smem)]
+                        ctypes.c_int(kp), ctypes.c_int(kps)] + ([ctr] if cfg.inkernel_splitk else [])), cfg.smem)]
     if splits > 1 and not cfg.inkernel_splitk:
         per = 8 if n % 8 == 0 else 1  # 8 consecutive columns per thread where rows are whole chunks
         out.append(_kernel("vitbit_splitk_epilogue8" if per == 8 else "vitbit_splitk_epilogue").plan(
@@ -411,23 +389,6 @@ def _gemm_launches(a: dict, x_dtype: str, m: int, tactic: int, xq, w, ws, bias, 
             _cuda.ArgBlock([part, ctypes.c_int(splits), y, ws, bias, xs, ctypes.c_int(flags), ctypes.c_int(m),
                             ctypes.c_int(n)])))
     return out
-
-
-def streamk_schedule(tactic: int, m: int, n: int, kt: int, resident: int) -> tuple[int, int, int]:
-    """(grid G, data-parallel tiles, stream-K blocks) of stream-K ``tactic`` for T = 128 x 128 tiles of
-    ``kt`` k-tiles on ``resident`` co-resident blocks. With T = q G + r, r > 0: the first
-    (q - rounds + 1) G tiles (0 if negative) are walked whole, round by round; the other tiles' k-tiles are
-    cut evenly into ``gs`` = min(G, their k-tiles, workspace slots) ranges. r = 0: all data-parallel."""
-    t = -(-m // 128) * -(-n // 128)
-    g = max(1, min(resident, t * kt))
-    q, r = divmod(t, g)
-    if r == 0:
-        return g, t, 0
-    dp = max(0, q - STREAMK_TAIL_ROUNDS[tactic] + 1) * g
-    gs = min(g, (t - dp) * kt, _sk_blocks_max(m, n))
-    if STREAMK_DP_ONLY or (t - dp) * kt * (gs + 1) >= 1 << 31:  # the kernel's 32-bit range arithmetic
-        return g, t, 0
-    return g, dp, gs
 
 
 def _p(ptr: int) -> ctypes.c_void_p:
@@ -445,11 +406,11 @@ def gemm(a: dict, x_dtype: str, m: int, xq: int, w: int, ws: int, bias: int, y: 
     (``workspace + _xq_bytes(m, k)``). For the in-kernel split-K tactic (50) its tile counters (after
     the partials) must be zero on entry: zero the workspace once; every tk launch leaves them zero and no
     tactic writes there (``launch`` also zeroes them itself, in the quantize kernel)."""
-    cfg, splits = _gemm_config(a, m, tactic)
-    if splits == 1 and not cfg.streamk:
+    _, splits = _gemm_config(a, m, tactic)
+    if splits == 1:
         part = 0
     elif not part:
-        raise EdgeSDKError("EdgeVitBitGemm: split-K / stream-K tactic without a partials buffer",
+        raise EdgeSDKError("EdgeVitBitGemm: split-K tactic without a partials buffer",
                            "pass the workspace (workspace_bytes) to launch")
     ctr = part + _partials_bytes(m, a["n"]) if part else 0  # the tk tile counters follow the partials
     _cuda.launch_all(_gemm_launches(a, x_dtype, m, tactic, _p(xq), _p(w), _p(ws), _p(bias), _p(y), _p(part),
