@@ -3,6 +3,9 @@
 # and racecheck on the stream-K tactics (35, 36) and the in-kernel split-K tactic (50) with the persistent
 # grid capped to 3 blocks (every split / fixup path runs), then the ViT-B benchmark of the chosen tactics
 # beside the baselines, full GPU and 16-SM green context.
+# Ran at commits 24bee18 (call 1) and 908d831 (call 2, VITBIT_SKIP_SAN=1 VITBIT_BENCH_SK_DIAG=1
+# VITBIT_BENCH_TACTICS=1,30,35,36); tactics 35/36 were removed afterwards (docs/vitbit_gemm.md, round 4), so
+# on later commits the sanitizer and bench steps skip them (sancheck and the bench only run valid tactics).
 # Usage (repository root, on the GPU machine): OUT=dir bash tools/vitbit_gemm_gpu_round4.sh
 set -uo pipefail
 OUT=${OUT:-out-gpu}; mkdir -p "$OUT"
