@@ -429,6 +429,6 @@ def measure_vs_dense(weights: "fmt.BitmapLinearWeights", m: int, int8_dense: boo
     fp16 = dense.time_us(weights.n, weights.k, m, "float16")
     i8 = dense.time_us(weights.n, weights.k, m, "int8") if int8_dense else None
     best, kind = (i8, "cuBLAS int8") if i8 is not None and i8 < fp16 else (fp16, "cuBLAS fp16")
-    return {"plugin": "bitmap", "bitmap_us": round(ours, 3), "dense_us": round(best, 3), "dense": kind, "fp16_us": round(fp16, 3),
-            "int8_us": None if i8 is None else round(i8, 3), "m": int(m), "gpu": facts["name"],
-            "sm_count": facts["sm_count"]}
+    return {"plugin": "bitmap", "bitmap_us": round(ours, 3), "dense_us": round(best, 3), "dense": kind,
+            "fp16_us": round(fp16, 3), "int8_us": None if i8 is None else round(i8, 3), "m": int(m),
+            "gpu": facts["name"], "sm_count": facts["sm_count"]}

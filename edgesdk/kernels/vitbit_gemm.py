@@ -26,6 +26,8 @@ import ctypes
 import threading
 from dataclasses import dataclass
 
+import numpy as np
+
 from edgesdk.errors import EdgeSDKError
 from edgesdk.formats.vitbit_gemm import CoreSplit, k_padded, validate_attributes
 from edgesdk.kernels import _cuda
@@ -422,8 +424,6 @@ def time_us(weights, m: int, tactic: int = 1, x_dtype: str = "float16", stream: 
     """GPU µs of one ``launch`` (quantize + GEMM, what the plugin runs) of this packed layer with X of ``m``
     rows on the current device (:func:`edgesdk.kernels._cuda.time_layer_us`: operand copies rotated beyond
     2 × L2, CUDA graph, median)."""
-    import numpy as np
-
     attrs = weights.node_attributes()
     x = (np.random.default_rng(seed).standard_normal((m, weights.k)) * 40 * weights.x_scale).astype(x_dtype)
     return _cuda.time_layer_us(

@@ -113,7 +113,7 @@ def choose(f: LayerFacts, kernels: str, device) -> tuple[str, str | None]:
 
 
 def measure_plan(mode: str, device, host) -> tuple[bool, str]:
-    """Whether ``auto`` times its bitmap candidates on this machine's GPU: ``(measure, note)``.
+    """Whether ``auto`` times its plugin candidates on this machine's GPU: ``(measure, note)``.
 
     Args:
         mode: ``auto`` (measure when this machine's GPU is the target: ``device`` is ``host``, or the
