@@ -84,6 +84,7 @@ def build(
     sparsity_scope: Annotated[Optional[str], typer.Option("--sparsity-scope", help="layer (each layer at --sparsity) | global (one threshold over all rewritten layers). [default: layer]")] = None,
     kernels: Annotated[Optional[str], typer.Option("--kernels", help="auto | bitmap | vitbit | none (plain ONNX ops). [default: auto]")] = None,
     measure: Annotated[Optional[str], typer.Option("--measure", help="auto | on | off: with --kernels auto, time each bitmap candidate against the dense layer on this GPU and keep dense where it is faster (auto: only when this GPU is the target device). [default: auto]")] = None,
+    vitbit_input: Annotated[Optional[str], typer.Option("--vitbit-input", help="int8 | float: EdgeVitBitGemm reads the int8 output of the layer's QuantizeLinear (kept, so TensorRT can fuse it into the producer) or the float activation (quantized inside the plugin). [default: int8]")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Regex on layer names to leave alone (repeatable).")] = None,
     include_lm_head: Annotated[Optional[bool], typer.Option("--include-lm-head", help="Also quantize/rewrite an LLM's output head.")] = None,
     atol: Annotated[Optional[float], typer.Option("--atol", help="Verification: mean absolute error bound. [default: 0.1]")] = None,
@@ -113,7 +114,7 @@ def build(
 
     flags = dict(device=device, output=output, force=force, quantize=quantize, calibration=calibration,
                  calibration_count=calibration_count, calibrate_method=calibrate_method, smooth_quant=smooth_quant, shape_hints=shape or None,
-                 sparsity=sparsity, prune=prune, sparsity_scope=sparsity_scope, kernels=kernels, measure=measure,
+                 sparsity=sparsity, prune=prune, sparsity_scope=sparsity_scope, kernels=kernels, measure=measure, vitbit_input=vitbit_input,
                  exclude=_exclude(exclude), include_lm_head=include_lm_head, atol=atol, rtol=rtol, min_cosine=min_cosine, verify=verify,
                  verify_count=verify_count, workspace_mb=workspace_mb, seed=seed,
                  builder_optimization_level=builder_optimization_level, timing_cache=timing_cache,
@@ -135,6 +136,7 @@ def build(
 @app.command("inspect")
 def inspect_cmd(
     model: Annotated[Path, typer.Argument(help="ONNX model to inspect.")],
+    vitbit_input: Annotated[Optional[str], typer.Option("--vitbit-input", help="int8 | float: EdgeVitBitGemm reads the int8 output of the layer's QuantizeLinear (kept, so TensorRT can fuse it into the producer) or the float activation (quantized inside the plugin). [default: int8]")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Regex on layer names (as for build).")] = None,
     include_lm_head: Annotated[bool, typer.Option("--include-lm-head", help="As for build.")] = False,
     device: Annotated[str, typer.Option("--device", "-d", help="Target profile for the kernel preview (as for build).")] = "orin",

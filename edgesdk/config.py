@@ -52,6 +52,9 @@ class BuildConfig(BaseModel):
         measure: ``auto`` times each bitmap candidate against the dense layer when the build runs on
             the target GPU and keeps dense where it is faster; ``on`` times on any GPU here; ``off``
             uses the static rule only (``edgesdk.rewrite.choose``).
+        vitbit_input: What ``EdgeVitBitGemm`` reads: ``int8`` (the layer's QuantizeLinear output, kept in the
+            graph so that TensorRT can fuse it into the producer of X) or ``float`` (the activation before the
+            QuantizeLinear, quantized by the plugin itself).
         exclude: Regexes on layer names left in float and unrewritten.
         include_lm_head: Also quantize/rewrite an LLM's output head.
         atol: Absolute tolerance of the verification (Polygraphy, mean error).
@@ -86,6 +89,7 @@ class BuildConfig(BaseModel):
     sparsity_scope: Literal["layer", "global"] = "layer"
     kernels: Literal["auto", "bitmap", "vitbit", "none"] = "auto"
     measure: Literal["auto", "on", "off"] = "auto"
+    vitbit_input: Literal["int8", "float"] = "int8"
     exclude: list[str] = Field(default_factory=list)
     include_lm_head: bool = False
     atol: float = Field(0.1, ge=0)

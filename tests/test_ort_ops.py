@@ -16,26 +16,31 @@ from edgesdk.rewrite import PLUGIN_ATTRS
 ONNX_DT = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16}
 
 
-def _node_model(op_type, attrs, tensors, x_shape, n, dtype):
+def _node_model(op_type, attrs, tensors, x_shape, n, dtype, y_dtype=None):
     inits = [numpy_helper.from_array(np.ascontiguousarray(v), f"w.{k}") for k, v in tensors.items()]
     node = helper.make_node(op_type, ["X"] + [i.name for i in inits], ["Y"], domain="edgesdk",
                             **attrs, **PLUGIN_ATTRS)
     sym = ["b"] + list(x_shape[1:-1])
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", ONNX_DT[dtype], sym + [x_shape[-1]])],
-                          [helper.make_tensor_value_info("Y", ONNX_DT[dtype], sym + [n])], inits)
+    x_type = TensorProto.INT8 if dtype == np.int8 else ONNX_DT[dtype]
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", x_type, sym + [x_shape[-1]])],
+                          [helper.make_tensor_value_info("Y", ONNX_DT[y_dtype or dtype], sym + [n])], inits)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("edgesdk", 1)],
                           ir_version=10)
     onnx.checker.check_model(m)
     return m
 
 
-def vitbit_int64(x, w_q, w_scale, x_scale, bias, gelu=False):
-    """Independent VitBit semantics: int64 accumulation, fp32 epilogue, Y in X's dtype.
+def vitbit_int64(x, w_q, w_scale, x_scale, bias, gelu=False, y_dtype=None):
+    """Independent VitBit semantics: int64 accumulation, fp32 epilogue, Y in X's dtype (an int8 X is q
+    itself; Y then in ``y_dtype``).
 
     With ``gelu`` the exact GELU is applied to the fp32 value in float64 (math.erf), then rounded
     to fp32: equal to the reference up to erf's last float64 bit (compare with a 1e-6 tolerance).
     """
-    q = np.clip(np.rint(x.astype(np.float32) / np.float32(x_scale)), -128, 127).astype(np.int64)
+    if x.dtype == np.int8:
+        q = x.astype(np.int64)
+    else:
+        q = np.clip(np.rint(x.astype(np.float32) / np.float32(x_scale)), -128, 127).astype(np.int64)
     acc = q.reshape(-1, x.shape[-1]) @ w_q.astype(np.int64).T
     alpha = (np.float32(x_scale) * w_scale.astype(np.float32)).astype(np.float32)
     y = acc.astype(np.float32) * alpha
@@ -45,7 +50,7 @@ def vitbit_int64(x, w_q, w_scale, x_scale, bias, gelu=False):
         erf = np.vectorize(math.erf, otypes=[np.float64])
         y64 = y.astype(np.float64)
         y = (0.5 * y64 * (1.0 + erf(y64 / math.sqrt(2.0)))).astype(np.float32)
-    return y.astype(x.dtype).reshape(*x.shape[:-1], -1)
+    return y.astype(y_dtype or x.dtype).reshape(*x.shape[:-1], -1)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
@@ -65,6 +70,32 @@ def test_vitbit_op_bit_exact(dtype, has_bias, shape):
     y = make_session(m).run(None, {"X": x})[0]
     assert y.dtype == dtype and y.shape == shape[:-1] + (n,)
     np.testing.assert_array_equal(y, vitbit_int64(x, w_q, w_scale, x_scale, bias))
+
+
+@pytest.mark.parametrize("y_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("gelu", [False, True])
+def test_vitbit_op_int8_x(y_dtype, gelu):
+    """An int8 X (the QuantizeLinear output) is q itself; Y in the node's y_dtype; -128 and 127 included."""
+    rng = np.random.default_rng(5 + gelu)
+    shape, n = (2, 7, 45), 19
+    w_q = rng.integers(-128, 128, (n, shape[-1])).astype(np.int8)
+    w_scale = (rng.random(n) * 0.01 + 1e-3).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    x_scale = float(np.float32(0.0371234567))
+    packed = VitBitWeights.pack(w_q, w_scale, 8, bias=bias, x_scale=x_scale, gelu=gelu,
+                                y_dtype=np.dtype(y_dtype).name)
+    x = rng.integers(-128, 128, shape).astype(np.int8)
+    x.reshape(-1)[:2] = [-128, 127]
+    m = _node_model("EdgeVitBitGemm", packed.node_attributes(), packed.to_tensors(), shape, n, np.int8, y_dtype)
+    y = make_session(m).run(None, {"X": x})[0]
+    ref = vitbit_int64(x, w_q, w_scale, x_scale, bias, gelu, y_dtype)
+    assert y.dtype == y_dtype and y.shape == shape[:-1] + (n,)
+    np.testing.assert_allclose(y, ref, rtol=1e-6 if gelu else 0, atol=1e-7 if gelu else 0)
+    # a node without y_dtype cannot take an int8 X: refused before a session exists
+    bad = VitBitWeights.pack(w_q, w_scale, 8, bias=bias, x_scale=x_scale)
+    with pytest.raises(EdgeSDKError, match="has no y_dtype"):
+        make_session(_node_model("EdgeVitBitGemm", bad.node_attributes(), bad.to_tensors(), shape, n, np.int8,
+                                 y_dtype)).run(None, {"X": x})
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])

@@ -87,10 +87,12 @@ def check_plugin_nodes(model, feeds):
         vals.update(feed)
         for n in nodes:
             x, y, a = vals[n.input[0]], vals[n.output[0]], _attrs(n)
-            assert y.dtype == x.dtype and y.shape == x.shape[:-1] + (a["n"],)
+            y_dtype = np.dtype(a.get("y_dtype") or x.dtype)
+            assert y.dtype == y_dtype and y.shape == x.shape[:-1] + (a["n"],)
+            assert (x.dtype == np.int8) == (n.op_type == "EdgeVitBitGemm" and bool(a.get("y_dtype")))
             if n.op_type == "EdgeVitBitGemm":
                 w = VitBitWeights.from_tensors(a, dict(zip(("weight", "w_scale", "bias"), (inits[i] for i in n.input[1:]))))
-                ref = vitbit_int64(x, w.w_q(), w.w_scale, w.x_scale, w.bias, w.gelu)
+                ref = vitbit_int64(x, w.w_q(), w.w_scale, w.x_scale, w.bias, w.gelu, y_dtype)
                 if w.gelu:
                     np.testing.assert_allclose(y, ref, rtol=1e-6, atol=1e-7)
                 else:
@@ -186,16 +188,24 @@ def test_float_forms_become_bitmap_nodes(form, dtype):
     assert polygraphy_compare(m, dense, feeds, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("vitbit_input", ["int8", "float"])
 @pytest.mark.parametrize("form", FORMS)
-def test_qdq_forms_fold_into_vitbit_bit_exact(form):
+def test_qdq_forms_fold_into_vitbit_bit_exact(form, vitbit_input):
     m = linear_model(form)
     feeds = feeds_for(m, count=3)
     q = quantize_int8(m, feeds, find_linears(m))
     assert sum(n.op_type == "QuantizeLinear" for n in q.graph.node) == 1
-    new, (row,) = rewrite_model(q, cfg(kernels="vitbit"), None, ORIN)
-    check_structure(q, new, 1)
-    ops = {n.op_type for n in new.graph.node}
-    assert "QuantizeLinear" not in ops and "DequantizeLinear" not in ops  # Q/DQ folded into the node
+    (qnode,) = [n for n in q.graph.node if n.op_type == "QuantizeLinear"]
+    new, (row,) = rewrite_model(q, cfg(kernels="vitbit", vitbit_input=vitbit_input), None, ORIN)
+    (node,) = check_structure(q, new, 1)
+    ops = [n.op_type for n in new.graph.node]
+    assert "DequantizeLinear" not in ops  # the DQ pair is folded into the node
+    if vitbit_input == "int8":  # the node reads the QuantizeLinear's int8 output, Y in the float dtype
+        assert ops.count("QuantizeLinear") == 1 and node.input[0] in (qnode.output[0], f"{row['name']}.x_t")
+        assert _attrs(node)["y_dtype"] == {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16"}[
+            next(i for i in q.graph.input).type.tensor_type.elem_type]
+    else:  # the node quantizes X itself
+        assert "QuantizeLinear" not in ops and _attrs(node)["y_dtype"] == ""
     assert row["kernel"] == "vitbit" and row["quantized"] and row["bytes_packed"] <= 70 * 37 + 16 * 37 + 8 * 37
     assert check_plugin_nodes(new, feeds) == 1
     # vs the Q/DQ model: same int8 math, only the fp32 rounding of the dequantization differs
@@ -300,9 +310,15 @@ def test_shared_activation_qdq_is_folded_for_all_consumers():
     q = quantize_int8(m, feeds, find_linears(m))
     new, report = rewrite_model(q, cfg(kernels="auto"), None, ORIN)  # M = 19 tokens → vitbit
     assert [r["kernel"] for r in report] == ["vitbit"] * 3
-    check_structure(q, new, 3)
-    assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in new.graph.node}
+    nodes = check_structure(q, new, 3)
+    ops = [n.op_type for n in new.graph.node]
+    assert "DequantizeLinear" not in ops and ops.count("QuantizeLinear") == 1  # one Q feeds all three (int8 X)
+    (qnode,) = [n for n in new.graph.node if n.op_type == "QuantizeLinear"]
+    assert {n.input[0] for n in nodes} == {qnode.output[0]}
     check_plugin_nodes(new, feeds)
+    flt, _ = rewrite_model(q, cfg(kernels="auto", vitbit_input="float"), None, ORIN)
+    assert not {"QuantizeLinear", "DequantizeLinear"} & {n.op_type for n in flt.graph.node}
+    check_plugin_nodes(flt, feeds)
 
 
 def _gelu_model(variant):

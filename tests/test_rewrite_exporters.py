@@ -168,11 +168,20 @@ def test_vit_int8_every_linear_to_vitbit_and_auto(vit):
     new, report = rewrite_model_checked(q, cfg(kernels="vitbit"))
     nodes = check_structure(q, new, 9)
     assert [r["kernel"] for r in report] == ["vitbit"] * 9
-    assert not {"QuantizeLinear", "DequantizeLinear", "Erf"} & {n.op_type for n in new.graph.node}
+    ops = [n.op_type for n in new.graph.node]
+    assert not {"DequantizeLinear", "Erf"} & set(ops)
+    # every node reads the int8 output of a QuantizeLinear kept in the graph
+    qout = {n.output[0] for n in new.graph.node if n.op_type == "QuantizeLinear"}
+    assert all(n.input[0] in qout for n in nodes) and len(qout) == ops.count("QuantizeLinear") == 9
     gelu = [n.name for n in nodes if any(a.name == "gelu" and a.i == 1 for a in n.attribute)]
     assert gelu == ["blocks.0.fc1/EdgeVitBitGemm", "blocks.1.fc1/EdgeVitBitGemm"]  # fc1 + GELU fused
     assert check_plugin_nodes(new, feeds) == 9
     assert polygraphy_compare(q, new, feeds, atol=2e-3, rtol=2e-3)
+    # --vitbit-input float: the nodes quantize X themselves, no Q/DQ left; same int8 math
+    flt, _ = rewrite_model_checked(q, cfg(kernels="vitbit", vitbit_input="float"))
+    assert not {"QuantizeLinear", "DequantizeLinear", "Erf"} & {n.op_type for n in flt.graph.node}
+    assert check_plugin_nodes(flt, feeds) == 9
+    assert polygraphy_compare(new, flt, feeds, atol=0, rtol=0)
 
 
 def test_decoder_every_linear_to_bitmap(decoder):

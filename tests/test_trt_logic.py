@@ -136,6 +136,41 @@ def test_supported_format_combinations(op):
         L.output_dtype(spec, ["int8"])
 
 
+@pytest.mark.parametrize("y", ["float16", "float32"])
+def test_vitbit_int8_input_formats(y):
+    """A VitBit node with y_dtype takes X int8 (the QuantizeLinear output) or X in y_dtype; Y is y_dtype."""
+    spec = L.spec_for("vitbit_gemm")
+    attrs = {"has_bias": 1, "y_dtype": y}
+    n_in = L.num_inputs(spec, attrs)
+    w = spec.tensor_dtypes
+    assert L.format_combinations(spec, n_in, attrs) == [(y, *w, y), ("int8", *w, y)]
+    lin = ["LINEAR"] * (n_in + 1)
+    assert L.supports_format(spec, n_in, ["int8", *w, y], lin, n_in, attrs)
+    other = "float32" if y == "float16" else "float16"
+    assert not L.supports_format(spec, n_in, ["int8", *w, other], lin, n_in, attrs)  # Y must be y_dtype
+    assert not L.supports_format(spec, 0, [other], lin, n_in, attrs)  # a float X must be y_dtype
+    assert L.output_dtype(spec, ["int8"], attrs) == y
+    with pytest.raises(EdgeSDKError, match="y_dtype is"):
+        L.output_dtype(spec, [other], attrs)
+    # the bitmap operator has no int8 X, whatever the attributes say
+    bspec = L.spec_for("bitmap_linear")
+    assert not L.supports_format(bspec, 0, ["int8"], lin, n_in, attrs)
+    with pytest.raises(EdgeSDKError, match="takes float16 or float32"):
+        L.output_dtype(bspec, ["int8"], attrs)
+
+
+def test_vitbit_fields_default_y_dtype():
+    """Nodes written before y_dtype existed (no such field) get y_dtype "" = Y in X's dtype."""
+    spec = L.spec_for("vitbit_gemm")
+    fields = [("n", np.array([8], np.int32)), ("k", np.array([32], np.int32)), ("bits", np.array([8], np.int32)),
+              ("x_scale", np.array([0.5], np.float32)), ("has_bias", np.array([0], np.int32)),
+              ("gelu", np.array([0], np.int32))]
+    got = L.attrs_from_fields(spec, fields)
+    assert got["y_dtype"] == "" and L.output_dtype(spec, ["float16"], got) == "float16"
+    ser = L.encode_fields(spec, dict(got, y_dtype="float32"))
+    assert L.attrs_from_fields(spec, [(n, d) for n, d, _ in ser])["y_dtype"] == "float32"
+
+
 @pytest.mark.parametrize("op,variant", CASES)
 def test_declared_tensor_dtypes_match_the_formats_tensors(op, variant):
     spec = L.spec_for(op)

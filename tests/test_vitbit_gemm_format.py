@@ -240,8 +240,12 @@ def test_launcher_tactics_and_workspace_without_gpu():
         K.config(99)
     with pytest.raises(EdgeSDKError, match="workspace"):
         K.launch(a, "float16", 4, [1, 2, 3, 4], [5], 0, 1)
-    with pytest.raises(EdgeSDKError, match="float16 or float32"):
+    with pytest.raises(EdgeSDKError, match="X must be one of"):
         K.launch(a, "bfloat16", 4, [1, 2, 3, 4], [5], 0, 1, workspace=8)
+    with pytest.raises(EdgeSDKError, match="int8 X needs attribute y_dtype"):
+        K.launch(a, "int8", 4, [1, 2, 3, 4], [5], 0, 1, workspace=8)
+    with pytest.raises(EdgeSDKError, match="X is float32 but attribute y_dtype is float16"):
+        K.launch(dict(a, y_dtype="float16"), "float32", 4, [1, 2, 3, 4], [5], 0, 1, workspace=8)
     with pytest.raises(EdgeSDKError, match="expected 4 inputs"):
         K.launch(a, "float16", 4, [1, 2, 3], [5], 0, 1, workspace=8)
 
@@ -267,3 +271,34 @@ def test_default_tactic_is_the_measured_choice_per_shape():
     for (k, n, m, sms), t in want.items():
         assert K.auto_tactic(n, k, m, sms) == t, (k, n, m, sms)
         assert t in K.valid_tactics({"n": n, "k": k, "bits": 8, "x_scale": 0.02, "has_bias": 1, "gelu": 0}, m)
+
+
+def test_y_dtype_attribute_and_int8_x():
+    """y_dtype: optional ("" = Y in X's dtype, what nodes written before it mean), required for an int8 X."""
+    from edgesdk.formats.vitbit_gemm import VitBitWeights, check_x_dtype, validate_attributes
+    from edgesdk.reference.vitbit_gemm import quantize_activations, vitbit_gemm
+
+    rng = np.random.default_rng(21)
+    w_q = rng.integers(-128, 128, (11, 53)).astype(np.int8)
+    ws = (rng.random(11) + 0.01).astype(np.float32)
+    plain = VitBitWeights.pack(w_q, ws, x_scale=0.02)
+    a = plain.node_attributes()
+    assert a["y_dtype"] == "" and validate_attributes({k: v for k, v in a.items() if k != "y_dtype"})["y_dtype"] == ""
+    for bad in ("int8", "fp16", 3):
+        with pytest.raises(FormatError, match="y_dtype"):
+            validate_attributes(dict(a, y_dtype=bad))
+        with pytest.raises(FormatError, match="y_dtype"):
+            VitBitWeights.pack(w_q, ws, x_scale=0.02, y_dtype=bad)
+    va = validate_attributes(dict(a, y_dtype="float32"))
+    assert check_x_dtype("int8", va) == "float32" and check_x_dtype("float32", va) == "float32"
+    assert check_x_dtype("float16", validate_attributes(a)) == "float16"
+    with pytest.raises(FormatError, match="int8 X needs attribute y_dtype"):
+        check_x_dtype("int8", validate_attributes(a))
+    with pytest.raises(FormatError, match="X is float16 but attribute y_dtype is float32"):
+        check_x_dtype("float16", va)
+    # the reference: an int8 X is q itself; equal to the float path on the same q, Y in y_dtype
+    x = (rng.standard_normal((4, 3, 53)) * 2).astype(np.float16)
+    q8 = VitBitWeights.pack(w_q, ws, x_scale=0.02, y_dtype="float16")
+    y8 = vitbit_gemm(quantize_activations(x.reshape(-1, 53), 0.02).reshape(x.shape), q8)
+    assert y8.dtype == np.float16 and np.array_equal(y8, vitbit_gemm(x, plain))
+    assert VitBitWeights.from_tensors(q8.node_attributes(), q8.to_tensors()).y_dtype == "float16"

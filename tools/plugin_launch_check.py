@@ -76,6 +76,10 @@ def x_dims(m: int, k: int) -> tuple[int, ...]:
 
 
 def make_x(layer, dims, dtype, rng) -> np.ndarray:
+    if np.dtype(dtype) == np.int8:  # an already quantized X (a VitBit node reading the QuantizeLinear output)
+        x = rng.integers(-128, 128, dims).astype(np.int8)
+        x.reshape(-1)[:2] = [-128, 127]
+        return x
     x = rng.standard_normal(dims)
     if layer.op == "vitbit_gemm":  # spread over the int8 grid, with some clipping at ±127
         x = x * float(layer.attrs["x_scale"]) * 45
@@ -86,12 +90,17 @@ def check_layer(layer, ms, stream, rng, timing_reps: int) -> list[dict]:
     spec = _logic.spec_for(layer.op)
     weights = [Dev(t.nbytes).upload(t) for t in layer.tensors.values()]
     rows = []
+    # every X dtype the node accepts (fp16 and fp32, or, for a VitBit node reading the QuantizeLinear output,
+    # int8 and its y_dtype); timing and the graph check on the X the deployed graph feeds (int8, else fp16)
+    x_dtypes = [np.dtype(d) for d in _logic.input_dtypes_allowed(spec, 0, layer.attrs)]
+    main = np.dtype(np.int8) if np.dtype(np.int8) in x_dtypes else np.dtype(np.float16)
     try:
-        for dtype in (np.float16, np.float32):
+        for dtype in x_dtypes:
+            y_dtype = np.dtype(_logic.output_dtype(spec, [dtype.name], layer.attrs))
             for m in ms:
                 dims = x_dims(m, layer.k)
                 x = make_x(layer, dims, dtype, rng)
-                xd, yd = Dev(x.nbytes).upload(x), Dev(m * layer.n * np.dtype(dtype).itemsize)
+                xd, yd = Dev(x.nbytes).upload(x), Dev(m * layer.n * y_dtype.itemsize)
                 ws_bytes = _logic.workspace_bytes(spec, layer.attrs, m)
                 ws = Dev(ws_bytes) if ws_bytes else None
                 inputs = [int(xd), *(int(w) for w in weights)]
@@ -100,16 +109,16 @@ def check_layer(layer, ms, stream, rng, timing_reps: int) -> list[dict]:
                     _logic.enqueue(spec, layer.attrs, np.dtype(dtype).name, dims, inputs, [int(yd)],
                                    int(ws) if ws else 0, int(stream), tactic)
                     check(cu.cuStreamSynchronize(stream))
-                    y = yd.download((*dims[:-1], layer.n), dtype)
+                    y = yd.download((*dims[:-1], layer.n), y_dtype)
                     ok, err, rule = compare(layer, x, y)
                     row = {"layer": layer.name, "op": layer.op, "x_dtype": np.dtype(dtype).name, "m": m,
                            "n": layer.n, "k": layer.k, "tactic": tactic, "ok": ok, "max_abs_err": err,
                            "rule": rule}
-                    if timing_reps and dtype == np.float16:
+                    if timing_reps and dtype == main:
                         row.update(_time(spec, layer, dims, dtype, inputs, yd, ws, stream, tactic, timing_reps))
                     rows.append(row)
-                if dtype == np.float16 and m == max(ms):
-                    rows.append(_graph_check(spec, layer, dims, dtype, x, inputs, yd, ws, stream))
+                if dtype == main and m == max(ms):
+                    rows.append(_graph_check(spec, layer, dims, dtype, x, inputs, yd, ws, stream, y_dtype))
                 for d in (xd, yd, ws):
                     if d is not None:
                         d.free()
@@ -130,7 +139,7 @@ def _capture(fn, stream, mode):
     return exe
 
 
-def _graph_check(spec, layer, dims, dtype, x, inputs, yd, ws, stream) -> dict:
+def _graph_check(spec, layer, dims, dtype, x, inputs, yd, ws, stream, y_dtype=None) -> dict:
     """Capture one default-tactic enqueue in global mode (a sync/alloc inside would fail), replay it."""
     mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
     exe = _capture(lambda: _logic.enqueue(spec, layer.attrs, np.dtype(dtype).name, dims, inputs, [int(yd)],
@@ -139,7 +148,7 @@ def _graph_check(spec, layer, dims, dtype, x, inputs, yd, ws, stream) -> dict:
     check(cu.cuGraphLaunch(exe, stream))
     check(cu.cuStreamSynchronize(stream))
     check(cu.cuGraphExecDestroy(exe))
-    ok, err, rule = compare(layer, x, yd.download((*dims[:-1], layer.n), dtype))
+    ok, err, rule = compare(layer, x, yd.download((*dims[:-1], layer.n), y_dtype or dtype))
     return {"layer": layer.name, "op": layer.op, "x_dtype": np.dtype(dtype).name, "m": int(np.prod(dims[:-1])),
             "n": layer.n, "k": layer.k, "tactic": "graph(default)", "ok": ok, "max_abs_err": err, "rule": rule}
 

@@ -6,7 +6,11 @@ scales (exact semantics in :mod:`edgesdk.reference.vitbit_gemm`)::
     q   = clip(round_half_even(float32(X) / float32(x_scale)), -128, 127)      # int8, NaN -> 0
     acc = q @ W^T                                                               # exact integer
     y   = float32(acc) * (float32(x_scale) * w_scale[n])  (+ bias[n]) (GELU)   # fp32, no FMA
-    Y   = y cast to X's dtype
+    Y   = y cast to y_dtype, or to X's dtype where y_dtype is ""
+
+X may also be int8: q itself, already quantized with ``x_scale`` (the output of the graph's QuantizeLinear,
+which TensorRT can fuse into the layer producing X, while a plugin cannot absorb it). Such a node must set
+``y_dtype`` ("float16" or "float32"); for a float X, ``y_dtype`` is "" or X's dtype.
 
 Stored tensors (node inputs after X, in order; the last only when ``has_bias`` == 1)::
 
@@ -47,7 +51,13 @@ ATTRIBUTES: dict[str, type] = {
     "x_scale": float,  # calibrated per-tensor activation scale (> 0)
     "has_bias": int,   # 1 -> a bias input follows w_scale
     "gelu": int,       # 1 -> exact (erf) GELU after the bias (fc1)
+    "y_dtype": str,    # Y's dtype: "float16" / "float32" (required for an int8 X), "" = X's dtype
 }
+#: Attributes a node may omit (nodes written before they existed), with their value then.
+ATTRIBUTE_DEFAULTS: dict[str, object] = {"y_dtype": ""}
+#: dtypes of X: float (quantized on chip with x_scale) or int8 (already quantized with x_scale).
+X_DTYPES = ("float16", "float32", "int8")
+Y_DTYPES = ("float16", "float32")
 SUPPORTED_BITS = (4, 5, 8)
 K_ALIGN = 16
 K_MAX = (2**31 - 1) // (128 * 128)  # 131071: int32 accumulation cannot overflow (module docstring)
@@ -197,6 +207,15 @@ def _check_x_scale(x_scale) -> float:
     return float(s)
 
 
+def _check_y_dtype(y_dtype) -> str:
+    if isinstance(y_dtype, bytes):
+        y_dtype = y_dtype.decode()
+    if y_dtype not in ("",) + Y_DTYPES:
+        raise _fail(f"y_dtype must be '', 'float16' or 'float32', got {y_dtype!r}",
+                    "rewrite the node with edgesdk")
+    return str(y_dtype)
+
+
 def _check_dims(n, k) -> tuple[int, int]:
     if not (isinstance(n, (int, np.integer)) and 1 <= n <= N_MAX):
         raise _fail(f"n must be an int in [1, {N_MAX}], got {n!r}", "fix the layer's output size")
@@ -218,6 +237,7 @@ class VitBitWeights:
         bits (int): weight bit width (4, 5 or 8).
         x_scale (float): per-tensor activation scale.
         gelu (bool): fused GELU after the bias.
+        y_dtype (str): Y's dtype ("float16"/"float32"; required for an int8 X), "" = X's dtype.
     """
 
     weight: np.ndarray
@@ -227,6 +247,7 @@ class VitBitWeights:
     bits: int = 8
     x_scale: float = 1.0
     gelu: bool = False
+    y_dtype: str = ""
     _validated: bool = field(default=False, repr=False)
 
     def __post_init__(self):
@@ -240,7 +261,7 @@ class VitBitWeights:
 
     @classmethod
     def pack(cls, w_q: np.ndarray, w_scale: np.ndarray, bits: int = 8, *, bias: np.ndarray | None = None,
-             x_scale: float = 1.0, gelu: bool = False) -> "VitBitWeights":
+             x_scale: float = 1.0, gelu: bool = False, y_dtype: str = "") -> "VitBitWeights":
         """Pack int weights ``w_q [N, K]`` (values within ``bits`` bits) with scales ``w_scale [N]``.
 
         Raises:
@@ -264,7 +285,7 @@ class VitBitWeights:
         if ws is None:
             raise _fail("w_scale must be an array [N]", "pass one scale per output channel")
         return cls(weight=weight, w_scale=ws, bias=b, k=k, bits=int(bits), x_scale=_check_x_scale(x_scale),
-                   gelu=bool(gelu))
+                   gelu=bool(gelu), y_dtype=_check_y_dtype(y_dtype))
 
     def _validate(self) -> None:
         w = self.weight
@@ -297,6 +318,7 @@ class VitBitWeights:
             if not np.all(np.isfinite(b)):
                 raise _fail("bias has non-finite values", "check the model's bias initializer")
         self.x_scale = _check_x_scale(self.x_scale)
+        self.y_dtype = _check_y_dtype(self.y_dtype)
 
     @property
     def alpha(self) -> np.ndarray:
@@ -318,7 +340,7 @@ class VitBitWeights:
 
     def node_attributes(self) -> dict:
         return {"n": self.n, "k": int(self.k), "bits": int(self.bits), "x_scale": float(self.x_scale),
-                "has_bias": int(self.bias is not None), "gelu": int(bool(self.gelu))}
+                "has_bias": int(self.bias is not None), "gelu": int(bool(self.gelu)), "y_dtype": self.y_dtype}
 
     def to_tensors(self) -> dict[str, np.ndarray]:
         t = {"weight": self.weight, "w_scale": self.w_scale}
@@ -344,7 +366,7 @@ class VitBitWeights:
                         "the weight initializer does not match attributes n/k: repack the layer")
         return cls(weight=weight, w_scale=np.asarray(tensors["w_scale"]),
                    bias=np.asarray(tensors["bias"]) if a["has_bias"] else None, k=a["k"], bits=a["bits"],
-                   x_scale=a["x_scale"], gelu=bool(a["gelu"]))
+                   x_scale=a["x_scale"], gelu=bool(a["gelu"]), y_dtype=a["y_dtype"])
 
 
 def validate_attributes(attrs: dict) -> dict:
@@ -354,9 +376,13 @@ def validate_attributes(attrs: dict) -> dict:
     """
     out = {}
     for name, typ in ATTRIBUTES.items():
-        if name not in attrs:
+        if name not in attrs and name not in ATTRIBUTE_DEFAULTS:
             raise _fail(f"missing attribute {name!r}", f"the node needs attributes {list(ATTRIBUTES)}")
-        v = attrs[name]
+        v = attrs.get(name, ATTRIBUTE_DEFAULTS.get(name))
+        if isinstance(v, bytes):
+            v = v.decode()
+        if typ is str and not isinstance(v, str):
+            raise _fail(f"attribute {name!r} must be a string, got {v!r}", "rewrite the node with edgesdk")
         if typ is int and not (isinstance(v, (int, np.integer)) and not isinstance(v, bool)):
             raise _fail(f"attribute {name!r} must be an int, got {v!r}", "rewrite the node with edgesdk")
         if typ is float and not isinstance(v, (float, int, np.floating, np.integer)):
@@ -369,7 +395,23 @@ def validate_attributes(attrs: dict) -> dict:
         if out[flag] not in (0, 1):
             raise _fail(f"attribute {flag!r} must be 0 or 1, got {out[flag]}", "rewrite the node with edgesdk")
     out["x_scale"] = _check_x_scale(out["x_scale"])
+    out["y_dtype"] = _check_y_dtype(out["y_dtype"])
     return out
+
+
+def check_x_dtype(x_dtype: str, attrs: dict) -> str:
+    """Y's dtype for an X of ``x_dtype`` (validated attributes); FormatError if the pair is not allowed."""
+    y = attrs["y_dtype"]
+    if x_dtype not in X_DTYPES:
+        raise _fail(f"X must be one of {X_DTYPES}, got {x_dtype}",
+                    "cast X to float16/float32, or feed the int8 output of the layer's QuantizeLinear")
+    if x_dtype == "int8" and not y:
+        raise _fail("an int8 X needs attribute y_dtype (float16 or float32)",
+                    "rewrite the model with edgesdk (it sets y_dtype on int8-input nodes)")
+    if x_dtype != "int8" and y and y != x_dtype:
+        raise _fail(f"X is {x_dtype} but attribute y_dtype is {y} (a float X gives Y in its own dtype)",
+                    f"cast X to {y}, or rewrite the node")
+    return y or x_dtype
 
 
 def output_shape(x_shape: tuple[int, ...], attrs: dict) -> tuple[int, ...]:

@@ -2,7 +2,9 @@
 
 A launch is two or three kernels on the caller's stream, with no allocation and no host sync:
 
-1. ``vitbit_quantize_*``: X -> int8 ``Xq [M, K16]`` in the workspace (one fp32 division per element);
+1. ``vitbit_quantize_*``: X -> int8 ``Xq [M, K16]`` in the workspace (one fp32 division per element).
+   An int8 X (already quantized with ``x_scale``: the graph's QuantizeLinear output) skips this step; the GEMM
+   reads X itself when K % 16 == 0 and X is 16-byte aligned, else ``vitbit_pad_i8`` copies it into Xq;
 2. ``vitbit_gemm_<config>``: the fused GEMM, whose block tile is split by columns between tensor-core,
    INT-core and FP-core warps (the tactic's :class:`~edgesdk.formats.vitbit_gemm.CoreSplit`); with
    split-K it writes int32 partials to the workspace instead of Y;
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.formats.vitbit_gemm import CoreSplit, k_padded, validate_attributes
+from edgesdk.formats.vitbit_gemm import CoreSplit, check_x_dtype, k_padded, validate_attributes
 from edgesdk.kernels import _cuda
 
 SOURCE = "vitbit_gemm/vitbit_gemm.cu"
@@ -279,11 +281,12 @@ def _layer(attrs: dict) -> tuple[dict, tuple]:
     """``validate_attributes(attrs)`` and a hashable key of it, cached by the raw attribute values."""
     raw = None
     try:
-        raw = (attrs["n"], attrs["k"], attrs["bits"], attrs["has_bias"], attrs["gelu"], attrs["x_scale"])
+        raw = (attrs["n"], attrs["k"], attrs["bits"], attrs["has_bias"], attrs["gelu"], attrs["x_scale"],
+               attrs.get("y_dtype", ""))
         return _layers[raw]
     except (KeyError, TypeError):  # first call for this layer, or unhashable / missing values
         a = validate_attributes(attrs)
-        out = (a, (a["n"], a["k"], a["bits"], a["has_bias"], a["gelu"], a["x_scale"]))
+        out = (a, (a["n"], a["k"], a["bits"], a["has_bias"], a["gelu"], a["x_scale"], a["y_dtype"]))
         if raw is not None:
             try:
                 _layers[raw] = out
@@ -303,8 +306,7 @@ def launch(attrs: dict, x_dtype: str, m: int, inputs: list[int], outputs: list[i
     are rewritten.
     """
     a, akey = _layer(attrs)
-    if x_dtype not in ("float16", "float32"):
-        raise EdgeSDKError(f"EdgeVitBitGemm: X must be float16 or float32, got {x_dtype}", "cast X")
+    check_x_dtype(x_dtype, a)
     if len(inputs) != 3 + a["has_bias"] or len(outputs) != 1:
         raise EdgeSDKError(f"EdgeVitBitGemm: expected {3 + a['has_bias']} inputs and 1 output, got "
                            f"{len(inputs)} and {len(outputs)}", "pass [X, weight, w_scale, (bias)] and [Y]")
@@ -313,30 +315,45 @@ def launch(attrs: dict, x_dtype: str, m: int, inputs: list[int], outputs: list[i
     if not workspace:
         raise EdgeSDKError("EdgeVitBitGemm: launch needs a workspace (quantized X, split-K partials)",
                            "allocate workspace_bytes(attrs, m) bytes and pass workspace=<pointer>")
-    key = (akey, x_dtype, m, tactic, _cuda.current_context(), PERSISTENT_GRID_CAP)
+    direct = x_dtype == "int8" and a["k"] % 16 == 0 and int(inputs[0]) % 16 == 0
+    key = (akey, x_dtype, direct, m, tactic, _cuda.current_context(), PERSISTENT_GRID_CAP)
     plans = _cuda.thread_cache(_tls)
     plan = plans.get(key)
     if plan is None:
-        plan = plans[key] = _plan(a, x_dtype, int(m), int(tactic))
-    launches, part_off, ctr_off = plan
-    launches[0].args.set_pointers(inputs[0], workspace, inputs[1], inputs[2], inputs[3] if a["has_bias"] else 0,
-                                  outputs[0], workspace + part_off if part_off else 0,
-                                  workspace + ctr_off if ctr_off else 0)
+        plan = plans[key] = _plan(a, x_dtype, int(m), int(tactic), direct)
+    launches, part_off, ctr_off, ptrs = plan
+    ptrs.set_pointers(inputs[0], workspace, inputs[1], inputs[2], inputs[3] if a["has_bias"] else 0,
+                      outputs[0], workspace + part_off if part_off else 0, workspace + ctr_off if ctr_off else 0)
     _cuda.launch_all(launches, stream)
 
 
-def _plan(a: dict, x_dtype: str, m: int, tactic: int) -> tuple[tuple[_cuda.Launch, ...], int, int]:
+def _plan(a: dict, x_dtype: str, m: int, tactic: int, direct: bool = False
+          ) -> tuple[tuple[_cuda.Launch, ...], int, int, _cuda.ArgBlock]:
     """Launches of :func:`launch` over shared pointer slots (X, Xq, W, w_scale, bias, Y, partials, tile
-    counters), which the first launch's arg block writes; and the byte offsets of the partials and the
-    counters in the workspace (0: none)."""
+    counters); the byte offsets of the partials and the counters in the workspace (0: none); and the
+    arg block that writes the slots. ``direct``: int8 X that the GEMM reads in place (no copy)."""
     slots, (x, xq, w, ws, bias, y, part, ctr) = _cuda.ArgBlock.pointer_slots(8)
     cfg, splits = _gemm_config(a, m, tactic)
     part_off = _xq_bytes(m, a["k"]) if splits > 1 else 0
     ctr_off = nctr = 0
-    if cfg.inkernel_splitk and splits > 1:  # the quantize kernel zeroes this tactic's tile counters
+    if cfg.inkernel_splitk and splits > 1:  # the first kernel zeroes this tactic's tile counters
         ctr_off, nctr = part_off + _partials_bytes(m, a["n"]), _tk_tiles(cfg, m, a["n"])
-    q = _quantize_launch(a, x_dtype, m, x, xq, slots, ctr_off // 4, nctr)
-    return (q, *_gemm_launches(a, x_dtype, m, tactic, xq, w, ws, bias, y, part, ctr)), part_off, ctr_off
+    first: list[_cuda.Launch] = []
+    if x_dtype != "int8":
+        first.append(_quantize_launch(a, x_dtype, m, x, xq, slots, ctr_off // 4, nctr))
+    elif not direct or nctr:  # copy X into Xq, and/or zero the tk counters
+        first.append(_pad_launch(a, 0 if direct else m, x, xq, slots, ctr_off // 4, nctr))
+    gemm = _gemm_launches(a, x_dtype, m, tactic, x if direct else xq, w, ws, bias, y, part, ctr)
+    return (*first, *gemm), part_off, ctr_off, _cuda.ArgBlock((), slots)
+
+
+def _pad_launch(a: dict, m: int, x, xq, slots=None, ctr_off: int = 0, nctr: int = 0) -> _cuda.Launch:
+    """``vitbit_pad_i8``: int8 X [m, K] -> Xq [m, K16] (pad 0), and zero ``nctr`` tk counters (m = 0: only that)."""
+    kp = k_padded(a["k"])
+    groups = m * kp // 4
+    args = _cuda.ArgBlock([x, xq, ctypes.c_int(m), ctypes.c_int(a["k"]), ctypes.c_int(kp), ctypes.c_int64(ctr_off),
+                           ctypes.c_int(nctr)], slots)
+    return _kernel("vitbit_pad_i8").plan((max(1, min(-(-groups // 256), 4096)),), (256,), args)
 
 
 def _gemm_config(a: dict, m: int, tactic: int) -> tuple[Config, int]:
@@ -371,7 +388,7 @@ def _gemm_launches(a: dict, x_dtype: str, m: int, tactic: int, xq, w, ws, bias, 
     n, k = a["n"], a["k"]
     cfg, splits = _gemm_config(a, m, tactic)
     kp = k_padded(k)
-    flags = (_FLAG_HALF if x_dtype == "float16" else 0) | (_FLAG_BIAS if a["has_bias"] else 0) | \
+    flags = (_FLAG_HALF if y_dtype(a, x_dtype) == "float16" else 0) | (_FLAG_BIAS if a["has_bias"] else 0) | \
         (_FLAG_GELU if a["gelu"] else 0)
     xs = ctypes.c_float(a["x_scale"])
     kt = -(-kp // BK)
@@ -391,6 +408,11 @@ def _gemm_launches(a: dict, x_dtype: str, m: int, tactic: int, xq, w, ws, bias, 
             _cuda.ArgBlock([part, ctypes.c_int(splits), y, ws, bias, xs, ctypes.c_int(flags), ctypes.c_int(m),
                             ctypes.c_int(n)])))
     return out
+
+
+def y_dtype(a: dict, x_dtype: str) -> str:
+    """Y's dtype: attribute ``y_dtype`` where set (required for an int8 X), else X's."""
+    return a["y_dtype"] or x_dtype
 
 
 def _p(ptr: int) -> ctypes.c_void_p:
@@ -421,30 +443,39 @@ def gemm(a: dict, x_dtype: str, m: int, xq: int, w: int, ws: int, bias: int, y: 
 
 def time_us(weights, m: int, tactic: int = 1, x_dtype: str = "float16", stream: int | None = None,
             seed: int = 0) -> float:
-    """GPU µs of one ``launch`` (quantize + GEMM, what the plugin runs) of this packed layer with X of ``m``
-    rows on the current device (:func:`edgesdk.kernels._cuda.time_layer_us`: operand copies rotated beyond
-    2 × L2, CUDA graph, median)."""
+    """GPU µs of one ``launch`` (what the plugin runs: quantize + GEMM for a float X, the GEMM alone for an
+    int8 X) of this packed layer with X of ``m`` rows on the current device
+    (:func:`edgesdk.kernels._cuda.time_layer_us`: operand copies rotated beyond 2 × L2, CUDA graph, median)."""
     attrs = weights.node_attributes()
-    x = (np.random.default_rng(seed).standard_normal((m, weights.k)) * 40 * weights.x_scale).astype(x_dtype)
+    rng = np.random.default_rng(seed)
+    if x_dtype == "int8":
+        attrs["y_dtype"] = attrs.get("y_dtype") or "float16"
+        x = rng.integers(-128, 128, (m, weights.k), dtype=np.int8)
+    else:
+        x = (rng.standard_normal((m, weights.k)) * 40 * weights.x_scale).astype(x_dtype)
+    y_bytes = m * weights.n * np.dtype(y_dtype(attrs, x_dtype)).itemsize
     return _cuda.time_layer_us(
-        list(weights.to_tensors().values()), x, m * weights.n * np.dtype(x_dtype).itemsize,
+        list(weights.to_tensors().values()), x, y_bytes,
         lambda ins, outs, ws, st: launch(attrs, x_dtype, m, ins, outs, st, tactic, workspace=ws),
         workspace_bytes=workspace_bytes(attrs, m), stream=stream)
 
 
-def measure_vs_dense(weights, m: int) -> dict:
+def measure_vs_dense(weights, m: int, x_dtype: str | None = None) -> dict:
     """Time this packed layer (tactic 1) against the dense layer it replaces on the current GPU: an INT8
     Q/DQ linear, which TensorRT runs as an int8 GEMM — cuBLAS int8 × int8 → int32 stands in for it
-    (``edgesdk.kernels.dense``; without the dequantize/bias epilogue and the quantization of X, which ours
-    includes), or cuBLAS fp16 where cuBLAS has no int8 kernel for the shape. Returns
-    ``{"plugin": "vitbit", "vitbit_us", "dense_us", "dense", "fp16_us", "int8_us", "m", "gpu", "sm_count"}``."""
+    (``edgesdk.kernels.dense``; without the dequantize/bias epilogue), or cuBLAS fp16 where cuBLAS has no int8
+    kernel for the shape. ``x_dtype``: the node's X, by default int8 where the layer has ``y_dtype`` (the
+    rewrite's int8-input nodes: both sides then start from the graph's quantized X) and float16 otherwise
+    (ours then also pays the quantization of X). Returns ``{"plugin": "vitbit", "vitbit_us", "dense_us",
+    "dense", "fp16_us", "int8_us", "x_dtype", "m", "gpu", "sm_count"}``."""
     from edgesdk.kernels import dense
 
     facts = _cuda.device_facts()
-    ours = time_us(weights, m)
+    x_dtype = x_dtype or ("int8" if weights.y_dtype else "float16")
+    ours = time_us(weights, m, x_dtype=x_dtype)
     i8 = dense.time_us(weights.n, weights.k, m, "int8")
     fp16 = dense.time_us(weights.n, weights.k, m, "float16") if i8 is None else None
     best, kind = (i8, "cuBLAS int8") if i8 is not None else (fp16, "cuBLAS fp16")
     return {"plugin": "vitbit", "vitbit_us": round(ours, 3), "dense_us": round(best, 3), "dense": kind,
             "fp16_us": None if fp16 is None else round(fp16, 3), "int8_us": None if i8 is None else round(i8, 3),
-            "m": int(m), "gpu": facts["name"], "sm_count": facts["sm_count"]}
+            "x_dtype": x_dtype, "m": int(m), "gpu": facts["name"], "sm_count": facts["sm_count"]}

@@ -6,7 +6,10 @@ file is never changed):
 * fp16 tensors are not supported at all (the process aborts with "Type float16 not supported by
   python customops api"): an fp16 X is given to the op through ``Cast(float32)`` and the op's
   fp32 output, which already holds fp16-rounded values, is cast back to fp16 (exactly).
-  The op learns X's real dtype from the extra attribute ``x_dtype``.
+  The op learns X's real dtype from the extra attribute ``x_dtype``. An int8 X (ops whose format
+  lists it in ``X_DTYPES``) travels the same way (int8 → float32 is exact); Y's dtype is then the
+  node's ``y_dtype`` attribute.
+* attributes a node may omit (the format's ``ATTRIBUTE_DEFAULTS``) are added with their default.
 * every declared input is required: a node without bias gets an empty float32 bias input.
 * float attributes reach the op printed with 6 significant digits (``0.012345679`` arrives as
   ``0.0123457``): :func:`adapt` rewrites them as strings holding the exact float32 value
@@ -37,7 +40,10 @@ REGISTERED: dict[str, int] = {}
 _VALIDATORS: dict[str, tuple[tuple[str, ...], Callable[[dict, dict], object]]] = {}
 _FLOAT_ATTRS: dict[str, set[str]] = {}
 _ATTR_TYPES = {int: "dt_int64", float: "dt_float", str: "dt_string"}
-_DTYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16"}
+_DTYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.INT8: "int8"}
+#: op_type → X dtypes the op takes, and attribute defaults (the format's X_DTYPES / ATTRIBUTE_DEFAULTS).
+_X_DTYPES: dict[str, tuple[str, ...]] = {}
+_DEFAULTS: dict[str, dict] = {}
 
 
 def register(fmt, input_types: list[str], forward: Callable[[np.ndarray, dict, dict], np.ndarray],
@@ -74,6 +80,8 @@ def register(fmt, input_types: list[str], forward: Callable[[np.ndarray, dict, d
     REGISTERED[fmt.OP_TYPE] = len(names)
     _VALIDATORS[fmt.OP_TYPE] = (names, validate)
     _FLOAT_ATTRS[fmt.OP_TYPE] = set(floats)
+    _X_DTYPES[fmt.OP_TYPE] = tuple(getattr(fmt, "X_DTYPES", ("float16", "float32")))
+    _DEFAULTS[fmt.OP_TYPE] = dict(getattr(fmt, "ATTRIBUTE_DEFAULTS", {}))
 
 
 def _validate(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> None:
@@ -138,10 +146,20 @@ def adapt(model: onnx.ModelProto, domain: str) -> None:
             nodes.append(n)
             continue
         dt = _DTYPES.get(types.get(n.input[0], 0))
-        if dt is None:
+        if dt is None or dt not in _X_DTYPES[n.op_type]:
             raise EdgeSDKError(f"cannot tell the dtype of input {n.input[0]!r} of plugin node {n.name!r} "
-                               "(or it is not float16/float32)",
+                               f"(or it is not one of {', '.join(_X_DTYPES[n.op_type])})",
                                "rewrite the model with edgesdk (it records value_info for plugin outputs)")
+        have = {a.name for a in n.attribute}
+        for name, value in _DEFAULTS[n.op_type].items():
+            if name not in have:
+                n.attribute.append(helper.make_attribute(name, value))
+        y_attr = next((helper.get_attribute_value(a) for a in n.attribute if a.name == "y_dtype"), b"")
+        y_dt = (y_attr.decode() if isinstance(y_attr, bytes) else str(y_attr)) or dt
+        if y_dt not in ("float16", "float32"):
+            raise EdgeSDKError(f"plugin node {n.name!r} ({n.op_type}) reads an {dt} X but has no y_dtype "
+                               "attribute (float16 or float32) for its output",
+                               "rewrite the model with edgesdk (it sets y_dtype on int8-input nodes)")
         want = 1 + REGISTERED[n.op_type]
         while len(n.input) < want:
             empty = fresh("edgesdk_empty_bias")
@@ -151,10 +169,12 @@ def adapt(model: onnx.ModelProto, domain: str) -> None:
             if a.name in _FLOAT_ATTRS[n.op_type] and a.type == onnx.AttributeProto.FLOAT:
                 n.attribute[i].CopyFrom(helper.make_attribute(a.name, "%.9g" % np.float32(a.f)))
         n.attribute.append(helper.make_attribute("x_dtype", dt))
-        if dt == "float16":
-            x32, y32, y = fresh(f"{n.input[0]}_f32"), fresh(f"{n.output[0]}_f32"), n.output[0]
+        if dt != "float32":
+            x32 = fresh(f"{n.input[0]}_f32")
             nodes.append(helper.make_node("Cast", [n.input[0]], [x32], to=TensorProto.FLOAT))
             n.input[0] = x32
+        if y_dt == "float16":
+            y32, y = fresh(f"{n.output[0]}_f32"), n.output[0]
             n.output[0] = y32
             nodes.append(n)
             nodes.append(helper.make_node("Cast", [y32], [y], to=TensorProto.FLOAT16))

@@ -10,7 +10,9 @@ Semantics, step by step (each step is one IEEE fp32 operation, so CUDA reproduce
     y        = float32(acc) * alpha[n]                                     int -> fp32 rounds to nearest even
     y        = y + bias[n]                                                 if has_bias (separate fp32 add)
     y        = 0.5 * y * (1 + erf(y / sqrt(2)))                            if gelu (float64 here, then fp32)
-    Y        = y.astype(X.dtype)                                           fp16: round to nearest even
+    Y        = y.astype(y_dtype or X.dtype)                                fp16: round to nearest even
+
+An int8 X is q itself (already quantized with x_scale, e.g. by the graph's QuantizeLinear).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.formats.vitbit_gemm import VitBitWeights, extract_fields, field_layout, pack_fields
+from edgesdk.formats.vitbit_gemm import VitBitWeights, check_x_dtype, extract_fields, field_layout, pack_fields
 
 
 def quantize_activations(x: np.ndarray, x_scale: float) -> np.ndarray:
@@ -63,14 +65,16 @@ def epilogue(acc: np.ndarray, alpha: np.ndarray, bias: np.ndarray | None, gelu: 
 
 
 def vitbit_gemm(x: np.ndarray, packed: VitBitWeights) -> np.ndarray:
-    """Y = EdgeVitBitGemm(X) for X fp16/fp32 ``[..., K]``; Y has X's dtype and shape ``[..., N]``."""
+    """Y = EdgeVitBitGemm(X) for X ``[..., K]``: fp16/fp32 (quantized here with ``x_scale``) or int8 (already
+    quantized: q = X). Y has shape ``[..., N]`` and dtype ``packed.y_dtype``, or X's where that is ""."""
     x = np.asarray(x)
-    if x.dtype not in (np.float16, np.float32) or x.ndim < 2 or x.shape[-1] != packed.k:
-        raise EdgeSDKError(f"EdgeVitBitGemm: X must be fp16/fp32 [..., {packed.k}], got {x.dtype} {x.shape}",
+    if x.ndim < 2 or x.shape[-1] != packed.k:
+        raise EdgeSDKError(f"EdgeVitBitGemm: X must be [..., {packed.k}], got {x.dtype} {x.shape}",
                            "feed the layer its input activations with K features")
+    y_dtype = check_x_dtype(x.dtype.name, packed.node_attributes())
     x2 = x.reshape(-1, packed.k)
-    acc = int_gemm(quantize_activations(x2, packed.x_scale), packed.w_q())
-    y = epilogue(acc, packed.alpha, packed.bias, packed.gelu, x.dtype)
+    q = x2 if x.dtype == np.int8 else quantize_activations(x2, packed.x_scale)
+    y = epilogue(int_gemm(q, packed.w_q()), packed.alpha, packed.bias, packed.gelu, np.dtype(y_dtype))
     return y.reshape(x.shape[:-1] + (packed.n,))
 
 

@@ -17,10 +17,14 @@ transposed weights, any activation rank ≥ 2):
    * ``EdgeBitmapLinear`` reads the float activation the MatMul read (the DQ output when the
      activation is fake-quantized, so the numerics of the Q/DQ model are kept); int8 weights are
      stored as int8 values with their per-channel scales, float weights as fp16 values.
-   * ``EdgeVitBitGemm`` reads the float activation *before* its QuantizeLinear and quantizes on
-     chip with the calibrated scale (attribute ``x_scale``): the Q/DQ pair is folded away. An
-     exact (erf) GELU that only this layer's output feeds is fused too (attribute ``gelu=1``,
-     :func:`find_gelu`): the fc1 + GELU of every ViT MLP becomes one node.
+   * ``EdgeVitBitGemm`` (``vitbit_input="int8"``, the default) reads the int8 output of the layer's
+     activation QuantizeLinear, which stays in the graph (TensorRT cannot fuse a Q into a plugin, but
+     can fuse it into the layer that produces X), with ``y_dtype`` = the activation's float dtype;
+     the DequantizeLinear is folded away. With ``vitbit_input="float"`` it reads the float
+     activation *before* the QuantizeLinear and quantizes on chip with the calibrated scale
+     (attribute ``x_scale``; both Q and DQ folded away). An exact (erf) GELU that only this layer's
+     output feeds is fused too (attribute ``gelu=1``, :func:`find_gelu`): the fc1 + GELU of every
+     ViT MLP becomes one node.
 
    Layers left as they are but pruned get their pruned weights written back densely.
 5. Dead nodes (Q/DQ pairs no longer used) and initializers are removed, ``value_info`` is given
@@ -47,6 +51,8 @@ PLUGIN_DOMAIN = "edgesdk"
 PLUGIN_ATTRS = {"plugin_version": "1", "plugin_namespace": "edgesdk"}
 IR_VERSION = 10
 _FLOATS = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16"}
+#: What an ``EdgeVitBitGemm`` node reads: the int8 QuantizeLinear output, or the float activation.
+VITBIT_INPUTS = ("int8", "float")
 
 
 # ----------------------------------------------------------------------------------------- facts
@@ -351,10 +357,11 @@ def _bytes_dense(info: LinearInfo, int8: bool) -> int:
 
 
 def _pack(kernel: str, w: np.ndarray, q: np.ndarray | None, scale: np.ndarray | None, bias, x_scale,
-          gelu: bool = False):
-    """Packed weights of one layer (raises FormatError when the format refuses them)."""
+          gelu: bool = False, y_dtype: str = ""):
+    """Packed weights of one layer (raises FormatError when the format refuses them); ``y_dtype``: set
+    for a VitBit node that reads the int8 QuantizeLinear output."""
     if kernel == "vitbit":
-        return vitbit_fmt.VitBitWeights.pack(q, scale, 8, bias=bias, x_scale=x_scale, gelu=gelu)
+        return vitbit_fmt.VitBitWeights.pack(q, scale, 8, bias=bias, x_scale=x_scale, gelu=gelu, y_dtype=y_dtype)
     if q is not None:
         if np.any(q == -128):
             raise FormatError("int8 weights use -128, outside the bitmap format's symmetric range [-127, 127]",
@@ -372,7 +379,7 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
     Args:
         model: Float or Q/DQ model (not modified).
         config: A ``BuildConfig`` (reads ``sparsity``, ``prune``, ``kernels``, ``exclude``,
-            ``include_lm_head``, and ``sparsity_scope`` when present).
+            ``include_lm_head``, and ``sparsity_scope``, ``measure``, ``vitbit_input`` when present).
         calibration: Feeds for Wanda: one dict (input name → array) or a list of them.
         device: ``DeviceProfile`` for the ``auto`` rule (roofline figures), or None.
         measurer: ``f(packed, m, int8) -> dict`` timing a plugin candidate against dense (the
@@ -395,6 +402,9 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
     sparsity = float(getattr(config, "sparsity", 0.0) or 0.0)
     method = str(getattr(config, "prune", "magnitude") or "magnitude")
     scope = str(getattr(config, "sparsity_scope", "layer") or "layer")
+    vitbit_input = str(getattr(config, "vitbit_input", "int8") or "int8")
+    if vitbit_input not in VITBIT_INPUTS:
+        raise EdgeSDKError(f"unknown --vitbit-input {vitbit_input!r}", f"use one of {', '.join(VITBIT_INPUTS)}")
 
     model = _copy(model)
     ix = GraphIndex(model)
@@ -462,9 +472,11 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
         bias = bias_values(model, li, ix)
         packed = None
         gelu = find_gelu(ix, li.output) if kernel == "vitbit" else None
+        x_q = kernel == "vitbit" and vitbit_input == "int8"  # the plugin reads the Q output
         if kernel != "none":
             try:
-                packed = _pack(kernel, w, q, scale, bias, x_scale, gelu is not None)
+                packed = _pack(kernel, w, q, scale, bias, x_scale, gelu is not None,
+                               _FLOATS[x_type[0]] if x_q else "")
             except FormatError as err:
                 kernel, reason = "none", f"{kernel}: {err.problem}"
         if kernel in ("bitmap", "vitbit") and packed is not None and timer is not None:
@@ -480,7 +492,7 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
                 _write_back(model, ix, li, w, qw[li.name][0], taken, new_inits)
             continue
         row["bytes_packed"] = int(packed.nbytes)
-        x_in = li.input if kernel == "vitbit" else x_tensor
+        x_in = (ix.nodes[li.act_q].output[0] if x_q else li.input) if kernel == "vitbit" else x_tensor
         nodes = []
         if li.trans_a:
             xt = _unique(f"{li.name}.x_t", taken)
@@ -533,7 +545,8 @@ class _Timer:
         if self.fn is None:
             return None
         key = (type(packed).__name__, packed.n, packed.k, int(m), getattr(packed, "value_dtype", None),
-               getattr(packed, "bits", None), bool(int8), round(float(getattr(packed, "density", 1.0)), 2))
+               getattr(packed, "bits", None), getattr(packed, "y_dtype", None), bool(int8),
+               round(float(getattr(packed, "density", 1.0)), 2))
         if key not in self.cache:
             try:
                 self.cache[key] = self.fn(packed, int(m), bool(int8))

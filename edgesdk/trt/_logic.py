@@ -55,6 +55,9 @@ class OpSpec:
         k_attr (str): Attribute holding the input features K.
         launcher (str): Module with ``valid_tactics``, ``launch`` and ``workspace_bytes``.
         validate (Callable): The format's ``validate_attributes(attrs) -> attrs`` where it has one.
+        x_dtypes (tuple[str, ...]): dtypes X may have (the format's ``X_DTYPES``, else fp16/fp32); an int8 X
+            needs a non-empty ``y_dtype`` attribute, which is then Y's dtype.
+        defaults (dict): attributes a node may omit, with their value then (``ATTRIBUTE_DEFAULTS``).
     """
 
     op: str
@@ -66,6 +69,8 @@ class OpSpec:
     k_attr: str = "k"
     launcher: str = ""
     validate: Callable[[dict], dict] | None = None
+    x_dtypes: tuple[str, ...] = X_DTYPES
+    defaults: dict = field(default_factory=dict)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
@@ -103,7 +108,9 @@ def spec_for(op: str) -> OpSpec:
     return OpSpec(op=op, op_type=fmt.OP_TYPE, attributes=dict(fmt.ATTRIBUTES),
                   tensor_names=tuple(fmt.TENSOR_NAMES),
                   tensor_dtypes=tuple(np.dtype(d).name for d in dtypes),
-                  validate=getattr(fmt, "validate_attributes", None))
+                  validate=getattr(fmt, "validate_attributes", None),
+                  x_dtypes=tuple(getattr(fmt, "X_DTYPES", X_DTYPES)),
+                  defaults=dict(getattr(fmt, "ATTRIBUTE_DEFAULTS", {})))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -178,6 +185,8 @@ def attrs_from_fields(spec: OpSpec, fields: Iterable[tuple[str, Any]]) -> dict:
             raise EdgeSDKError(f"{spec.op_type}: field {name!r} holds {arr.size} values, expected 1",
                                "re-export the ONNX model with edgesdk (one value per attribute)")
         got[name] = int(arr[0]) if t is int else float(arr[0])
+    for name, value in spec.defaults.items():
+        got.setdefault(name, value)
     missing = [n for n in spec.attributes if n not in got]
     if missing:
         raise EdgeSDKError(f"{spec.op_type}: plugin fields {missing} missing",
@@ -228,22 +237,35 @@ def output_dims(spec: OpSpec, attrs: dict, x_dims: Sequence[D], const: Callable[
     return [*x_dims[:-1], const(int(attrs[spec.n_attr]))]
 
 
-def output_dtype(spec: OpSpec, input_dtypes: Sequence[str]) -> str:
-    """Y has X's dtype (float16 or float32)."""
-    if input_dtypes[0] not in X_DTYPES:
-        raise EdgeSDKError(f"{spec.op_type}: X is {input_dtypes[0]}; the plugin takes float16 or float32",
+def output_dtype(spec: OpSpec, input_dtypes: Sequence[str], attrs: dict | None = None) -> str:
+    """Y's dtype: X's (float16 or float32), or, where the node has a non-empty ``y_dtype`` attribute (required
+    for an int8 X), that one."""
+    x = input_dtypes[0]
+    y = str((attrs or {}).get("y_dtype") or "")
+    if x not in spec.x_dtypes or (x not in X_DTYPES and not y):
+        raise EdgeSDKError(f"{spec.op_type}: X is {x}; the plugin takes "
+                           f"{' or '.join(spec.x_dtypes)}" + (" (int8 with attribute y_dtype set)"
+                                                            if "int8" in spec.x_dtypes else ""),
                            "cast the layer input to float16 or float32")
-    return input_dtypes[0]
+    if y and x in X_DTYPES and y != x:
+        raise EdgeSDKError(f"{spec.op_type}: X is {x} but attribute y_dtype is {y}",
+                           f"cast X to {y}, or rewrite the node with edgesdk")
+    return y or x
 
 
-def input_dtypes_allowed(spec: OpSpec, pos: int) -> tuple[str, ...]:
-    """dtypes allowed for node input ``pos`` (0 = X)."""
-    return X_DTYPES if pos == 0 else (spec.tensor_dtypes[pos - 1],)
+def input_dtypes_allowed(spec: OpSpec, pos: int, attrs: dict | None = None) -> tuple[str, ...]:
+    """dtypes allowed for node input ``pos`` (0 = X; int8 only where the node sets ``y_dtype``)."""
+    if pos:
+        return (spec.tensor_dtypes[pos - 1],)
+    y = str((attrs or {}).get("y_dtype") or "")
+    return tuple(d for d in spec.x_dtypes if d in X_DTYPES and (not y or d == y)) + \
+        (("int8",) if y and "int8" in spec.x_dtypes else ())
 
 
 def supports_format(spec: OpSpec, pos: int, dtypes: Sequence[str], formats: Sequence[str],
-                    n_inputs: int) -> bool:
-    """``supports_format_combination``: everything LINEAR; X fp16/fp32; Y = X's dtype.
+                    n_inputs: int, attrs: dict | None = None) -> bool:
+    """``supports_format_combination``: everything LINEAR; X fp16/fp32 (or int8 where the node sets
+    ``y_dtype``); Y = :func:`output_dtype`.
 
     Only entries ``0..pos`` of ``dtypes``/``formats`` are looked at (TensorRT: reading later ones is
     undefined behaviour).
@@ -251,19 +273,25 @@ def supports_format(spec: OpSpec, pos: int, dtypes: Sequence[str], formats: Sequ
     if formats[pos] != "LINEAR":
         return False
     if pos < n_inputs:
-        return dtypes[pos] in input_dtypes_allowed(spec, pos)
-    return pos == n_inputs and dtypes[pos] == dtypes[0]
+        return dtypes[pos] in input_dtypes_allowed(spec, pos, attrs)
+    if pos != n_inputs or dtypes[0] not in input_dtypes_allowed(spec, 0, attrs):
+        return False
+    return dtypes[pos] == output_dtype(spec, dtypes[:1], attrs)
 
 
-def format_combinations(spec: OpSpec, n_inputs: int) -> list[tuple[str, ...]]:
+def format_combinations(spec: OpSpec, n_inputs: int, attrs: dict | None = None) -> list[tuple[str, ...]]:
     """Every (input dtypes..., output dtype) combination :func:`supports_format` accepts (all LINEAR)."""
-    choices = [input_dtypes_allowed(spec, p) for p in range(n_inputs)]
+    choices = [input_dtypes_allowed(spec, p, attrs) for p in range(n_inputs)]
     combos: list[tuple[str, ...]] = [()]
     for c in choices:
         combos = [(*prefix, d) for prefix in combos for d in c]
     n = n_inputs + 1
-    return [(*cmb, cmb[0]) for cmb in combos
-            if all(supports_format(spec, p, (*cmb, cmb[0]), ["LINEAR"] * n, n_inputs) for p in range(n))]
+    out = []
+    for cmb in combos:
+        full = (*cmb, output_dtype(spec, cmb[:1], attrs))
+        if all(supports_format(spec, p, full, ["LINEAR"] * n, n_inputs, attrs) for p in range(n)):
+            out.append(full)
+    return out
 
 
 def rows(dims: Sequence[int]) -> int:
@@ -314,7 +342,7 @@ def enqueue(spec: OpSpec, attrs: dict, x_dtype: str, x_dims: Sequence[int], inpu
     Args:
         spec (OpSpec): The operator.
         attrs (dict): Its attributes (plugin fields).
-        x_dtype (str): ``"float16"`` or ``"float32"``.
+        x_dtype (str): ``"float16"`` or ``"float32"`` (or ``"int8"`` where the operator takes it).
         x_dims (Sequence[int]): X's resolved dims.
         inputs (Sequence[int]): Raw device pointers in node order.
         outputs (Sequence[int]): ``[Y]``.

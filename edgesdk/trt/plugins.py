@@ -82,7 +82,7 @@ def plugin_classes(op: str):
 
         # IPluginV3OneBuild
         def get_output_data_types(self, input_types):
-            return [_type_maps()[1][_logic.output_dtype(spec, [_dtype(t) for t in input_types])]]
+            return [_type_maps()[1][_logic.output_dtype(spec, [_dtype(t) for t in input_types], self.attrs)]]
 
         def get_output_shapes(self, inputs, shape_inputs, expr_builder):
             x = inputs[0]
@@ -97,7 +97,7 @@ def plugin_classes(op: str):
         def supports_format_combination(self, pos, in_out, num_inputs):
             dtypes = [_dtype(in_out[i].desc.type) for i in range(pos + 1)]
             formats = [_format(in_out[i].desc.format) for i in range(pos + 1)]
-            return _logic.supports_format(spec, pos, dtypes, formats, num_inputs)
+            return _logic.supports_format(spec, pos, dtypes, formats, num_inputs, self.attrs)
 
         def configure_plugin(self, inp, out):
             want = _logic.num_inputs(spec, self.attrs)

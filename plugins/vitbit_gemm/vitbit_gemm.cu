@@ -5,6 +5,7 @@
 //
 // Kernels (extern "C", instantiated below):
 //   vitbit_quantize_{f16,f32}:  X [M, K] -> Xq int8 [M, Kp] (workspace), q = clip(rint(x / s)), NaN -> 0.
+//   vitbit_pad_i8:              int8 X (already quantized) -> Xq [M, Kp] where the GEMM cannot read X itself.
 //   vitbit_gemm_<cfg>:          Xq . W^T for one block tile BM x (BN_TC + BN_INT + BN_FP) per CTA,
 //                               K split over gridDim.z when `partial` is given (int32 partials, no epilogue).
 //   vitbit_splitk_epilogue:     sums the int32 partials (exact) and applies the epilogue.
@@ -187,6 +188,25 @@ extern "C" __global__ void vitbit_quantize_f32(const float* __restrict__ x, int*
                                                int M, int K, int Kp, long long ctr_off, int nctr) {
   zero_counters(xq, ctr_off, nctr);
   quantize<float>(x, xq, s, M, K, Kp);
+}
+
+// Already quantized X (int8 input, the graph's QuantizeLinear output): the GEMM reads X itself when its rows
+// are whole 16-byte chunks (K % 16 == 0, X 16-byte aligned). Otherwise this kernel copies X into Xq [M, Kp]
+// (pad columns 0); with M = 0 it only zeroes the tk tile counters (the quantize kernel's other job).
+extern "C" __global__ void vitbit_pad_i8(const s8* __restrict__ x, int* __restrict__ xq, int M, int K, int Kp,
+                                         long long ctr_off, int nctr) {
+  zero_counters(xq, ctr_off, nctr);
+  const int kq = Kp >> 2;
+  const long total = (long)M * kq;
+  for (long g = blockIdx.x * (long)blockDim.x + threadIdx.x; g < total; g += (long)gridDim.x * blockDim.x) {
+    const int row = (int)(g / kq), k = (int)(g % kq) * 4;
+    const s8* xr = x + (size_t)row * K;
+    u32 packed = 0;
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      if (k + e < K) packed |= (u32)(unsigned char)xr[k + e] << (8 * e);
+    xq[g] = (int)packed;
+  }
 }
 
 // Split-K: sum the int32 partials (exact: the total is within the int32 bound) and apply the epilogue.

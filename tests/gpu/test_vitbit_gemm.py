@@ -12,16 +12,21 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 
-def run(p: F.VitBitWeights, x: np.ndarray, tactic: int, graph: bool = False) -> np.ndarray:
-    """Launch on the GPU with Y and the workspace poisoned; returns Y as numpy."""
+def run(p: F.VitBitWeights, x: np.ndarray, tactic: int, graph: bool = False, x_offset: int = 0) -> np.ndarray:
+    """Launch on the GPU with Y and the workspace poisoned; returns Y as numpy. ``x_offset``: X placed that
+    many bytes past a 256-byte aligned address (unaligned int8 X)."""
     dev = "cuda"
     m = int(np.prod(x.shape[:-1]))
-    xt = torch.from_numpy(np.ascontiguousarray(x)).to(dev)
+    flat = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+    buf = torch.zeros(flat.size + x_offset, dtype=torch.uint8, device=dev)
+    buf[x_offset:] = torch.from_numpy(flat).to(dev)
+    xt = buf[x_offset:]
     t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dev) for k, v in p.to_tensors().items()}
-    y = torch.full(x.shape[:-1] + (p.n,), float("nan"), dtype=xt.dtype, device=dev)
+    y_np = np.dtype(p.y_dtype or x.dtype)
+    y = torch.full(x.shape[:-1] + (p.n,), float("nan"), dtype=getattr(torch, y_np.name), device=dev)
     ws = torch.full((max(K.workspace_bytes(p.node_attributes(), m), 1),), 0x7F, dtype=torch.uint8, device=dev)
     ins = [xt.data_ptr()] + [t[n].data_ptr() for n in F.TENSOR_NAMES if n in t]
-    dtype = "float16" if x.dtype == np.float16 else "float32"
+    dtype = x.dtype.name
     s = torch.cuda.current_stream()
 
     def go():
@@ -237,3 +242,45 @@ def test_inkernel_splitk_many_tiles_and_counter_reuse():
             ctr = ws[off:off + 4 * K._counters(m, n)].view(torch.int32)
             assert off + 4 * K._counters(m, n) == ws.numel()
             assert int(ctr.abs().sum()) == 0, f"tactic {tactic}: counters not reset"
+
+
+@pytest.mark.parametrize("y_dtype", ["float16", "float32"])
+@pytest.mark.parametrize("lead, k, n", SHAPES + [((2, 45), 96, 64)])
+def test_int8_x_every_tactic_bit_exact(lead, k, n, y_dtype):
+    """int8 X (the graph's QuantizeLinear output, q itself, -128 and 127 included): every tactic equals the
+    reference, read in place (K % 16 == 0, aligned) or through the pad kernel (K % 16 != 0, or X 8 bytes off
+    alignment); the workspace is poisoned, so tk (50) also proves its counters are zeroed first."""
+    rng = np.random.default_rng(k * 3 + n)
+    p = _layer(rng, n, k, bias=(k % 2 == 1), gelu=(n % 2 == 1))
+    p8 = F.VitBitWeights(**{**p.__dict__, "y_dtype": y_dtype, "_validated": False})
+    x = rng.integers(-128, 128, lead + (k,)).astype(np.int8)
+    x.reshape(-1)[:2] = [-128, 127]
+    ref = R.vitbit_gemm(x, p8)
+    assert ref.dtype == np.dtype(y_dtype)
+    m = int(np.prod(lead))
+    tactics = K.valid_tactics(p8.node_attributes(), m)
+    for t in tactics:
+        for off in ((0, 8) if t in (1, 30, 50) else (0,)):
+            y = run(p8, x, t, x_offset=off)
+            name = "auto" if t == K.AUTO else K.config(t)[0].name
+            if p8.gelu:  # erff in fp32 on the GPU vs float64 erf: the tolerance of test_gelu_tight_tolerance
+                tol = dict(rtol=2e-3, atol=1e-3) if y_dtype == "float16" else dict(rtol=2e-6, atol=2e-6)
+                np.testing.assert_allclose(y.astype(np.float64), ref.astype(np.float64), **tol,
+                                           err_msg=f"tactic {t} ({name}) offset {off}")
+            else:
+                bad = ~((y == ref) | (np.isnan(y) & np.isnan(ref)))
+                assert not bad.any(), f"tactic {t} ({name}) offset {off}: {bad.sum()} of {bad.size} differ"
+    for t in (1, 50, 30):
+        assert np.array_equal(run(p8, x, t, graph=True), run(p8, x, t)), f"tactic {t} under graph capture"
+
+
+def test_int8_x_time_and_measure():
+    """The build's timer with an int8 X: the GEMM alone (no quantize pass) against cuBLAS int8."""
+    rng = np.random.default_rng(4)
+    p = _layer(rng, 768, 768)
+    p8 = F.VitBitWeights(**{**p.__dict__, "y_dtype": "float16", "_validated": False})
+    t8 = K.time_us(p8, 197, x_dtype="int8")
+    assert 0 < t8 < 1e4
+    meas = K.measure_vs_dense(p8, 197)
+    assert meas["x_dtype"] == "int8" and meas["vitbit_us"] > 0 and meas["dense_us"] > 0
+    assert K.measure_vs_dense(p, 197)["x_dtype"] == "float16"
