@@ -41,6 +41,27 @@ CASES = {
 }
 
 
+def test_one_layer_model_with_quantize_linear_in_front(tmp_path):
+    """The smoke test's int8-X case (QuantizeLinear -> VitBit node reading int8): runs on ONNX Runtime and
+    equals the reference of the float input (ORT's Q rounds x / x_scale like the reference)."""
+    packed = VitBitWeights.pack(*quantize_weights(_weights()), 8, bias=RNG.standard_normal(N), x_scale=0.04,
+                                y_dtype="float32")
+    model = one_layer_model("vitbit_gemm", packed, np.float32, ["batch", 5, K], quantize_x=True)
+    onnx.checker.check_model(model)
+    assert [n.op_type for n in model.graph.node] == ["QuantizeLinear", "EdgeVitBitGemm"]
+    (layer,) = plugin_layers(model)
+    onnx.save(model, tmp_path / "model.onnx")
+    x = (RNG.standard_normal((3, 5, K)) * 3).astype(np.float32)
+    x.reshape(-1)[:3] = [1000.0, -1000.0, 2.5 * 0.04]  # saturation and a rounding tie
+    with Engine(tmp_path / "model.onnx", backend="onnxruntime") as eng:
+        y = eng.infer({"X": x})["Y"]
+    assert y.dtype == np.float32 and y.shape == (3, 5, N)
+    ok, err, rule = compare(layer, x, y)
+    assert ok and rule == "bit-exact", (err, rule)
+    with pytest.raises(ValueError, match="quantize_x needs"):
+        one_layer_model("vitbit_gemm", packed, np.float16, ["batch", 5, K], quantize_x=True)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_one_layer_models_run_and_match_the_reference(case, dtype, tmp_path):

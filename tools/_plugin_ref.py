@@ -92,12 +92,13 @@ def compare(layer: PluginLayer, x: np.ndarray, y: np.ndarray) -> tuple[bool, flo
     return finite and bool(np.array_equal(y, ref)), err, "bit-exact"
 
 
-def one_layer_model(op: str, packed, x_dtype, x_shape: list) -> onnx.ModelProto:
+def one_layer_model(op: str, packed, x_dtype, x_shape: list, quantize_x: bool = False) -> onnx.ModelProto:
     """A one-node ONNX model ``Y = <plugin>(X)`` with the packed tensors as initializers.
 
     ``x_shape`` may name dynamic dims (e.g. ``["batch", 17, K]``). The node is written as the
     rewrite writes it: domain ``edgesdk``, the format's attributes plus ``plugin_version`` and
-    ``plugin_namespace``.
+    ``plugin_namespace``. ``quantize_x`` (VitBit with ``y_dtype``, fp32 X): a QuantizeLinear with the
+    node's ``x_scale`` in front, the plugin reading its int8 output — the rewrite's default layout.
     """
     from onnx import helper
 
@@ -106,10 +107,18 @@ def one_layer_model(op: str, packed, x_dtype, x_shape: list) -> onnx.ModelProto:
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(x_dtype))
     x = helper.make_tensor_value_info("X", elem, list(x_shape))
     y = helper.make_tensor_value_info("Y", elem, [*x_shape[:-1], int(attrs["n"])])
-    node = helper.make_node(spec.op_type, ["X", *tensors], ["Y"], name=f"{op}_0", domain=_logic.PLUGIN_NAMESPACE,
-                            plugin_version=_logic.PLUGIN_VERSION, plugin_namespace=_logic.PLUGIN_NAMESPACE,
-                            **attrs)
-    graph = helper.make_graph([node], f"{op}_one_layer", [x], [y],
-                              [numpy_helper.from_array(v, k) for k, v in tensors.items()])
+    inits = [numpy_helper.from_array(v, k) for k, v in tensors.items()]
+    nodes, x_in = [], "X"
+    if quantize_x:
+        if np.dtype(x_dtype) != np.float32 or attrs.get("y_dtype") != "float32":
+            raise ValueError("quantize_x needs fp32 X and a VitBit node with y_dtype float32 (opset 17 Q)")
+        inits += [numpy_helper.from_array(np.array(attrs["x_scale"], np.float32), "x_scale"),
+                  numpy_helper.from_array(np.array(0, np.int8), "x_zero_point")]
+        nodes.append(helper.make_node("QuantizeLinear", ["X", "x_scale", "x_zero_point"], ["X_q"], name="X_q"))
+        x_in = "X_q"
+    nodes.append(helper.make_node(spec.op_type, [x_in, *tensors], ["Y"], name=f"{op}_0",
+                                  domain=_logic.PLUGIN_NAMESPACE, plugin_version=_logic.PLUGIN_VERSION,
+                                  plugin_namespace=_logic.PLUGIN_NAMESPACE, **attrs))
+    graph = helper.make_graph(nodes, f"{op}_one_layer", [x], [y], inits)
     return helper.make_model(graph, ir_version=10, opset_imports=[
         helper.make_opsetid("", 17), helper.make_opsetid(_logic.PLUGIN_NAMESPACE, 1)])

@@ -98,7 +98,7 @@ def one_layer_onnx(label, op, packed, dtype, work: Path, rng) -> None:
 
     name = f"{label} / {np.dtype(dtype).name} / onnx"
     k = int(packed.node_attributes()["k"])
-    model = one_layer_model(op, packed, dtype, ["batch", TOKENS, k])
+    model = one_layer_model(op, packed, dtype, ["batch", TOKENS, k], quantize_x=bool(getattr(packed, "y_dtype", "")))
     folder = work / f"{op}-{abs(hash(name)) % 10**8}"
     folder.mkdir()
     onnx.save(model, folder / "model.onnx")
@@ -233,6 +233,14 @@ def main() -> int:
                 guarded(f"{label} / {np.dtype(dtype).name} / onnx", one_layer_onnx, label, op, packed, dtype, work, rng)
                 guarded(f"{label} / {np.dtype(dtype).name} / tactics", one_layer_per_tactic, label, op, packed,
                         dtype, work, rng)
+        # the rewrite's default VitBit layout: QuantizeLinear -> plugin reading int8 X (fp32 X, opset 17);
+        # does TensorRT accept Q -> plugin(INT8), and does its Q round exactly as the reference's x / x_scale?
+        from edgesdk.formats.vitbit_gemm import VitBitWeights, quantize_weights
+
+        p8 = VitBitWeights.pack(*quantize_weights(rng.standard_normal((96, 64))), 8, bias=rng.standard_normal(96),
+                                x_scale=0.03, y_dtype="float32")
+        guarded("vitbit 8-bit, int8 X (QuantizeLinear in front) / float32 / onnx", one_layer_onnx,
+                "vitbit 8-bit, int8 X (QuantizeLinear in front)", "vitbit_gemm", p8, np.float32, work, rng)
         if not args.skip_demo:
             if not args.demo.is_file():
                 record("demo model", False, error=f"{args.demo} not found (pass --demo or --skip-demo)")
