@@ -252,9 +252,7 @@ def test_launcher_config_is_valid_everywhere():
                                 r80 = tac == kbl.R80_HEURISTIC or tac in kbl.R80_TACTICS
                                 xs = tac == kbl.XS_HEURISTIC or tac in kbl.XS_TACTICS
                                 xs80 = tac == kbl.XS80_HEURISTIC or tac in kbl.XS80_TACTICS
-                                xg = tac == kbl.XG_HEURISTIC or tac in kbl.XG_TACTICS
-                                assert tac == 1 or c["name"].endswith("_xg") == xg
-                                assert tac in (1, kbl.PREV_DEFAULT) or tac in kbl.DEC_TACTICS or r80 or xs or xs80 or xg
+                                assert tac in (1, kbl.PREV_DEFAULT) or tac in kbl.DEC_TACTICS or r80 or xs or xs80
                                 assert tac in (1, kbl.PREV_DEFAULT) or c["name"].endswith(("_r80", "_r80n")) == r80
                                 assert tac == 1 or c["name"].endswith("_xs") == xs
                                 assert tac == 1 or c["name"].endswith("_xs80") == xs80

@@ -85,11 +85,6 @@ XS_HEURISTIC = 60
 #: (K splits, strip pairs per block); 70 = their heuristic.
 XS80_TACTICS: dict[int, tuple[int, int]] = {71: (12, 1), 72: (8, 1), 73: (6, 2), 74: (4, 2), 75: (4, 4)}
 XS80_HEURISTIC = 70
-#: Round 6: X-staged kernels that issue two consecutive groups of the strip pair per copy step
-#: (``bitmap_dec_*_s4_xg``: 2 pair slots per warp) → (K splits, strip pairs per block); 66 = their
-#: heuristic (the 16-warp X-staged cost model with their ring size).
-XG_TACTICS: dict[int, tuple[int, int]] = {67: (8, 1), 68: (4, 2), 69: (1, 8)}
-XG_HEURISTIC = 66
 #: The round-2 default (tactic 1 until 2026-11-22T06:35Z): 16-warp ``bitmap_dec_*`` kernels or their
 #: 80-register builds by the 3/4 cost rule; kept to compare side by side with the new default.
 PREV_DEFAULT = 59
@@ -116,7 +111,7 @@ def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
     """Tactic ids valid for any M (1 = heuristic, then the fixed configurations)."""
     _attrs(attrs)
     return [1, *TACTICS, *GEMV_TACTICS, *DEC_TACTICS, R80_HEURISTIC, *R80_TACTICS, PREV_DEFAULT, XS_HEURISTIC,
-            *XS_TACTICS, XS80_HEURISTIC, *XS80_TACTICS, XG_HEURISTIC, *XG_TACTICS]
+            *XS_TACTICS, XS80_HEURISTIC, *XS80_TACTICS]
 
 
 def workspace_bytes(attrs: dict, m: int) -> int:
@@ -223,14 +218,7 @@ def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs=""):
     s, g = fmt.geometry(n, k)
     pairs = -(-s // 2)
     mb = 1 if m <= 8 else 2
-    if xs == "xg":
-        # two pair slots, each 2 strips × (2 groups' bitmaps + values + 16 B slack) + 2 groups of X rows
-        stages = 4
-        it = _V[value_dtype][1]
-        pslot = 2 * (2 * fmt.TILES_PER_GROUP * 8 + 2 * fmt.GROUP_K * fmt.STRIP * it + 16) + 2 * 1024 * mb
-        slot = 2 * pslot + _DEC_SCRATCH
-        wps, table = _MAX_WARPS, XG_TACTICS
-    elif xs:
+    if xs:
         stages = _XS_STAGES[(value_dtype, mb)]
         slot = (_dec_slot(value_dtype) + 1024 * mb) * stages + _DEC_SCRATCH
         wps, table = (_MAX_WARPS, XS_TACTICS) if xs == "xs" else (_R80_WARPS_PER_SM, XS80_TACTICS)
@@ -293,8 +281,6 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm)
     if gemv_ok and (tactic == XS_HEURISTIC or tactic in XS_TACTICS):
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs")
-    if gemv_ok and (tactic == XG_HEURISTIC or tactic in XG_TACTICS):
-        return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xg")
     if gemv_ok and (tactic == XS80_HEURISTIC or tactic in XS80_TACTICS):
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs80")
     if gemv_ok and tactic == 1:
@@ -370,7 +356,7 @@ def _plan(n: int, k: int, vd: str, x_dtype: str, m: int, tactic: int, x_aligned:
     ctx = _cuda.current_context()
     c = config(n, k, m, x_dtype, vd, tactic, _sm_count(ctx), x_aligned, _smem_per_sm(ctx))
     kern = _cuda.get_kernel(SOURCE, c["name"])
-    if c["name"].endswith(("_r80", "_r80n", "_xs", "_xs80", "_xg")):  # up to 24 warps of rings per SM: ask for the full carveout
+    if c["name"].endswith(("_r80", "_r80n", "_xs", "_xs80")):  # up to 24 warps of rings per SM: ask for the full carveout
         cu = _cuda._driver()
         _cuda.check(cu.cuFuncSetAttribute(
             kern.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))

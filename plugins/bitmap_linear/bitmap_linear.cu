@@ -258,21 +258,6 @@ __device__ __forceinline__ void cp_async16_zfill_s(uint32_t dst, const void* src
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
 }
 
-__device__ __forceinline__ uint32_t lds_u32(uint32_t a) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
-  return v;
-}
-
-// cp.async of 16 bytes from src + OFF to dst + OFF iff pos < end (G2 issue): one compare and one LDGSTS
-// with immediate offsets on a single base register pair.
-template <int OFF>
-__device__ __forceinline__ void cp_async16_if_lt(uint32_t dst, const void* src, int pos, int end) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.lt.s32 p, %2, %3;\n @p cp.async.cg.shared.global [%0+%4], [%1+%4], 16;\n}\n" ::"r"(dst),
-      "l"(src), "r"(pos), "r"(end), "n"(OFF));
-}
-
 // Lane constants for decoding one 8×8 tile given as two 32-bit words.
 struct LaneBits {
   bool hi;         // this lane's bits live in the high word (lanes 16..31)
@@ -531,7 +516,7 @@ __device__ __forceinline__ uint32_t dec_tile(uint32_t w, uint32_t ea, uint32_t b
 // with the weights (16-byte cp.async, zero-filled for rows >= M and columns >= K, chunk c of row r at
 // 16 (c ^ r) so that both the copy and ldmatrix are bank-conflict free) and the B fragments are built
 // with ldmatrix.x4: 2 MB ldmatrix per group instead of 8 MB global loads that each touch up to 8 rows.
-template <typename VT, int MB, int STAGES, bool PF, bool XS = false, bool G2 = false>
+template <typename VT, int MB, int STAGES, bool PF, bool XS = false>
 __device__ __forceinline__ void bitmap_dec_body(
     const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
     const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,
@@ -568,9 +553,8 @@ __device__ __forceinline__ void bitmap_dec_body(
     a = (active && j <= ng) ? __ldg(oap + j) : 0;
     b = (has1 && j <= ng) ? __ldg(obp + j) : 0;
   };
-  constexpr int kWin = G2 ? 30 : 31;  // window stride (G2: even, so that a pair's 3 offsets share a window)
   ldwin(0, oa, ob);
-  if (ng > kWin) ldwin(kWin, na, nb);
+  if (ng > 31) ldwin(31, na, nb);
   const uint8_t* bsrc = bitmaps + (static_cast<size_t>(active ? s0 + (has1 ? (lane >> 2) & 1 : 0) : 0) * G + g0) *
                                       (kTiles * 8) + 16 * (lane & 3);
   const uint32_t sbase = smem_u32(smem);
@@ -682,91 +666,6 @@ __device__ __forceinline__ void bitmap_dec_body(
     cp_async_commit();
   };
 
-  // issue_g2 (round 6, G2 kernels): groups j and j + 1 (j even) of both strips in one copy step. A
-  // strip's consecutive groups are one contiguous byte range (bitmaps: 128 B; values: offsets[j] ..
-  // offsets[j + 2], 16-byte aligned per group), and they land contiguously in a pair slot: per strip
-  // [bitmaps of both groups: 128 B][values of both groups: <= 2 kVB][16 B slack], then the X rows of
-  // both groups (2 MB KB). So one set of offset shuffles, one bitmap copy (16 lanes) and one pass of up
-  // to 2 kVB / 512 chunks per lane and strip cover both groups with immediate offsets; the consumer
-  // finds group j + 1's first value at roundup(popcount(group j), 16 B) (the scan's total). One commit
-  // group per pair; the ring holds 2 pair slots.
-  constexpr int kW2 = 2 * kTiles * 8 + 2 * kVB + 16;  // one strip of a pair slot
-  constexpr int kPS = 2 * kW2 + 2 * kXB;               // pair slot
-  const uint32_t bsz2 = (lane < 8 || has1) ? 16u : 0u;
-  const bool bg1 = (lane >> 2) & 1;  // this lane's bitmap chunk belongs to group j + 1
-  const uint8_t* bsrc2 = bitmaps +
-      (static_cast<size_t>(active ? s0 + (has1 ? (lane >> 3) & 1 : 0) : 0) * G + g0) * (kTiles * 8) + 16 * (lane & 7);
-  const uint32_t bdst2 = ((lane >> 3) & 1) * kW2 + 16 * (lane & 7);
-  const uint32_t sring2 = sbase + static_cast<uint32_t>(warp) * (2 * kPS);
-  uint32_t pslot_a = sring2;
-  auto issue_g2 = [&](int j) {  // warp-uniform, even j
-    if (j < ng) {
-      if (j - wbase >= kWin) {
-        oa = na; ob = nb; wbase += kWin;
-        if (ng > wbase + kWin) ldwin(wbase + kWin, na, nb);
-      }
-      const int r = j - wbase;
-      const bool two = j + 1 < ng;  // warp-uniform
-      const int a0 = __shfl_sync(0xffffffffu, oa, r), a2r = __shfl_sync(0xffffffffu, oa, r + 2);
-      const int b0 = __shfl_sync(0xffffffffu, ob, r), b2r = __shfl_sync(0xffffffffu, ob, r + 2);
-      const int a1 = __shfl_sync(0xffffffffu, oa, r + 1), b1 = __shfl_sync(0xffffffffu, ob, r + 1);
-      const int a2 = two ? a2r : a1, b2 = two ? b2r : b1;
-      const uint32_t slot = pslot_a;
-      if (lane < 16 && (two || !bg1))  // strip 1 absent: zero-filled (its words feed unstored rows)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(slot + bdst2),
-                     "l"(bsrc2 + static_cast<uint32_t>(j) * (kTiles * 8)), "r"(bsz2));
-      const int pa = a0 + vlpos, pb = b0 + vlpos;
-      const uint8_t* va = vlane + static_cast<uint32_t>(a0) * sizeof(VT);
-      const uint8_t* vb = vlane + static_cast<uint32_t>(b0) * sizeof(VT);
-      const uint32_t da = slot + 2 * kTiles * 8 + 16 * lane;
-      cp_async16_if_lt<0>(da, va, pa, a2);
-      cp_async16_if_lt<512>(da, va, pa + 32 * kVPC, a2);
-      if constexpr (kVB / 256 == 4) {
-        cp_async16_if_lt<1024>(da, va, pa + 64 * kVPC, a2);
-        cp_async16_if_lt<1536>(da, va, pa + 96 * kVPC, a2);
-      }
-      cp_async16_if_lt<0>(da + kW2, vb, pb, b2);
-      cp_async16_if_lt<512>(da + kW2, vb, pb + 32 * kVPC, b2);
-      if constexpr (kVB / 256 == 4) {
-        cp_async16_if_lt<1024>(da + kW2, vb, pb + 64 * kVPC, b2);
-        cp_async16_if_lt<1536>(da + kW2, vb, pb + 96 * kVPC, b2);
-      }
-      if (two && (g0 + j + 2) * kGroupK <= K) {  // warp-uniform common case: both groups inside K
-        const uint32_t xs = slot + 2 * kW2;
-#pragma unroll
-        for (int q = 0; q < 2 * MB; ++q) {
-          const __half* xsrc = X + (xoff[q] + j * kGroupK);
-          const uint32_t xd = xs + (q & 1 ? xd1 : xd0) + 1024 * (q >> 1);
-          const uint32_t sz = ((xsz >> q) & 1) ? 16u : 0u;
-          asm volatile(
-              "cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-              "cp.async.cg.shared.global [%0+%3], [%1+128], 16, %2;\n" ::"r"(xd), "l"(xsrc), "r"(sz), "n"(kXB));
-        }
-      } else {
-#pragma unroll
-      for (int g = 0; g < 2; ++g) {
-        if (g == 1 && !two) break;
-        const int kj = (j + g) * kGroupK;
-        const uint32_t xs = slot + 2 * kW2 + g * kXB;
-        if ((g0 + j + g + 1) * kGroupK <= K) {  // warp-uniform: the whole group inside K
-#pragma unroll
-          for (int q = 0; q < 2 * MB; ++q)
-            cp_async16_zfill_s(xs + (q & 1 ? xd1 : xd0) + 1024 * (q >> 1), X + (xoff[q] + kj), (xsz >> q) & 1);
-        } else {
-          const bool cok = (g0 + j + g) * kGroupK + xcol < K;
-#pragma unroll
-          for (int q = 0; q < 2 * MB; ++q) {
-            const bool ok = cok && ((xsz >> q) & 1);
-            cp_async16_zfill_s(xs + (q & 1 ? xd1 : xd0) + 1024 * (q >> 1), ok ? X + (xoff[q] + kj) : X, ok);
-          }
-        }
-      }
-      }
-      pslot_a = slot == sring2 ? sring2 + kPS : sring2;
-    }
-    cp_async_commit();
-  };
-
   // X fragments (B operand): row gid (+8 for mb = 1), columns 16 kk + 2 t4 (+8) of the group. Rows
   // >= M are clamped to row M - 1: they only feed D columns >= M, which are never stored.
   const unsigned int* xp0 = reinterpret_cast<const unsigned int*>(X + static_cast<size_t>(min(gid, M - 1)) * K + 2 * t4);
@@ -794,8 +693,7 @@ __device__ __forceinline__ void bitmap_dec_body(
   // per-warp scratch in [strip][half h][tile] order, so a lane of half h reads its words and addresses
   // for two tiles with one 16-byte load.
   const int wi = lane & 15, hs = lane >> 4;
-  constexpr int kRing = G2 ? 2 * (2 * (2 * kTiles * 8 + 2 * kVB + 16) + 2 * kXB) : STAGES * kSlot;  // per warp
-  const uint32_t scr = static_cast<uint32_t>(blockDim.x >> 5) * kRing + warp * 256;  // offsets
+  const uint32_t scr = static_cast<uint32_t>(blockDim.x >> 5) * STAGES * kSlot + warp * 256;  // offsets
   const uint32_t scr_st = scr + hs * 128 + (wi & 1) * 64 + (wi >> 1) * 8;
   const uint32_t scr_ld = scr + (lane >= 16 ? 64 : 0);
   const uint32_t sh = 2u * static_cast<uint32_t>(lane & 15);
@@ -810,14 +708,9 @@ __device__ __forceinline__ void bitmap_dec_body(
 #pragma unroll
     for (int r = 0; r < 4; ++r) acc[b][r] = 0.f;
 
-  if constexpr (G2) {
-    static_assert(XS && STAGES % 2 == 0, "G2: X-staged, pair slots");
-    issue_g2(0);
-  } else {
 #pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if constexpr (XS) issue_xs(s); else issue(s);
-    }
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if constexpr (XS) issue_xs(s); else issue(s);
   }
   // X fragments of the current group (xf) and, with PF, of the next one (xn, loaded a group ahead).
   // Without PF (80-register kernels with MB = 2) the group's X is loaded at the top of its iteration,
@@ -829,54 +722,17 @@ __device__ __forceinline__ void bitmap_dec_body(
   // XS: lane l addresses row l & 7 of matrix l >> 3 (chunk 4 kp + (l >> 3)) of each ldmatrix.x4.
   const uint32_t xr_l = static_cast<uint32_t>(lane & 7), xc_l = static_cast<uint32_t>(lane >> 3);
   int cslot = 0;  // stage slot being consumed
-  // G2 consumer addresses (see the scan); pair slot 0, group 0 to start.
-  const uint32_t g2v0 = sring2 + hs * kW2 + 2 * kTiles * 8;
-  uint32_t g2w = sring2 + hs * kW2 + 4 * wi, g2v = g2v0, g2x = sring2 + 2 * kW2 + xr_l * 128;
 
   for (int i = 0; i < ng; ++i) {
-    if constexpr (G2) {
-      // pair i / 2 + 1 goes into the pair slot that held pair i / 2 - 1; at odd i pair i / 2 has landed.
-      if ((i & 1) == 0) {
-        issue_g2(i + 2);
-        cp_async_wait<1>();
-      }
-    } else {
-      if constexpr (XS) issue_xs(i + STAGES - 1); else issue(i + STAGES - 1);
-      if constexpr (PF) {
-        if (i + 1 < ng) ldx(i + 1, xn);
-      } else if constexpr (!XS) {
-        ldx(i, xf);
-      }
-      cp_async_wait<STAGES - 1>();
+    if constexpr (XS) issue_xs(i + STAGES - 1); else issue(i + STAGES - 1);
+    if constexpr (PF) {
+      if (i + 1 < ng) ldx(i + 1, xn);
+    } else if constexpr (!XS) {
+      ldx(i, xf);
     }
+    cp_async_wait<STAGES - 1>();
     __syncwarp();
-    uint32_t xsl;
-    if constexpr (G2) {
-      // group i of pair slot (i >> 1) & 1: bitmaps at 64 (i & 1), values at 128 (+ vst2 for odd i), X at
-      // 2 kW2 + (i & 1) kXB. vst2: bytes of group i - 1's values of this lane's strip (16-byte rounded).
-      // g2w: shared address of this lane's bitmap word of the current group (pair slot, strip hs, group
-      // i & 1); g2v: its strip's first value of the group; g2x: the group's X rows for ldmatrix.
-      const uint32_t word = lds_u32(g2w);
-      const uint32_t p = __popc(word);
-      uint32_t x = p;
-#pragma unroll
-      for (int d = 1; d < 16; d *= 2) {
-        const uint32_t y = __shfl_up_sync(0xffffffffu, x, d, 16);
-        if (wi >= d) x += y;
-      }
-      *reinterpret_cast<uint2*>(smem + scr_st) = make_uint2(word, g2v + (x - p) * static_cast<uint32_t>(sizeof(VT)));
-      xsl = g2x;
-      if ((i & 1) == 0) {  // the odd group's values follow this group's (lane 15 of the half: its total)
-        g2v += ((__shfl_sync(0xffffffffu, x, 15, 16) * static_cast<uint32_t>(sizeof(VT))) + 15u) & ~15u;
-        g2w += 64;
-        g2x += kXB;
-      } else {  // next pair slot
-        const uint32_t d = ((i >> 1) & 1) ? 0u - kPS : kPS;
-        g2w += d - 64;
-        g2v = g2v0 + (((i >> 1) & 1) ? 0u : kPS);
-        g2x += d - kXB;
-      }
-    } else {
+    {
       const uint32_t st = static_cast<uint32_t>(warp * STAGES + cslot) * kSlot + hs * kW;  // offset from smem
       const uint32_t word = *reinterpret_cast<const uint32_t*>(smem + st + 4 * wi);
       const uint32_t p = __popc(word);
@@ -888,9 +744,9 @@ __device__ __forceinline__ void bitmap_dec_body(
       }
       const uint32_t ea = sbase + st + kTiles * 8 + (x - p) * static_cast<uint32_t>(sizeof(VT));
       *reinterpret_cast<uint2*>(smem + scr_st) = make_uint2(word, ea);
-      xsl = sbase + static_cast<uint32_t>(warp * STAGES + cslot) * kSlot + 2 * kW + xr_l * 128;
     }
     __syncwarp();
+    const uint32_t xsl = sbase + static_cast<uint32_t>(warp * STAGES + cslot) * kSlot + 2 * kW + xr_l * 128;
     uint32_t xb[XS ? MB : 1][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -1074,19 +930,3 @@ EDGESDK_BITMAP_DEC_XS80(__half, f16, 2, 3)
 EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 1, 4)
 EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 2, 3)
 
-
-// Round 6: X-staged kernels that issue two consecutive groups of the strip pair per copy step (G2, see
-// issue_g2): bitmap_dec_<value dtype>_mb<MB>_s4_xg, 16-warp build, 4 ring slots (2 pair slots). Same
-// launch and layout as the _xs kernels (dynamic smem = warps · (4 · slot + 256)).
-#define EDGESDK_BITMAP_DEC_XG(VT, VN, MB, ST)                                                             \
-  extern "C" __global__ void __launch_bounds__(512, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_xg(           \
-      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
-      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
-      __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
-    bitmap_dec_body<VT, MB, ST, false, true, true>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB); \
-  }
-
-EDGESDK_BITMAP_DEC_XG(__half, f16, 1, 4)
-EDGESDK_BITMAP_DEC_XG(__half, f16, 2, 4)
-EDGESDK_BITMAP_DEC_XG(int8_t, i8, 1, 4)
-EDGESDK_BITMAP_DEC_XG(int8_t, i8, 2, 4)
