@@ -7,7 +7,9 @@ skips (offset-window reload, K-tail X group), which are listed separately. Secti
   issue  = loop top .. the LDGDEPBAR (copy issue, incl. the per-group/pair parity test),
   scan   = after the DEPBAR .. the WARPSYNC before the scratch read-back,
   decode = the rest up to the loop branch (scratch loads, tile decode, ldmatrix, mma, loop control).
-Usage: python tools/bitmap_linear_sass_count.py [--arch sm_90] KERNEL...
+G2 kernels (_xg, round 6, commit 94950a2) alternate: the default path is the even group of a pair (copy issue
+of both groups), --odd the odd group's.
+Usage: python tools/bitmap_linear_sass_count.py [--arch sm_90] [--odd] KERNEL...
 """
 import argparse
 import collections
@@ -46,7 +48,7 @@ def main_loop(ins):
     return best
 
 
-def walk(ins, lo, hi):
+def walk(ins, lo, hi, odd=False):
     """Common path: follow fall-through; take forward unconditional BRAs; at a conditional forward BRA
     whose skipped block loads offsets (LDG, no LDGSTS: the window reload) take it; the K-tail X block is
     jumped over by an unconditional BRA on the common path."""
@@ -64,7 +66,10 @@ def walk(ins, lo, hi):
                 cond = t.startswith("@")
                 rare = (any("LDG.E" in u and "LDGSTS" not in u for u in block)
                         and not any("LDGSTS" in u for u in block))  # offset-window reload
-                if not cond or rare:
+                # --odd (G2 kernels): the odd group of a pair skips the copy issue and the even-only
+                # shuffle of the group's value total
+                odd_skip = odd and cond and any("LDGSTS" in u or re.search(r"SHFL.IDX .*, 0xf,", u) for u in block)
+                if not cond or rare or odd_skip:
                     if rare and cond:
                         skipped["window reload"] += len(block)
                     i = addr[tgt]
@@ -90,6 +95,7 @@ def sections(path):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--odd", action="store_true", help="G2 kernels: path of the odd group of a pair")
     ap.add_argument("kernels", nargs="+")
     a = ap.parse_args()
     if not shutil.which("nvcc") or not shutil.which("cuobjdump"):
@@ -102,7 +108,7 @@ def main() -> int:
         for k in a.kernels:
             ins = sass(cubin, k)
             lo, hi = main_loop(ins)
-            path = walk(ins, lo, hi)
+            path = walk(ins, lo, hi, a.odd)
             sec = sections(path)
             ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for _, t in path)
             print(f"{k} ({a.arch}): loop {lo:#x}..{hi:#x}, common path {len(path)} instructions: "
