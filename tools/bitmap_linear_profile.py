@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_bitmap_linear import random_packed  # noqa: E402
+from bench.bench_bitmap_linear import random_packed
 
 
 def main(argv=None):
