@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Launch the default EdgeBitmapLinear kernel (tactic 1) on a few decode cases, for a profiler.
+"""Launch an EdgeBitmapLinear tactic (default: 1, the default kernel) on a few decode cases, for a profiler.
 
 Each case is launched 3 times (outputs checked against the float64 reference after the last one);
 run under Nsight Compute, e.g.
   ncu --kernel-name regex:bitmap_dec --launch-skip 2 --launch-count 1 --section SchedulerStats ...
   python tools/bitmap_linear_profile.py --cases 4096x4096:1:0.5:float16
 
-Usage: python tools/bitmap_linear_profile.py [--cases KxN:M:sparsity:value_dtype,...]
+Usage: python tools/bitmap_linear_profile.py [--cases KxN:M:sparsity:value_dtype,...] [--tactic 1]
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_bitmap_linear import random_packed  # noqa: E402
+from bench.bench_bitmap_linear import random_packed
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="4096x4096:1:0.5:float16,4096x4096:1:0.5:int8,4096x4096:16:0.5:float16")
+    ap.add_argument("--tactic", type=int, default=1)
     a = ap.parse_args(argv)
     import torch
 
@@ -41,10 +42,10 @@ def main(argv=None):
         t = [torch.from_numpy(v).cuda() for v in p.to_tensors().values()]
         x = torch.randn(m, k, device="cuda", dtype=torch.float16)
         y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-        c = kbl.config(n, k, m, "float16", vd, 1, torch.cuda.get_device_properties(0).multi_processor_count)
+        c = kbl.config(n, k, m, "float16", vd, a.tactic, torch.cuda.get_device_properties(0).multi_processor_count)
         for _ in range(3):
             kbl.launch(p.node_attributes(), "float16", m, [x.data_ptr(), *[v.data_ptr() for v in t]], [y.data_ptr()],
-                       torch.cuda.current_stream().cuda_stream, 1)
+                       torch.cuda.current_stream().cuda_stream, a.tactic)
         torch.cuda.synchronize()
         xd = x.double().cpu().numpy()
         ref = (xd @ p.raw_values().astype(np.float64).T) * p.scales.astype(np.float64)
