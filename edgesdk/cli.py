@@ -83,7 +83,7 @@ def build(
     prune: Annotated[Optional[str], typer.Option("--prune", help="magnitude | wanda. [default: wanda]")] = None,
     sparsity_scope: Annotated[Optional[str], typer.Option("--sparsity-scope", help="layer (each layer at --sparsity) | global (one threshold over all rewritten layers). [default: layer]")] = None,
     kernels: Annotated[Optional[str], typer.Option("--kernels", help="auto | bitmap | vitbit | none (plain ONNX ops). [default: auto]")] = None,
-    measure: Annotated[Optional[str], typer.Option("--measure", help="auto | on | off: with --kernels auto, time each bitmap candidate against the dense layer on this GPU and keep dense where it is faster (auto: only when this GPU is the target device). [default: auto]")] = None,
+    measure: Annotated[Optional[str], typer.Option("--measure", help="auto | on | off: with --kernels auto, time each plugin candidate (bitmap or VitBit) against the dense layer on this GPU and keep dense where it is faster (auto: only when this GPU is the target device). [default: auto]")] = None,
     vitbit_input: Annotated[Optional[str], typer.Option("--vitbit-input", help="int8 | float: EdgeVitBitGemm reads the int8 output of the layer's QuantizeLinear (kept, so TensorRT can fuse it into the producer) or the float activation (quantized inside the plugin). [default: int8]")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Regex on layer names to leave alone (repeatable).")] = None,
     include_lm_head: Annotated[Optional[bool], typer.Option("--include-lm-head", help="Also quantize/rewrite an LLM's output head.")] = None,
@@ -136,7 +136,6 @@ def build(
 @app.command("inspect")
 def inspect_cmd(
     model: Annotated[Path, typer.Argument(help="ONNX model to inspect.")],
-    vitbit_input: Annotated[Optional[str], typer.Option("--vitbit-input", help="int8 | float: EdgeVitBitGemm reads the int8 output of the layer's QuantizeLinear (kept, so TensorRT can fuse it into the producer) or the float activation (quantized inside the plugin). [default: int8]")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Regex on layer names (as for build).")] = None,
     include_lm_head: Annotated[bool, typer.Option("--include-lm-head", help="As for build.")] = False,
     device: Annotated[str, typer.Option("--device", "-d", help="Target profile for the kernel preview (as for build).")] = "orin",

@@ -49,7 +49,7 @@ class BuildConfig(BaseModel):
         sparsity_scope: ``layer`` (every rewritten layer pruned to ``sparsity``) or ``global`` (one
             threshold over all rewritten layers, so sensitive layers keep more weights).
         kernels: Plugin kernels to use (``none`` keeps plain ONNX ops).
-        measure: ``auto`` times each bitmap candidate against the dense layer when the build runs on
+        measure: ``auto`` times each plugin candidate against the dense layer when the build runs on
             the target GPU and keeps dense where it is faster; ``on`` times on any GPU here; ``off``
             uses the static rule only (``edgesdk.rewrite.choose``).
         vitbit_input: What ``EdgeVitBitGemm`` reads: ``int8`` (the layer's QuantizeLinear output, kept in the
