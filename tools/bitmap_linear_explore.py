@@ -37,6 +37,9 @@ def main(argv=None):
     ap.add_argument("--s", default="0.5")
     ap.add_argument("--vd", default="float16,int8")
     ap.add_argument("--tactics", default="1,20,22,27,40,41,44,45,46")
+    ap.add_argument("--xs-grid", action="store_true",
+                    help="also time the X-staged 16-warp kernel at every (K splits, strip pairs per block) with <= 16 "
+                         "warps, as temporary tactics 400+ (the launcher's XS_TACTICS table, extended for this run)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     from concurrent.futures import ProcessPoolExecutor
@@ -51,6 +54,14 @@ def main(argv=None):
     sps = [float(v) for v in a.s.split(",")]
     vds = a.vd.split(",")
     tactics = [int(v) for v in a.tactics.split(",")]
+    grid = {}
+    if a.xs_grid:  # temporary fixed tactics of the X-staged kernel: K splits x strip pairs per block
+        for ks in (1, 2, 3, 4, 6, 8, 12, 16):
+            for pb in (1, 2, 4, 8):
+                if ks * pb <= 16:
+                    grid[400 + len(grid)] = (ks, pb)
+        kbl.XS_TACTICS.update(grid)
+        tactics += list(grid)
     jobs = [(k, n, s, vd, 7 * i + int(10 * s)) for i, (k, n) in enumerate(shapes) for s in sps for vd in vds]
     with ProcessPoolExecutor(12) as ex:
         packed = {j[:4]: p for j, p in ex.map(_pack, jobs)}
@@ -104,7 +115,8 @@ def main(argv=None):
                         t = time_graph(ours, inner=nc, reps=10)
                         row[f"t{tac}"] = round(t, 2)
                         row[f"x{tac}"] = round(td / t, 3)
-                        row[f"cfg{tac}"] = f"{c['name'].replace('bitmap_', '')} g{c['grid'][0]} w{c['block'][0] // 32}"
+                        row[f"cfg{tac}"] = (f"{c['name'].replace('bitmap_', '')} g{c['grid'][0]} w{c['block'][0] // 32}"
+                                            + (f" ks{c['ks']} pb{c['spb']}" if "ks" in c else ""))
                         if bad:
                             row[f"bad{tac}"] = bad
                     rows.append(row)
@@ -113,7 +125,8 @@ def main(argv=None):
         wd = None
         torch.cuda.empty_cache()
     if a.json:
-        a.json.write_text(json.dumps({"meta": meta({"tool": "bitmap_linear_explore"}), "rows": rows}, indent=1))
+        a.json.write_text(json.dumps({"meta": meta({"tool": "bitmap_linear_explore", "xs_grid": {
+            str(t): list(v) for t, v in grid.items()}}), "rows": rows}, indent=1))
     return 0
 
 
