@@ -252,10 +252,12 @@ def test_launcher_config_is_valid_everywhere():
                                 r80 = tac == kbl.R80_HEURISTIC or tac in kbl.R80_TACTICS
                                 xs = tac == kbl.XS_HEURISTIC or tac in kbl.XS_TACTICS
                                 xs80 = tac == kbl.XS80_HEURISTIC or tac in kbl.XS80_TACTICS
-                                assert tac in (1, kbl.PREV_DEFAULT) or tac in kbl.DEC_TACTICS or r80 or xs or xs80
+                                r7 = tac in (kbl.SA_SAME, kbl.SA_PLUS1, kbl.FILL4)  # tactic 1's rule, round 7
+                                assert tac in (1, kbl.PREV_DEFAULT) or tac in kbl.DEC_TACTICS or r80 or xs or xs80 or r7
                                 assert tac in (1, kbl.PREV_DEFAULT) or c["name"].endswith(("_r80", "_r80n")) == r80
-                                assert tac == 1 or c["name"].endswith("_xs") == xs
-                                assert tac == 1 or c["name"].endswith("_xs80") == xs80
+                                assert tac in (1, kbl.FILL4) or c["name"].endswith("_xs") == xs
+                                assert tac in (1, kbl.FILL4) or c["name"].endswith("_xs80") == xs80
+                                assert c["name"].endswith(("_xsa", "_xsa80")) == (tac in (kbl.SA_SAME, kbl.SA_PLUS1))
                                 assert c["spw"] == 2 and c["name"].split("_mb")[1][0] == ("1" if m <= 8 else "2")
                             else:
                                 mt = int(c["name"].split("_mt")[1].split("_")[0])
@@ -283,6 +285,9 @@ def test_default_takes_x_staged_kernels():
                 assert c == (c70 if want80[vd] and m <= 4 else c60), (k, n, m, vd, c)
                 assert c["name"].endswith("_xs80" if want80[vd] and m <= 4 else "_xs")
                 assert c["name"].split("_mb")[1][0] == ("1" if m <= 8 else "2")
+                # round 7: tactic 80 = the same configuration on the scan-ahead build of the kernel
+                c80 = kbl.config(n, k, m, "float16", vd, kbl.SA_SAME, 132)
+                assert c80 == dict(c, name=c["name"].replace("_xs", "_xsa"), smem=c80["smem"]), (c, c80)
 
 
 def test_heuristic_picks_80_register_kernel_only_when_cheaper():

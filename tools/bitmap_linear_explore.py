@@ -7,7 +7,9 @@ Each (shape, sparsity, value dtype) is also checked against the float64 referenc
 with NaN) for every tactic at the largest M before it is timed.
 
 Usage: python tools/bitmap_linear_explore.py [--shapes 4096x4096,...] [--m 1,8,16] [--s 0.5]
-       [--vd float16,int8] [--tactics 1,22,40] [--json out.json]
+       [--vd float16,int8] [--tactics 1,22,40] [--rounds R] [--json out.json]
+--rounds R times the tactics R times in turn (1, 2, ..., 1, 2, ...) and keeps the median of the R medians
+(field t<tactic>; the R medians in r<tactic>), so that slow drifts of the clock hit every tactic alike.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main(argv=None):
     ap.add_argument("--xs-grid", action="store_true",
                     help="also time the X-staged 16-warp kernel at every (K splits, strip pairs per block) with <= 16 "
                          "warps, as temporary tactics 400+ (the launcher's XS_TACTICS table, extended for this run)")
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     from concurrent.futures import ProcessPoolExecutor
@@ -97,7 +100,8 @@ def main(argv=None):
                     xd = x.double()
                     ref = (xd @ wq.T) * sc
                     tol = 2.0**-10 * ref.abs() + 2.0**-16 * (xd.abs() @ wq.abs().T) * sc + 2.0**-24
-                    for tac in tactics:
+                    ts = {tac: [] for tac in tactics}
+                    for tac in [t for _ in range(a.rounds) for t in tactics]:
                         c = kbl.config(n, k, m, "float16", vd, tac, 132)
                         y.fill_(float("nan"))
                         kbl.launch(attrs, "float16", m, [x.data_ptr(), *[t.data_ptr() for t in copies[0]]],
@@ -112,8 +116,11 @@ def main(argv=None):
                                        [y.data_ptr()], torch.cuda.current_stream().cuda_stream, tac)
                             j[0] += 1
 
-                        t = time_graph(ours, inner=nc, reps=10)
+                        ts[tac].append(time_graph(ours, inner=nc, reps=10))
+                        t = float(np.median(ts[tac]))
                         row[f"t{tac}"] = round(t, 2)
+                        if a.rounds > 1:
+                            row[f"r{tac}"] = [round(v, 2) for v in ts[tac]]
                         row[f"x{tac}"] = round(td / t, 3)
                         row[f"cfg{tac}"] = (f"{c['name'].replace('bitmap_', '')} g{c['grid'][0]} w{c['block'][0] // 32}"
                                             + (f" ks{c['ks']} pb{c['spb']}" if "ks" in c else ""))
@@ -125,7 +132,7 @@ def main(argv=None):
         wd = None
         torch.cuda.empty_cache()
     if a.json:
-        a.json.write_text(json.dumps({"meta": meta({"tool": "bitmap_linear_explore", "xs_grid": {
+        a.json.write_text(json.dumps({"meta": meta({"tool": "bitmap_linear_explore", "rounds": a.rounds, "xs_grid": {
             str(t): list(v) for t, v in grid.items()}}), "rows": rows}, indent=1))
     return 0
 
