@@ -33,7 +33,8 @@ strip pairs per block, stage set) configurations; 49 (heuristic) and 50–57 (K 
 block) use the 80-register decode kernels (``bitmap_dec_*_r80``/``_r80n``, up to 24 warps per SM); 59 = the
 round-2 default (40–48 or 49–57 configurations by the 3/4 cost rule); 60 (heuristic) and 61–65 use the
 X-staged 16-warp kernels (``_xs``), 70 and 71–75 their 80-register builds (``_xs80``). Tactic 1 takes
-tactic 60's configuration, or tactic 70's for M ≤ 4 where it cuts the modelled cost by ≥ 1/4. Decode-path
+tactic 60's configuration (for M > 4 with 4 instead of 3 groups of fill and reduction in its cost model), or
+tactic 70's for M ≤ 4 where it cuts the modelled cost by ≥ 1/4. Decode-path
 tactics act like tactic 1 where the decode path does not apply. Shared memory per block stays ≤ 163 KB (Orin's limit).
 """
 
@@ -85,11 +86,6 @@ XS_HEURISTIC = 60
 #: (K splits, strip pairs per block); 70 = their heuristic.
 XS80_TACTICS: dict[int, tuple[int, int]] = {71: (12, 1), 72: (8, 1), 73: (6, 2), 74: (4, 2), 75: (4, 4)}
 XS80_HEURISTIC = 70
-#: Round 7 (session 6), measured side by side with tactic 1: tactic 1's rule over the scan-ahead builds of
-#: the X-staged kernels (``_xsa``/``_xsa80``: group i + 1's scan overlaps group i's decode) at the X-staged
-#: stage count (80) and one stage more (81), and tactic 1 with 4 instead of 3 groups of fill and reduction
-#: in the cost model (82).
-SA_SAME, SA_PLUS1, FILL4 = 80, 81, 82
 #: The round-2 default (tactic 1 until 2026-11-22T06:35Z): 16-warp ``bitmap_dec_*`` kernels or their
 #: 80-register builds by the 3/4 cost rule; kept to compare side by side with the new default.
 PREV_DEFAULT = 59
@@ -116,7 +112,7 @@ def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
     """Tactic ids valid for any M (1 = heuristic, then the fixed configurations)."""
     _attrs(attrs)
     return [1, *TACTICS, *GEMV_TACTICS, *DEC_TACTICS, R80_HEURISTIC, *R80_TACTICS, PREV_DEFAULT, XS_HEURISTIC,
-            *XS_TACTICS, XS80_HEURISTIC, *XS80_TACTICS, SA_SAME, SA_PLUS1, FILL4]
+            *XS_TACTICS, XS80_HEURISTIC, *XS80_TACTICS]
 
 
 def workspace_bytes(attrs: dict, m: int) -> int:
@@ -216,21 +212,17 @@ def _dec_config(n, k, m, value_dtype, tactic, sm_count):
             "cost": waves * (-(-g // ks) + 3)}
 
 
-def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="", extra_stages=0, fill=3):
+def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="", fill=3):
     """80-register decode kernels: same layout as :func:`_dec_config`, up to 24 warps per SM; with
     ``xs="xs"`` the X-staged 16-warp kernels (≤ 128 registers: ≤ 16 warps per SM), ``xs="xs80"`` their
-    80-register builds; ``"xsa"`` / ``"xsa80"`` the scan-ahead builds of those (two scan scratch halves),
-    ``extra_stages`` more stages than the X-staged kernels. ``fill``: groups of pipeline fill and reduction
-    in the cost model."""
+    80-register builds. ``fill``: groups of pipeline fill and reduction per warp in the cost model."""
     s, g = fmt.geometry(n, k)
     pairs = -(-s // 2)
     mb = 1 if m <= 8 else 2
     if xs:
-        stages = _XS_STAGES[(value_dtype, mb)] + extra_stages
-        scratch = 2 * _DEC_SCRATCH if xs.startswith("xsa") else _DEC_SCRATCH
-        slot = (_dec_slot(value_dtype) + 1024 * mb) * stages + scratch
-        wps = _MAX_WARPS if xs in ("xs", "xsa") else _R80_WARPS_PER_SM
-        table = XS_TACTICS if xs == "xs" else XS80_TACTICS if xs == "xs80" else {}
+        stages = _XS_STAGES[(value_dtype, mb)]
+        slot = (_dec_slot(value_dtype) + 1024 * mb) * stages + _DEC_SCRATCH
+        wps, table = (_MAX_WARPS, XS_TACTICS) if xs == "xs" else (_R80_WARPS_PER_SM, XS80_TACTICS)
     else:
         stages = _R80_STAGES[value_dtype]
         slot = _dec_slot(value_dtype) * stages + _DEC_SCRATCH  # per warp: ring + scan scratch
@@ -292,7 +284,7 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs")
     if gemv_ok and (tactic == XS80_HEURISTIC or tactic in XS80_TACTICS):
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs80")
-    if gemv_ok and tactic in (1, SA_SAME, SA_PLUS1, FILL4):
+    if gemv_ok and tactic == 1:
         # X-staged kernels (X rows by cp.async into the ring slot, B fragments by ldmatrix). H100,
         # 2026-11-22T06:32Z (tools/bitmap_linear_explore.py, commit d54e679, 50 % sparsity, 4096², 4096×11008,
         # 11008×4096, 2048×5632, M = 1/8/16): the 16-warp X-staged heuristic (60) ran at 1.00-1.67× of the
@@ -300,12 +292,14 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
         # (M = 1: 1.00-1.20×, 8: 1.16-1.37×, 16: 1.33-1.67×); the 80-register build (70) was faster still only for
         # M = 1 where its modelled cost is ≤ 3/4 of the 16-warp one's (4096×11008 and 2048×5632, int8
         # values: 1.05×, 1.04×), and slower at M = 8 on 2048×5632 (0.90×): so it is taken only for M ≤ 4.
-        # Tactics 80-82 apply the same rule to the round-7 variants (see SA_SAME).
-        sa = tactic in (SA_SAME, SA_PLUS1)
-        kw = {"extra_stages": int(tactic == SA_PLUS1), "fill": 4 if tactic == FILL4 else 3}
-        c16 = _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xsa" if sa else "xs", **kw)
+        # M > 4: 4 groups of fill and reduction instead of 3 in the cost model. H100, 2026-11-22T14:46Z
+        # (tools/bitmap_linear_explore.py --rounds 3, commit 0267662, tactic 82 then): of the 7 LLM layers with
+        # K·N ≥ 4M this moves only 4096×11008 at M 5–16, from 8 K splits to 2: 1.022–1.068× faster in all 8
+        # cases (M 8/16, fp16/int8 values, 50/70 %), as in the K-split sweep of 9a3550b (14:18Z). At M ≤ 4 the
+        # same constant tips the 80-register comparison below into slower choices (0.94–0.96×), so it stays 3.
+        c16 = _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs", fill=4 if m > 4 else 3)
         if m <= 4:
-            c24 = _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xsa80" if sa else "xs80", **kw)
+            c24 = _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs80")
             if 4 * c24["cost"] <= 3 * c16["cost"]:
                 return c24
         return c16
@@ -368,7 +362,7 @@ def _plan(n: int, k: int, vd: str, x_dtype: str, m: int, tactic: int, x_aligned:
     ctx = _cuda.current_context()
     c = config(n, k, m, x_dtype, vd, tactic, _sm_count(ctx), x_aligned, _smem_per_sm(ctx))
     kern = _cuda.get_kernel(SOURCE, c["name"])
-    if c["name"].endswith(("_r80", "_r80n", "_xs", "_xs80", "_xsa", "_xsa80")):  # up to 24 warps of rings per SM: ask for the full carveout
+    if c["name"].endswith(("_r80", "_r80n", "_xs", "_xs80")):  # up to 24 warps of rings per SM: ask for the full carveout
         cu = _cuda._driver()
         _cuda.check(cu.cuFuncSetAttribute(
             kern.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))

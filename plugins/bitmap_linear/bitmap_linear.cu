@@ -516,11 +516,7 @@ __device__ __forceinline__ uint32_t dec_tile(uint32_t w, uint32_t ea, uint32_t b
 // with the weights (16-byte cp.async, zero-filled for rows >= M and columns >= K, chunk c of row r at
 // 16 (c ^ r) so that both the copy and ldmatrix are bank-conflict free) and the B fragments are built
 // with ldmatrix.x4: 2 MB ldmatrix per group instead of 8 MB global loads that each touch up to 8 rows.
-// SA (scan ahead; X-staged only, round 7): group i + 1's scan runs in iteration i, between group i's
-// ldmatrix/decode/mma in program order and into the other half of a double scan scratch, so that its
-// dependent chain (LDS -> POPC -> 4 SHFL.UP -> STS) overlaps group i's decode instead of preceding it.
-// The price is one stage of prefetch: iteration i waits for group i + 1 (cp.async.wait_group STAGES - 2).
-template <typename VT, int MB, int STAGES, bool PF, bool XS = false, bool SA = false>
+template <typename VT, int MB, int STAGES, bool PF, bool XS = false>
 __device__ __forceinline__ void bitmap_dec_body(
     const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
     const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,
@@ -697,9 +693,7 @@ __device__ __forceinline__ void bitmap_dec_body(
   // per-warp scratch in [strip][half h][tile] order, so a lane of half h reads its words and addresses
   // for two tiles with one 16-byte load.
   const int wi = lane & 15, hs = lane >> 4;
-  static_assert(!SA || (XS && STAGES >= 3), "scan ahead: X-staged kernels with >= 3 stages");
-  constexpr uint32_t kScr = SA ? 512u : 256u;  // scan scratch per warp (SA: two halves, by group parity)
-  const uint32_t scr = static_cast<uint32_t>(blockDim.x >> 5) * STAGES * kSlot + warp * kScr;  // offsets
+  const uint32_t scr = static_cast<uint32_t>(blockDim.x >> 5) * STAGES * kSlot + warp * 256;  // offsets
   const uint32_t scr_st = scr + hs * 128 + (wi & 1) * 64 + (wi >> 1) * 8;
   const uint32_t scr_ld = scr + (lane >= 16 ? 64 : 0);
   const uint32_t sh = 2u * static_cast<uint32_t>(lane & 15);
@@ -729,27 +723,6 @@ __device__ __forceinline__ void bitmap_dec_body(
   const uint32_t xr_l = static_cast<uint32_t>(lane & 7), xc_l = static_cast<uint32_t>(lane >> 3);
   int cslot = 0;  // stage slot being consumed
 
-  // Scan of the group in ring slot `sl` into scratch half `half` (SA; else half 0).
-  auto scan = [&](int sl, uint32_t half) {
-    const uint32_t st = static_cast<uint32_t>(warp * STAGES + sl) * kSlot + hs * kW;  // offset from smem
-    const uint32_t word = *reinterpret_cast<const uint32_t*>(smem + st + 4 * wi);
-    const uint32_t p = __popc(word);
-    uint32_t x = p;
-#pragma unroll
-    for (int d = 1; d < 16; d *= 2) {
-      const uint32_t y = __shfl_up_sync(0xffffffffu, x, d, 16);
-      if (wi >= d) x += y;
-    }
-    const uint32_t ea = sbase + st + kTiles * 8 + (x - p) * static_cast<uint32_t>(sizeof(VT));
-    *reinterpret_cast<uint2*>(smem + scr_st + half) = make_uint2(word, ea);
-  };
-  if constexpr (SA) {  // group 0's scan before the loop
-    cp_async_wait<STAGES - 2>();
-    __syncwarp();
-    if (ng > 0) scan(0, 0u);
-    __syncwarp();
-  }
-
   for (int i = 0; i < ng; ++i) {
     if constexpr (XS) issue_xs(i + STAGES - 1); else issue(i + STAGES - 1);
     if constexpr (PF) {
@@ -757,17 +730,22 @@ __device__ __forceinline__ void bitmap_dec_body(
     } else if constexpr (!XS) {
       ldx(i, xf);
     }
-    uint32_t rhalf = 0u;  // scratch half holding this group's scan
-    if constexpr (SA) {
-      cp_async_wait<STAGES - 2>();  // groups <= i + 1 have landed (group i's since the last iteration)
-      __syncwarp();
-      rhalf = (i & 1) ? 256u : 0u;  // group i + 1's scan is at the bottom of this iteration
-    } else {
-      cp_async_wait<STAGES - 1>();
-      __syncwarp();
-      scan(cslot, 0u);
-      __syncwarp();
+    cp_async_wait<STAGES - 1>();
+    __syncwarp();
+    {
+      const uint32_t st = static_cast<uint32_t>(warp * STAGES + cslot) * kSlot + hs * kW;  // offset from smem
+      const uint32_t word = *reinterpret_cast<const uint32_t*>(smem + st + 4 * wi);
+      const uint32_t p = __popc(word);
+      uint32_t x = p;
+#pragma unroll
+      for (int d = 1; d < 16; d *= 2) {
+        const uint32_t y = __shfl_up_sync(0xffffffffu, x, d, 16);
+        if (wi >= d) x += y;
+      }
+      const uint32_t ea = sbase + st + kTiles * 8 + (x - p) * static_cast<uint32_t>(sizeof(VT));
+      *reinterpret_cast<uint2*>(smem + scr_st) = make_uint2(word, ea);
     }
+    __syncwarp();
     const uint32_t xsl = sbase + static_cast<uint32_t>(warp * STAGES + cslot) * kSlot + 2 * kW + xr_l * 128;
     uint32_t xb[XS ? MB : 1][4];
 #pragma unroll
@@ -779,8 +757,8 @@ __device__ __forceinline__ void bitmap_dec_body(
             ldmatrix_x4(xb[b], xsl + b * 1024 + ((((2 * kk) | xc_l) ^ xr_l) << 4));
         }
       }
-      const uint4 m0 = *reinterpret_cast<const uint4*>(smem + scr_ld + rhalf + 16 * kk);  // strip 0: (word, offset) of tiles 2kk, 2kk+1
-      const uint4 m1 = *reinterpret_cast<const uint4*>(smem + scr_ld + rhalf + 128 + 16 * kk);  // strip 1
+      const uint4 m0 = *reinterpret_cast<const uint4*>(smem + scr_ld + 16 * kk);  // strip 0: (word, offset) of tiles 2kk, 2kk+1
+      const uint4 m1 = *reinterpret_cast<const uint4*>(smem + scr_ld + 128 + 16 * kk);  // strip 1
       uint32_t a[4];
       if constexpr (XS) {
         a[0] = dec_tile(m0.x, m0.y, below, sh, static_cast<const RV*>(nullptr), tab);
@@ -806,13 +784,6 @@ __device__ __forceinline__ void bitmap_dec_body(
       for (int b = 0; b < MB; ++b)
 #pragma unroll
         for (int q = 0; q < 8; ++q) xf[b][q] = xn[PF ? b : 0][PF ? q : 0];
-    }
-    if constexpr (SA) {
-      // Group i + 1's scan, after group i's decode in program order: its loads and shuffles may be
-      // scheduled among the decode's, and its one store (other scratch half) cannot hold back the decode's
-      // scratch loads. Unconditional (no branch around it): past the last group it scans a stale slot into
-      // the half nobody reads afterwards.
-      scan(cslot + 1 == STAGES ? 0 : cslot + 1, rhalf ^ 256u);
     }
     cslot = cslot + 1 == STAGES ? 0 : cslot + 1;
     __syncwarp();
@@ -958,29 +929,4 @@ EDGESDK_BITMAP_DEC_XS80(__half, f16, 1, 3)
 EDGESDK_BITMAP_DEC_XS80(__half, f16, 2, 3)
 EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 1, 4)
 EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 2, 3)
-
-// Scan-ahead builds of the X-staged kernels (SA, round 7; 16-warp `_xsa` and 80-register `_xsa80`), each at
-// the X-staged stage count (one group less in flight) and one stage more (the same groups in flight).
-#define EDGESDK_BITMAP_DEC_XSA(VT, VN, MB, ST)                                                            \
-  extern "C" __global__ void __launch_bounds__(512, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_xsa(          \
-      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
-      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
-      __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
-    bitmap_dec_body<VT, MB, ST, false, true, true>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB); \
-  }                                                                                                        \
-  extern "C" __global__ void __launch_bounds__(768, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_xsa80(        \
-      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
-      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
-      __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
-    bitmap_dec_body<VT, MB, ST, false, true, true>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB); \
-  }
-
-EDGESDK_BITMAP_DEC_XSA(__half, f16, 1, 3)
-EDGESDK_BITMAP_DEC_XSA(__half, f16, 1, 4)
-EDGESDK_BITMAP_DEC_XSA(__half, f16, 2, 3)
-EDGESDK_BITMAP_DEC_XSA(__half, f16, 2, 4)
-EDGESDK_BITMAP_DEC_XSA(int8_t, i8, 1, 4)
-EDGESDK_BITMAP_DEC_XSA(int8_t, i8, 1, 5)
-EDGESDK_BITMAP_DEC_XSA(int8_t, i8, 2, 3)
-EDGESDK_BITMAP_DEC_XSA(int8_t, i8, 2, 4)
 
