@@ -17,8 +17,8 @@ Warps that share a strip (pair) split K (``KS``) and are reduced in shared memor
 atomics, deterministic.
 
 Where dense wins (a build-time decision for the rewrite pass, not made here): measured on an H100
-(``bench/results/bitmap_linear.json``, 2026-11-22T07:51Z) the decode path runs at 0.68–1.50× of cuBLAS
-fp16 for M ≤ 16 at 30–70 % sparsity (median over the large LLM layers 1.10× for fp16 values and 1.17× for
+(``bench/results/bitmap_linear.json``, 2026-11-22T14:52Z) the decode path runs at 0.70–1.51× of cuBLAS
+fp16 for M ≤ 16 at 30–70 % sparsity (median over the large LLM layers 1.11× for fp16 values and 1.18× for
 int8 values at 50 %); at ≥ 50 % it beats cuBLAS on the layers with K ≥ 4096 or 5632×2048 (M = 16: only
 4096², 11008×4096, 5632×2048), not on 896×4864 or 576×1536. It is bound by instruction issue (~21
 warp-instructions per 8×8 tile at ~0.6 per scheduler-cycle with 16 warps per SM) and launch latency, not by
