@@ -332,3 +332,42 @@ def test_heuristic_picks_80_register_kernel_only_when_cheaper():
     assert kbl.config(5632, 2048, 1, "float32", "float16", 1)["name"].startswith("bitmap_linear_")
     with pytest.raises(EdgeSDKError, match="dtype"):
         kbl.config(8, 8, 1, "bfloat16", "float16", 1)
+
+
+# ---------------------------------------------------------------- row layout (round 8 row-walk kernel)
+def test_row_layout_worked_example():
+    """The worked example's W in the row layout: bit 31 - i of word j <=> column 32 j + i."""
+    p = BitmapLinearWeights.pack(worked_example_w(), "float16")
+    r = fmt.row_layout(p)
+    # row 0: columns 0, 3, 8 -> bits 31, 28, 23; row 1: columns 1, 8 -> bits 30, 23; one word, padded to 4
+    assert r.masks.shape == (2, 4) and r.masks.dtype == np.uint32
+    assert r.masks[0].tolist() == [(1 << 31) | (1 << 28) | (1 << 23), 0, 0, 0]
+    assert r.masks[1].tolist() == [(1 << 30) | (1 << 23), 0, 0, 0]
+    # rows start 16-byte aligned (8 fp16 values): row 0 at 0 (values 1, -2, 3), row 1 at 8 (0.5, 4)
+    assert r.segoff.tolist() == [[0, 3], [8, 10]]
+    assert r.values[[0, 1, 2, 8, 9]].tolist() == [1.0, -2.0, 3.0, 0.5, 4.0]
+
+
+@pytest.mark.parametrize("value_dtype", ["float16", "int8"])
+@pytest.mark.parametrize("n,k,sparsity", [(37, 203, 0.5), (5, 1, 0.0), (129, 1025, 0.7), (8, 64, 1.0),
+                                          (3, 300, 0.9), (17, 2600, 0.3)])
+def test_row_layout_round_trip(value_dtype, n, k, sparsity):
+    rng = np.random.default_rng(n * k)
+    p = BitmapLinearWeights.pack(sparse(rng, n, k, sparsity), value_dtype)
+    r = fmt.row_layout(p)
+    assert np.array_equal(r.raw_values(), p.raw_values())
+    per_vec = 16 // np.dtype(value_dtype).itemsize
+    assert (r.segoff[:, 0] % per_vec == 0).all()
+    # segment s of row n starts after the row's values in words < 8 s
+    nw = -(-k // 32)
+    stored = p.raw_values() != 0
+    for s in range(r.nseg + 1):
+        cols = min(32 * fmt.ROW_SEGMENT_WORDS * s, k)
+        assert np.array_equal(r.segoff[:, s] - r.segoff[:, 0], stored[:, :cols].sum(axis=1))
+    assert r.nseg == -(-nw // fmt.ROW_SEGMENT_WORDS)
+
+
+def test_row_layout_rejects_bad_segment():
+    p = BitmapLinearWeights.pack(worked_example_w(), "float16")
+    with pytest.raises(FormatError, match="multiple of 4"):
+        fmt.row_layout(p, segment_words=6)

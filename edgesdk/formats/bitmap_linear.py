@@ -361,3 +361,101 @@ def expected_nbytes(n: int, k: int, sparsity: float, value_dtype: str = "float16
             + (g - 1) * padded(rows_last * GROUP_K) + padded(rows_last * cols_last))
     return (s * g * TILES_PER_GROUP * 8 + vals * item + 4 * (s * g + 1) + 4 * n
             + (4 * n if has_bias else 0))
+
+
+# -------------------------------------------------------------------- row layout (round 8 experiment)
+ROW_SEGMENT_WORDS = 8  # mask words (256 columns) per row segment: the unit of K splitting
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """The same weights re-ordered by output row, for the CUDA-core row-walk kernel
+    (``plugins/bitmap_linear/bitmap_rows.cu``); derived from :class:`BitmapLinearWeights` on the host
+    (:func:`row_layout`), not a stored format.
+
+    Attributes:
+        n, k (int): W is ``[n, k]``; ``nw = ceil(k / 32)`` mask words per row, ``nwp = round_up(nw, 4)``.
+        masks (np.ndarray): uint32 ``[n, nwp]``; bit ``31 - i`` of word ``j`` ⇔ ``W[n, 32j + i]`` stored.
+        values (np.ndarray): float16 or int8; row ``n``'s stored values in column order from
+            ``segoff[n, 0]`` (a multiple of 16 bytes) on.
+        segoff (np.ndarray): int32 ``[n, nseg + 1]``: index in ``values`` of row ``n``'s first value at
+            word ``ROW_SEGMENT_WORDS · s``; ``segoff[n, nseg]`` is the end of the row.
+        scales, bias: as in :class:`BitmapLinearWeights`.
+    """
+
+    n: int
+    k: int
+    value_dtype: str
+    masks: np.ndarray
+    values: np.ndarray
+    segoff: np.ndarray
+    scales: np.ndarray
+    bias: np.ndarray | None
+
+    @property
+    def nw(self) -> int:
+        return -(-self.k // 32)
+
+    @property
+    def nwp(self) -> int:
+        return -(-self.nw // 4) * 4
+
+    @property
+    def nseg(self) -> int:
+        return self.segoff.shape[1] - 1
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the kernel reads: masks, values, segment offsets, scales, bias."""
+        return sum(t.nbytes for t in self.tensors())
+
+    def tensors(self) -> list[np.ndarray]:
+        """Kernel operands after X: ``[masks, values, segoff, scales(, bias)]``."""
+        t = [self.masks, self.values, self.segoff, self.scales.astype(np.float32)]
+        return t + ([self.bias.astype(np.float32)] if self.bias is not None else [])
+
+    def raw_values(self) -> np.ndarray:
+        """Dense stored values ``[n, k]`` (float64, before scaling), decoded from this layout alone."""
+        bits = np.unpackbits(self.masks[:, : self.nw].astype(">u4").view(np.uint8), axis=1, bitorder="big")
+        mask = bits[:, : self.k].astype(bool)
+        out = np.zeros((self.n, self.k))
+        for r in range(self.n):
+            cnt = int(mask[r].sum())
+            if self.segoff[r, -1] - self.segoff[r, 0] != cnt:
+                raise FormatError(f"row layout: row {r} holds {self.segoff[r, -1] - self.segoff[r, 0]} values "
+                                  f"but its masks have {cnt} bits", "rebuild it with row_layout()")
+            out[r, mask[r]] = self.values[self.segoff[r, 0]: self.segoff[r, -1]]
+        return out
+
+
+def row_layout(w: BitmapLinearWeights, segment_words: int = ROW_SEGMENT_WORDS) -> RowLayout:
+    """Re-order packed weights by output row (:class:`RowLayout`); exact (the same stored numbers)."""
+    if segment_words < 4 or segment_words % 4:
+        raise FormatError(f"segment_words must be a positive multiple of 4, got {segment_words}",
+                          "use the default ROW_SEGMENT_WORDS")
+    raw = w.raw_values()
+    n, k = raw.shape
+    nw = -(-k // 32)
+    nwp = -(-nw // 4) * 4
+    mask = np.zeros((n, nwp * 32), dtype=bool)
+    mask[:, :k] = raw != 0
+    # bit 31 - i of word j <=> column 32 j + i: columns packed most significant bit first.
+    masks = np.packbits(mask, axis=1, bitorder="big").view(">u4").astype(np.uint32).reshape(n, nwp)
+    vdt = np.float16 if w.value_dtype == "float16" else np.int8
+    per_vec = 16 // np.dtype(vdt).itemsize
+    counts = mask.sum(axis=1, dtype=np.int64)
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(-(-counts // per_vec) * per_vec, out=starts[1:])
+    nseg = -(-nw // segment_words)
+    seg_cols = np.minimum(np.arange(nseg + 1) * segment_words * 32, nwp * 32)
+    csum = np.zeros((n, nwp * 32 + 1), dtype=np.int64)
+    np.cumsum(mask, axis=1, out=csum[:, 1:])
+    segoff = starts[:-1, None] + csum[:, seg_cols]
+    if starts[-1] >= 2**31:
+        raise FormatError(f"layer {n}x{k} has too many nonzeros for int32 offsets",
+                          "split the layer along its output channels")
+    values = np.zeros(int(starts[-1]), dtype=vdt)
+    rows, cols = np.nonzero(mask)  # row-major: each row's columns ascending
+    rank = csum[rows, cols]  # 0-based rank of (row, col) within its row
+    values[starts[rows] + rank] = raw[rows, cols].astype(vdt)
+    return RowLayout(n, k, w.value_dtype, masks, values, segoff.astype(np.int32), w.scales, w.bias)

@@ -438,3 +438,73 @@ def measure_vs_dense(weights: "fmt.BitmapLinearWeights", m: int, int8_dense: boo
     return {"plugin": "bitmap", "bitmap_us": round(ours, 3), "dense_us": round(best, 3), "dense": kind,
             "fp16_us": round(fp16, 3), "int8_us": None if i8 is None else round(i8, 3), "m": int(m),
             "gpu": facts["name"], "sm_count": facts["sm_count"]}
+
+
+# ------------------------------------------------------------------ row-walk path (round 8 experiment)
+ROWS_SOURCE = "bitmap_linear/bitmap_rows.cu"
+#: (rows per warp, warps per block) configurations of the row-walk kernel that the explore tool times.
+ROWS_CONFIGS: tuple[tuple[int, int], ...] = ((32, 16), (32, 8), (16, 16), (16, 8), (8, 16), (8, 8), (32, 4), (16, 4))
+
+
+def rows_smem(nw: int, m: int, rpw: int, ks: int) -> int:
+    """Dynamic shared memory of one row-walk block: X as fp32 [32·nw][MP], the (word, base) pairs of
+    ``rpw`` rows, 16 bytes of slack, the cross-warp reduction."""
+    mp = 1 if m <= 1 else 2 if m <= 2 else 4
+    return 32 * nw * mp * 4 + rpw * nw * 8 + 16 + ks * rpw * mp * 4
+
+
+def rows_config(n: int, k: int, m: int, value_dtype: str, nseg: int, rpw: int | None = None,
+                ks: int | None = None, sm_count: int = 132) -> dict:
+    """Kernel name, grid, block, smem of one row-walk launch (M ≤ 4, fp16 X). Without ``rpw``/``ks``:
+    the configuration with the most parts per row up to ``nseg`` among those whose blocks fill the
+    GPU (≥ ``sm_count`` blocks when possible), shared memory ≤ 163 KB."""
+    if not 1 <= m <= 4:
+        raise EdgeSDKError(f"EdgeBitmapLinear row-walk path: M = {m} is not supported", "use M <= 4")
+    nw = -(-k // 32)
+    mp = 1 if m <= 1 else 2 if m <= 2 else 4
+    if rpw is None or ks is None:
+        best = None
+        for r, w in ROWS_CONFIGS:
+            if rows_smem(nw, m, r, w) > _SMEM_LIMIT:
+                continue
+            blocks = -(-n // r)
+            parts = min(w * 32 // r, nseg)
+            # waves of blocks (1 block of 16 warps or 2 of 8 per SM: 96 registers), then per-lane work
+            per_sm = max(1, 16 // w)
+            waves = -(-blocks // (sm_count * per_sm))
+            cost = waves * (-(-nseg // parts))
+            key = (cost, -blocks)
+            if best is None or key < best[0]:
+                best = (key, r, w)
+        if best is None:
+            raise EdgeSDKError(f"EdgeBitmapLinear row-walk path: K = {k}, M = {m} does not fit shared memory",
+                               "use the decode path (tactic 1)")
+        rpw, ks = best[1], best[2]
+    smem = rows_smem(nw, m, rpw, ks)
+    if smem > _SMEM_LIMIT:
+        raise EdgeSDKError(f"EdgeBitmapLinear row-walk path: {smem} bytes of shared memory for K = {k}, M = {m}",
+                           "use fewer rows per warp, or the decode path (tactic 1)")
+    return {"name": f"bitmap_rows_{_V[value_dtype][0]}_m{mp}", "grid": (-(-n // rpw), 1, 1),
+            "block": (32 * ks, 1, 1), "smem": smem, "rpw": rpw, "ks": ks}
+
+
+def launch_rows(layout: "fmt.RowLayout", m: int, inputs: list[int], outputs: list[int], stream: int,
+                rpw: int | None = None, ks: int | None = None, sm_count: int | None = None) -> None:
+    """Enqueue the row-walk kernel: ``inputs`` = device pointers ``[X (fp16 [m, k]), masks, values, segoff,
+    scales(, bias)]`` of a :class:`edgesdk.formats.bitmap_linear.RowLayout`, ``outputs`` = ``[Y]`` (fp16)."""
+    n, k, vd = layout.n, layout.k, layout.value_dtype
+    has_bias = layout.bias is not None
+    key = ("rows", n, k, vd, layout.nseg, has_bias, m, rpw, ks, _cuda.current_context())
+    plans = _cuda.thread_cache(_tls)
+    plan = plans.get(key)
+    if plan is None:
+        ctx = _cuda.current_context()
+        c = rows_config(n, k, m, vd, layout.nseg, rpw, ks, sm_count or _sm_count(ctx))
+        kern = _cuda.get_kernel(ROWS_SOURCE, c["name"])
+        slots, addr = _cuda.ArgBlock.pointer_slots(7)
+        ints = (m, n, k, layout.nw, layout.nwp, layout.nseg, fmt.ROW_SEGMENT_WORDS, c["rpw"])
+        args = _cuda.ArgBlock([*addr, *(ctypes.c_int(v) for v in ints)], slots)
+        plan = plans[key] = kern.plan(c["grid"], c["block"], args, c["smem"])
+    plan.args.set_pointers(inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5] if has_bias else 0,
+                           outputs[0])
+    _cuda.launch_all((plan,), stream)

@@ -1,0 +1,233 @@
+// EdgeBitmapLinear, row-walk path (round 8, an experiment measured against the decode path; see
+// docs/bitmap_linear.md "Round 8"): Y[M, N] = X[M, K] · Wᵀ · diag(scales) + bias for small M on CUDA
+// cores, over the *row layout* that edgesdk/formats/bitmap_linear.py (`row_layout`) derives from the
+// stored format on the host:
+//
+//   masks  uint32 [N][NWP]   word j of row n: bit 31 - i set iff W[n, 32 j + i] is stored (bit-reversed,
+//                            so that `bfind` (FLO) walks the columns upwards); NW = ceil(K / 32) words,
+//                            NWP = round_up(NW, 4) (16-byte rows);
+//   values fp16/int8 [...]   the stored values of row n in column order from segoff[n][0] on; every row
+//                            starts 16-byte aligned;
+//   segoff int32 [N][NSEG+1] index into values of the first value of row n at word SEGW·s (s < NSEG),
+//                            segoff[n][NSEG] = the end of row n's values.
+//
+// Why: the decode path costs ~21 warp-instructions per 8x8 tile at any sparsity (its decode is per
+// *position*); here a lane walks one row's set bits and costs ~12 + M instructions per *stored value*,
+// so at 50-70 % sparsity and M <= 4 it issues 2-3x fewer instructions per weight.
+//
+// Launch: grid ceil(N / RPW), block 32·KS threads. Lane l of warp w takes row blockIdx.x·RPW + l % RPW
+// and part q = w·(32 / RPW) + l / RPW of the row's P = KS·32 / RPW parts (segments q·NSEG/P .. (q+1)·NSEG/P).
+// Per lane: its mask words are read once and written to shared memory as (word, column base) pairs of the
+// non-empty words (so the walk never meets an empty word); its values stream from global memory in 16-byte
+// vectors three ahead; per stored value: FLO, clear the bit, X[column] from shared memory (fp32,
+// [K][MP]), fp32 FMA per row of X. Parts of one row are reduced by shuffles, then across warps in shared
+// memory in a fixed order (deterministic). Dynamic smem = NW·32·MP·4 + RPW·NW·8 + 16 + KS·RPW·MP·4.
+// Ampere instructions only; compiled for sm_87 and sm_90.
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "common/ampere.cuh"
+
+namespace {
+
+__device__ __forceinline__ uint32_t bfind(uint32_t x) {
+  uint32_t r;
+  asm("bfind.u32 %0, %1;" : "=r"(r) : "r"(x));
+  return r;
+}
+
+template <typename VT> struct Vec;
+template <> struct Vec<__half> { static constexpr int kN = 8; };
+template <> struct Vec<int8_t> { static constexpr int kN = 16; };
+
+// Value j of a 16-byte vector as fp32.
+template <typename VT>
+__device__ __forceinline__ float vec_at(const uint4& v, int j);
+template <>
+__device__ __forceinline__ float vec_at<__half>(const uint4& v, int j) {
+  const uint32_t w = j < 2 ? v.x : j < 4 ? v.y : j < 6 ? v.z : v.w;
+  return __half2float(__ushort_as_half(static_cast<unsigned short>((j & 1) ? w >> 16 : w & 0xffffu)));
+}
+template <>
+__device__ __forceinline__ float vec_at<int8_t>(const uint4& v, int j) {
+  const uint32_t w = j < 4 ? v.x : j < 8 ? v.y : j < 12 ? v.z : v.w;
+  return static_cast<float>(static_cast<int8_t>(w >> (8 * (j & 3))));
+}
+
+__device__ __forceinline__ uint4 ldg_vec(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+// Walk state of one lane: the current mask word (bits not yet consumed), its column base + 31, and the
+// next non-empty (word, base + 31) pair, loaded from shared memory only when the current word runs out.
+// Bases are byte offsets into X's shared copy: (column base + 31) · 4 · MP.
+template <int MP>
+struct Walk {
+  uint32_t cur, wb, nw, nb, ptr;  // ptr: shared address of the pair after (nw, nb)
+
+  // Byte offset of X[column of the next stored value][0] in the shared copy.
+  __device__ __forceinline__ uint32_t next_off() {
+    const uint32_t p = bfind(cur);
+    cur ^= 1u << p;
+    const uint32_t off = wb - p * (4u * MP);
+    // Word exhausted: take the prefetched pair and fetch the one after it (predicated load).
+    const bool z = cur == 0u;
+    cur = z ? nw : cur;
+    wb = z ? nb : wb;
+    asm volatile(
+        "{\n .reg .pred q;\n setp.ne.u32 q, %3, 0;\n @q ld.shared.v2.u32 {%0, %1}, [%2];\n @q add.u32 %2, %2, 8;\n}\n"
+        : "+r"(nw), "+r"(nb), "+r"(ptr)
+        : "r"(static_cast<uint32_t>(z)));
+    return off;
+  }
+};
+
+template <typename VT, int MP, bool CHECK>
+__device__ __forceinline__ void consume(const uint4& v, int lo, int hi, Walk<MP>& wk, const uint8_t* __restrict__ xs,
+                                        float (&acc)[MP]) {
+  constexpr int VN = Vec<VT>::kN;
+#pragma unroll
+  for (int j = 0; j < VN; ++j) {
+    if (!CHECK || (j >= lo && j < hi)) {
+      const uint32_t off = wk.next_off();
+      const float w = vec_at<VT>(v, j);
+      if constexpr (MP == 1) {
+        acc[0] = fmaf(w, *reinterpret_cast<const float*>(xs + off), acc[0]);
+      } else if constexpr (MP == 2) {
+        const float2 x = *reinterpret_cast<const float2*>(xs + off);
+        acc[0] = fmaf(w, x.x, acc[0]);
+        acc[1] = fmaf(w, x.y, acc[1]);
+      } else {
+        const float4 x = *reinterpret_cast<const float4*>(xs + off);
+        acc[0] = fmaf(w, x.x, acc[0]);
+        acc[1] = fmaf(w, x.y, acc[1]);
+        acc[2] = fmaf(w, x.z, acc[2]);
+        acc[3] = fmaf(w, x.w, acc[3]);
+      }
+    }
+  }
+}
+
+template <typename VT, int MP>
+__device__ __forceinline__ void bitmap_rows_body(const __half* __restrict__ X, const uint32_t* __restrict__ masks,
+                                                 const VT* __restrict__ values, const int* __restrict__ segoff,
+                                                 const float* __restrict__ scales, const float* __restrict__ bias,
+                                                 __half* __restrict__ Y, int M, int N, int K, int NW, int NWP,
+                                                 int NSEG, int SEGW, int RPW) {
+  constexpr int VN = Vec<VT>::kN;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int KS = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int KP = NW * 32;  // staged columns (zeros beyond K)
+  float* xs = reinterpret_cast<float*>(smem);                    // [KP][MP]
+  uint2* pairs = reinterpret_cast<uint2*>(smem + KP * MP * 4);   // [RPW][NW] (+ 16 bytes of slack)
+  float* red = reinterpret_cast<float*>(smem + KP * MP * 4 + RPW * NW * 8 + 16);  // [KS][RPW][MP]
+
+  const int r = lane % RPW, lpw = 32 / RPW;
+  const int n = blockIdx.x * RPW + r;
+  const int P = KS * lpw, q = warp * lpw + lane / RPW;
+  const int s0 = static_cast<int>(static_cast<long long>(q) * NSEG / P);
+  const int s1 = static_cast<int>(static_cast<long long>(q + 1) * NSEG / P);
+  const bool live = n < N && s1 > s0;
+  int v0 = 0, v1 = 0;
+  if (live) {
+    v0 = segoff[static_cast<size_t>(n) * (NSEG + 1) + s0];
+    v1 = segoff[static_cast<size_t>(n) * (NSEG + 1) + s1];
+  }
+  const uint4* vv = reinterpret_cast<const uint4*>(values);
+  const int a0 = v0 / VN, a1 = (v1 + VN - 1) / VN;  // this lane's 16-byte vectors [a0, a1)
+  // Values first: their loads are in flight while the masks and X are staged.
+  uint4 buf[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    buf[i] = a0 + i < a1 ? ldg_vec(vv + a0 + i) : make_uint4(0u, 0u, 0u, 0u);
+
+  // X as fp32 [KP][MP], zeros for columns >= K and rows >= M.
+  for (int e = threadIdx.x; e < KP * MP; e += blockDim.x) {
+    const int m = e / KP, c = e - m * KP;
+    xs[c * MP + m] = (m < M && c < K) ? __half2float(X[static_cast<size_t>(m) * K + c]) : 0.f;
+  }
+  // This lane's mask words -> (word, column base + 31) pairs of the non-empty ones.
+  const int j0 = s0 * SEGW, j1 = min(s1 * SEGW, NW);
+  uint2* mine = pairs + r * NW + j0;
+  int cnt = 0;
+  if (live) {
+    const uint32_t* src = masks + static_cast<size_t>(n) * NWP;
+    for (int j = j0; j < j1; j += 4) {  // j0 % 4 == 0 (SEGW % 4 == 0): 16-byte loads
+      const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(src + j));
+      const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+        if (j + t < j1 && w[t] != 0u) mine[cnt++] = make_uint2(w[t], (32u * (j + t) + 31u) * (4u * MP));
+    }
+  }
+  __syncthreads();
+
+  float acc[MP];
+#pragma unroll
+  for (int m = 0; m < MP; ++m) acc[m] = 0.f;
+  if (live && v1 > v0) {
+    Walk<MP> wk;
+    wk.cur = mine[0].x;
+    wk.wb = mine[0].y;
+    const uint2 nx = mine[cnt > 1 ? 1 : 0];
+    wk.nw = nx.x;
+    wk.nb = nx.y;
+    wk.ptr = smem_u32(mine + 2);
+    const int nv = a1 - a0, head = v0 - a0 * VN, tail = v1 - (a1 - 1) * VN;
+    consume<VT, MP, true>(buf[0], head, nv == 1 ? tail : VN, wk, smem, acc);
+    if (4 < nv) buf[0] = ldg_vec(vv + a0 + 4);
+    // Full vectors 1 .. nv - 2: vector t sits in buf[t % 4] (static after the unroll by 4) and is
+    // replaced by vector t + 4 once consumed, so three vectors stay in flight.
+    for (int t0 = 1; t0 < nv - 1; t0 += 4) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int t = t0 + u;
+        if (t < nv - 1) {
+          consume<VT, MP, false>(buf[(1 + u) & 3], 0, VN, wk, smem, acc);
+          if (t + 4 < nv) buf[(1 + u) & 3] = ldg_vec(vv + a0 + t + 4);
+        }
+      }
+    }
+    if (nv > 1) {
+      const int sl = (nv - 1) & 3;
+      const uint4 last = sl == 0 ? buf[0] : sl == 1 ? buf[1] : sl == 2 ? buf[2] : buf[3];
+      consume<VT, MP, true>(last, 0, tail, wk, smem, acc);
+    }
+  }
+  // Sum the parts of one row: lanes l, l + RPW, ... of this warp (shuffles), then the warps (fixed order).
+#pragma unroll
+  for (int m = 0; m < MP; ++m)
+    for (int o = RPW; o < 32; o <<= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+  if (lane < RPW) {
+#pragma unroll
+    for (int m = 0; m < MP; ++m) red[(warp * RPW + lane) * MP + m] = acc[m];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < RPW * MP; e += blockDim.x) {
+    const int rr = e / MP, m = e - rr * MP, nn = blockIdx.x * RPW + rr;
+    if (nn >= N || m >= M) continue;
+    float s = 0.f;
+    for (int w = 0; w < KS; ++w) s += red[(w * RPW + rr) * MP + m];
+    Y[static_cast<size_t>(m) * N + nn] = __float2half_rn(s * scales[nn] + (bias ? bias[nn] : 0.f));
+  }
+}
+
+}  // namespace
+
+// bitmap_rows_<value dtype>_m<MP>: M <= MP rows of fp16 X.
+#define EDGESDK_BITMAP_ROWS(VT, VN, MP)                                                                   \
+  extern "C" __global__ void __launch_bounds__(512, 1) bitmap_rows_##VN##_m##MP(                         \
+      const __half* __restrict__ X, const uint32_t* __restrict__ masks, const VT* __restrict__ values,     \
+      const int* __restrict__ segoff, const float* __restrict__ scales, const float* __restrict__ bias,    \
+      __half* __restrict__ Y, int M, int N, int K, int NW, int NWP, int NSEG, int SEGW, int RPW) {           \
+    bitmap_rows_body<VT, MP>(X, masks, values, segoff, scales, bias, Y, M, N, K, NW, NWP, NSEG, SEGW, RPW); \
+  }
+
+EDGESDK_BITMAP_ROWS(__half, f16, 1)
+EDGESDK_BITMAP_ROWS(__half, f16, 2)
+EDGESDK_BITMAP_ROWS(__half, f16, 4)
+EDGESDK_BITMAP_ROWS(int8_t, i8, 1)
+EDGESDK_BITMAP_ROWS(int8_t, i8, 2)
+EDGESDK_BITMAP_ROWS(int8_t, i8, 4)
