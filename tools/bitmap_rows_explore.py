@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import meta, time_graph  # noqa: E402
 from bench.bench_bitmap_linear import _copies, random_packed  # noqa: E402
+from edgesdk.errors import EdgeSDKError  # noqa: E402
 from edgesdk.formats import bitmap_linear as fmt  # noqa: E402
 
 LLM = "4096x4096,4096x11008,11008x4096,2048x5632,5632x2048,896x4864,4864x896,576x1536,1536x576"
@@ -87,7 +88,10 @@ def main(argv=None):
                     tol = 2.0**-10 * ref.abs() + 2.0**-16 * (xd.abs() @ wq.abs().T) * sc + 2.0**-24
                     row = {"K": k, "N": n, "M": m, "sparsity": s, "vd": vd, "bytes": p.nbytes,
                            "rows_bytes": lay.nbytes, "dense_bytes": fmt.dense_fp16_bytes(n, k)}
-                    heur = kbl.rows_config(n, k, m, vd, lay.nseg, sm_count=sms) if m <= 4 else None
+                    try:
+                        heur = kbl.rows_config(n, k, m, vd, lay.nseg, sm_count=sms)
+                    except EdgeSDKError:  # does not fit shared memory (K·M too large)
+                        heur = None
                     cands = {"cublas": None, "t1": None}
                     if heur is not None:
                         row["heur"] = f"{heur['rpw']}x{heur['ks']}"

@@ -450,7 +450,7 @@ def rows_smem(nw: int, m: int, rpw: int, ks: int) -> int:
     """Dynamic shared memory of one row-walk block: X as fp32 [32·nw][MP], the (word, base) pairs of
     ``rpw`` rows, 16 bytes of slack, the cross-warp reduction."""
     mp = 1 if m <= 1 else 2 if m <= 2 else 4
-    return 32 * nw * mp * 4 + rpw * nw * 8 + 16 + ks * rpw * mp * 4
+    return 32 * nw * mp * 4 + rpw * (-(-nw // 4) * 4) * 8 + 16 + ks * rpw * mp * 4
 
 
 def rows_config(n: int, k: int, m: int, value_dtype: str, nseg: int, rpw: int | None = None,

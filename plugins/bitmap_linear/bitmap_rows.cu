@@ -17,11 +17,11 @@
 //
 // Launch: grid ceil(N / RPW), block 32·KS threads. Lane l of warp w takes row blockIdx.x·RPW + l % RPW
 // and part q = w·(32 / RPW) + l / RPW of the row's P = KS·32 / RPW parts (segments q·NSEG/P .. (q+1)·NSEG/P).
-// Per lane: its mask words are read once and written to shared memory as (word, column base) pairs of the
-// non-empty words (so the walk never meets an empty word); its values stream from global memory in 16-byte
+// Per lane: its mask words are copied once (cp.async) and compacted in shared memory into (word, column
+// base) pairs of the non-empty words (so the walk never meets an empty word); its values stream from global memory in 16-byte
 // vectors three ahead; per stored value: FLO, clear the bit, X[column] from shared memory (fp32,
 // [K][MP]), fp32 FMA per row of X. Parts of one row are reduced by shuffles, then across warps in shared
-// memory in a fixed order (deterministic). Dynamic smem = NW·32·MP·4 + RPW·NW·8 + 16 + KS·RPW·MP·4.
+// memory in a fixed order (deterministic). Dynamic smem = NW·32·MP·4 + RPW·NWP·8 + 16 + KS·RPW·MP·4.
 // Ampere instructions only; compiled for sm_87 and sm_90.
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -29,6 +29,10 @@
 #include "common/ampere.cuh"
 
 namespace {
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
 
 __device__ __forceinline__ uint32_t bfind(uint32_t x) {
   uint32_t r;
@@ -121,8 +125,8 @@ __device__ __forceinline__ void bitmap_rows_body(const __half* __restrict__ X, c
   const int KS = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int KP = NW * 32;  // staged columns (zeros beyond K)
   float* xs = reinterpret_cast<float*>(smem);                    // [KP][MP]
-  uint2* pairs = reinterpret_cast<uint2*>(smem + KP * MP * 4);   // [RPW][NW] (+ 16 bytes of slack)
-  float* red = reinterpret_cast<float*>(smem + KP * MP * 4 + RPW * NW * 8 + 16);  // [KS][RPW][MP]
+  uint2* pairs = reinterpret_cast<uint2*>(smem + KP * MP * 4);   // [RPW][NWP] (+ 16 bytes of slack)
+  float* red = reinterpret_cast<float*>(smem + KP * MP * 4 + RPW * NWP * 8 + 16);  // [KS][RPW][MP]
 
   const int r = lane % RPW, lpw = 32 / RPW;
   const int n = blockIdx.x * RPW + r;
@@ -143,23 +147,50 @@ __device__ __forceinline__ void bitmap_rows_body(const __half* __restrict__ X, c
   for (int i = 0; i < 4; ++i)
     buf[i] = a0 + i < a1 ? ldg_vec(vv + a0 + i) : make_uint4(0u, 0u, 0u, 0u);
 
-  // X as fp32 [KP][MP], zeros for columns >= K and rows >= M.
-  for (int e = threadIdx.x; e < KP * MP; e += blockDim.x) {
-    const int m = e / KP, c = e - m * KP;
-    xs[c * MP + m] = (m < M && c < K) ? __half2float(X[static_cast<size_t>(m) * K + c]) : 0.f;
-  }
-  // This lane's mask words -> (word, column base + 31) pairs of the non-empty ones.
-  const int j0 = s0 * SEGW, j1 = min(s1 * SEGW, NW);
-  uint2* mine = pairs + r * NW + j0;
-  int cnt = 0;
+  // This lane's raw mask words [j0, j1p) by cp.async into the top half of its pair area (compacted in
+  // place below: pair k is written only after the words it could overlap have been read).
+  const int j0 = s0 * SEGW, j1p = min(s1 * SEGW, NWP);  // multiples of 4 (SEGW % 4 == 0)
+  uint2* mine = pairs + r * NWP + j0;
+  uint32_t* raw = reinterpret_cast<uint32_t*>(mine) + (j1p - j0);
   if (live) {
     const uint32_t* src = masks + static_cast<size_t>(n) * NWP;
-    for (int j = j0; j < j1; j += 4) {  // j0 % 4 == 0 (SEGW % 4 == 0): 16-byte loads
-      const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(src + j));
+    for (int j = j0; j < j1p; j += 4) cp_async16(raw + (j - j0), src + j);
+  }
+  cp_async_commit();
+  // X as fp32 [KP][MP] (rows m < M; other entries are never read into a stored output: columns >= K have
+  // no mask bits, rows >= M are not written back). 16-byte loads, four in flight per thread.
+  if ((K & 7) == 0 && (reinterpret_cast<uintptr_t>(X) & 15) == 0) {
+    const int CH = K >> 3;
+    for (int m = 0; m < M; ++m) {
+      const uint4* xr = reinterpret_cast<const uint4*>(X + static_cast<size_t>(m) * K);
+#pragma unroll 4
+      for (int c = threadIdx.x; c < CH; c += blockDim.x) {
+        const uint4 v = __ldg(xr + c);
+        const uint32_t h[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[i]));
+          xs[(8 * c + 2 * i) * MP + m] = f.x;
+          xs[(8 * c + 2 * i + 1) * MP + m] = f.y;
+        }
+      }
+    }
+  } else {
+    for (int m = 0; m < M; ++m) {
+#pragma unroll 4
+      for (int c = threadIdx.x; c < K; c += blockDim.x) xs[c * MP + m] = __half2float(X[static_cast<size_t>(m) * K + c]);
+    }
+  }
+  cp_async_wait<0>();
+  // (word, byte offset of X[column base + 31]) pairs of the non-empty words, in order.
+  int cnt = 0;
+  if (live) {
+    for (int j = j0; j < j1p; j += 4) {
+      const uint4 w4 = *reinterpret_cast<const uint4*>(raw + (j - j0));
       const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
       for (int t = 0; t < 4; ++t)
-        if (j + t < j1 && w[t] != 0u) mine[cnt++] = make_uint2(w[t], (32u * (j + t) + 31u) * (4u * MP));
+        if (w[t] != 0u) mine[cnt++] = make_uint2(w[t], (32u * (j + t) + 31u) * (4u * MP));
     }
   }
   __syncthreads();
