@@ -42,6 +42,9 @@ def main(argv=None):
     ap.add_argument("--s", default="0.3,0.5,0.7")
     ap.add_argument("--vd", default="float16,int8")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--ablate", action="store_true",
+                    help="also time the heuristic configuration built with EDGESDK_ROWS_ABLATE=1, 2, 3 (wrong results, "
+                         "timing only: coalesced values, no X load, no bit walk)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     from concurrent.futures import ProcessPoolExecutor
@@ -98,6 +101,11 @@ def main(argv=None):
                         for rpw, ks in kbl.ROWS_CONFIGS:
                             if kbl.rows_smem(lay.nw, m, rpw, ks) <= kbl._SMEM_LIMIT:
                                 cands[f"r{rpw}x{ks}"] = (rpw, ks)
+                        if a.ablate:
+                            cfg = (32, 16) if "r32x16" in cands else (heur["rpw"], heur["ks"])
+                            row["ablate_cfg"] = f"{cfg[0]}x{cfg[1]}"
+                            for ab in (1, 2, 3):
+                                cands[f"a{ab}"] = cfg
                     it = [0]
 
                     def call(name, i):
@@ -109,11 +117,12 @@ def main(argv=None):
                                        [y.data_ptr()], stream(), 1)
                         else:
                             cc = rcopies[i % nr]
+                            opts = (f"-DEDGESDK_ROWS_ABLATE={name[1:]}",) if name.startswith("a") else ()
                             kbl.launch_rows(lay, m, [x.data_ptr(), *[t.data_ptr() for t in cc]], [y.data_ptr()],
-                                            stream(), *cands[name], sm_count=sms)
+                                            stream(), *cands[name], sm_count=sms, options=opts)
 
                     for name in cands:  # correctness first (poisoned output)
-                        if name == "cublas":
+                        if name == "cublas" or name.startswith("a"):
                             continue
                         y.fill_(float("nan"))
                         call(name, 0)

@@ -489,18 +489,20 @@ def rows_config(n: int, k: int, m: int, value_dtype: str, nseg: int, rpw: int | 
 
 
 def launch_rows(layout: "fmt.RowLayout", m: int, inputs: list[int], outputs: list[int], stream: int,
-                rpw: int | None = None, ks: int | None = None, sm_count: int | None = None) -> None:
+                rpw: int | None = None, ks: int | None = None, sm_count: int | None = None,
+                options: tuple[str, ...] = ()) -> None:
     """Enqueue the row-walk kernel: ``inputs`` = device pointers ``[X (fp16 [m, k]), masks, values, segoff,
-    scales(, bias)]`` of a :class:`edgesdk.formats.bitmap_linear.RowLayout`, ``outputs`` = ``[Y]`` (fp16)."""
+    scales(, bias)]`` of a :class:`edgesdk.formats.bitmap_linear.RowLayout`, ``outputs`` = ``[Y]`` (fp16).
+    ``options``: extra compiler options (timing ablations of ``tools/bitmap_rows_explore.py``)."""
     n, k, vd = layout.n, layout.k, layout.value_dtype
     has_bias = layout.bias is not None
-    key = ("rows", n, k, vd, layout.nseg, has_bias, m, rpw, ks, _cuda.current_context())
+    key = ("rows", n, k, vd, layout.nseg, has_bias, m, rpw, ks, options, _cuda.current_context())
     plans = _cuda.thread_cache(_tls)
     plan = plans.get(key)
     if plan is None:
         ctx = _cuda.current_context()
         c = rows_config(n, k, m, vd, layout.nseg, rpw, ks, sm_count or _sm_count(ctx))
-        kern = _cuda.get_kernel(ROWS_SOURCE, c["name"])
+        kern = _cuda.get_kernel(ROWS_SOURCE, c["name"], options)
         slots, addr = _cuda.ArgBlock.pointer_slots(7)
         ints = (m, n, k, layout.nw, layout.nwp, layout.nseg, fmt.ROW_SEGMENT_WORDS, c["rpw"])
         args = _cuda.ArgBlock([*addr, *(ctypes.c_int(v) for v in ints)], slots)

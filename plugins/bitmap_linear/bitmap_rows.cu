@@ -28,6 +28,12 @@
 
 #include "common/ampere.cuh"
 
+// Timing ablations (tools/bitmap_rows_explore.py --ablate; wrong results): 1 = every lane reads lane 0's
+// value vectors (coalesced), 2 = no shared-memory X load, 3 = no bit walk (fixed columns).
+#ifndef EDGESDK_ROWS_ABLATE
+#define EDGESDK_ROWS_ABLATE 0
+#endif
+
 namespace {
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
@@ -95,10 +101,18 @@ __device__ __forceinline__ void consume(const uint4& v, int lo, int hi, Walk<MP>
 #pragma unroll
   for (int j = 0; j < VN; ++j) {
     if (!CHECK || (j >= lo && j < hi)) {
+#if EDGESDK_ROWS_ABLATE == 3
+      const uint32_t off = wk.wb - j * (4u * MP);
+#else
       const uint32_t off = wk.next_off();
+#endif
       const float w = vec_at<VT>(v, j);
       if constexpr (MP == 1) {
+#if EDGESDK_ROWS_ABLATE == 2
+        acc[0] = fmaf(w, __uint_as_float(off), acc[0]);
+#else
         acc[0] = fmaf(w, *reinterpret_cast<const float*>(xs + off), acc[0]);
+#endif
       } else if constexpr (MP == 2) {
         const float2 x = *reinterpret_cast<const float2*>(xs + off);
         acc[0] = fmaf(w, x.x, acc[0]);
@@ -139,7 +153,11 @@ __device__ __forceinline__ void bitmap_rows_body(const __half* __restrict__ X, c
     v0 = segoff[static_cast<size_t>(n) * (NSEG + 1) + s0];
     v1 = segoff[static_cast<size_t>(n) * (NSEG + 1) + s1];
   }
+#if EDGESDK_ROWS_ABLATE == 1
+  const uint4* vv = reinterpret_cast<const uint4*>(values) + (__shfl_sync(0xffffffffu, v0 / VN, 0) - v0 / VN);
+#else
   const uint4* vv = reinterpret_cast<const uint4*>(values);
+#endif
   const int a0 = v0 / VN, a1 = (v1 + VN - 1) / VN;  // this lane's 16-byte vectors [a0, a1)
   // Values first: their loads are in flight while the masks and X are staged.
   uint4 buf[4];
