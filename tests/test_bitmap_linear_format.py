@@ -336,13 +336,13 @@ def test_heuristic_picks_80_register_kernel_only_when_cheaper():
 
 # ---------------------------------------------------------------- row layout (round 8 row-walk kernel)
 def test_row_layout_worked_example():
-    """The worked example's W in the row layout: bit 31 - i of word j <=> column 32 j + i."""
+    """The worked example's W in the row layout: bit i of word j <=> column 32 j + i."""
     p = BitmapLinearWeights.pack(worked_example_w(), "float16")
     r = fmt.row_layout(p)
-    # row 0: columns 0, 3, 8 -> bits 31, 28, 23; row 1: columns 1, 8 -> bits 30, 23; one word, padded to 4
+    # row 0: columns 0, 3, 8; row 1: columns 1, 8; one word, padded to 4
     assert r.masks.shape == (2, 4) and r.masks.dtype == np.uint32
-    assert r.masks[0].tolist() == [(1 << 31) | (1 << 28) | (1 << 23), 0, 0, 0]
-    assert r.masks[1].tolist() == [(1 << 30) | (1 << 23), 0, 0, 0]
+    assert r.masks[0].tolist() == [0b1_0000_1001, 0, 0, 0]
+    assert r.masks[1].tolist() == [0b1_0000_0010, 0, 0, 0]
     # rows start 16-byte aligned (8 fp16 values): row 0 at 0 (values 1, -2, 3), row 1 at 8 (0.5, 4)
     assert r.segoff.tolist() == [[0, 3], [8, 10]]
     assert r.values[[0, 1, 2, 8, 9]].tolist() == [1.0, -2.0, 3.0, 0.5, 4.0]

@@ -375,7 +375,7 @@ class RowLayout:
 
     Attributes:
         n, k (int): W is ``[n, k]``; ``nw = ceil(k / 32)`` mask words per row, ``nwp = round_up(nw, 4)``.
-        masks (np.ndarray): uint32 ``[n, nwp]``; bit ``31 - i`` of word ``j`` ⇔ ``W[n, 32j + i]`` stored.
+        masks (np.ndarray): uint32 ``[n, nwp]``; bit ``i`` of word ``j`` ⇔ ``W[n, 32j + i]`` stored.
         values (np.ndarray): float16 or int8; row ``n``'s stored values in column order from
             ``segoff[n, 0]`` (a multiple of 16 bytes) on.
         segoff (np.ndarray): int32 ``[n, nseg + 1]``: index in ``values`` of row ``n``'s first value at
@@ -416,7 +416,7 @@ class RowLayout:
 
     def raw_values(self) -> np.ndarray:
         """Dense stored values ``[n, k]`` (float64, before scaling), decoded from this layout alone."""
-        bits = np.unpackbits(self.masks[:, : self.nw].astype(">u4").view(np.uint8), axis=1, bitorder="big")
+        bits = np.unpackbits(self.masks[:, : self.nw].astype("<u4").view(np.uint8), axis=1, bitorder="little")
         mask = bits[:, : self.k].astype(bool)
         out = np.zeros((self.n, self.k))
         for r in range(self.n):
@@ -439,8 +439,8 @@ def row_layout(w: BitmapLinearWeights, segment_words: int = ROW_SEGMENT_WORDS) -
     nwp = -(-nw // 4) * 4
     mask = np.zeros((n, nwp * 32), dtype=bool)
     mask[:, :k] = raw != 0
-    # bit 31 - i of word j <=> column 32 j + i: columns packed most significant bit first.
-    masks = np.packbits(mask, axis=1, bitorder="big").view(">u4").astype(np.uint32).reshape(n, nwp)
+    # bit i of word j <=> column 32 j + i
+    masks = np.packbits(mask, axis=1, bitorder="little").view("<u4").astype(np.uint32).reshape(n, nwp)
     vdt = np.float16 if w.value_dtype == "float16" else np.int8
     per_vec = 16 // np.dtype(vdt).itemsize
     counts = mask.sum(axis=1, dtype=np.int64)

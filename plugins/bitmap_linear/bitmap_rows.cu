@@ -3,8 +3,7 @@
 // cores, over the *row layout* that edgesdk/formats/bitmap_linear.py (`row_layout`) derives from the
 // stored format on the host:
 //
-//   masks  uint32 [N][NWP]   word j of row n: bit 31 - i set iff W[n, 32 j + i] is stored (bit-reversed,
-//                            so that `bfind` (FLO) walks the columns upwards); NW = ceil(K / 32) words,
+//   masks  uint32 [N][NWP]   word j of row n: bit i set iff W[n, 32 j + i] is stored; NW = ceil(K / 32) words,
 //                            NWP = round_up(NW, 4) (16-byte rows);
 //   values fp16/int8 [...]   the stored values of row n in column order from segoff[n][0] on; every row
 //                            starts 16-byte aligned;
@@ -19,7 +18,7 @@
 // and part q = w·(32 / RPW) + l / RPW of the row's P = KS·32 / RPW parts (segments q·NSEG/P .. (q+1)·NSEG/P).
 // Per lane: its mask words are copied once (cp.async) and compacted in shared memory into (word, column
 // base) pairs of the non-empty words (so the walk never meets an empty word); its values stream from global memory in 16-byte
-// vectors three ahead; per stored value: FLO, clear the bit, X[column] from shared memory (fp32,
+// vectors three ahead; per stored value: find and clear the lowest set bit, X[column] from shared memory (fp32,
 // [K][MP]), fp32 FMA per row of X. Parts of one row are reduced by shuffles, then across warps in shared
 // memory in a fixed order (deterministic). Dynamic smem = NW·32·MP·4 + RPW·NWP·8 + 16 + KS·RPW·MP·4.
 // Ampere instructions only; compiled for sm_87 and sm_90.
@@ -70,26 +69,27 @@ __device__ __forceinline__ uint4 ldg_vec(const uint4* p) {
   return r;
 }
 
-// Walk state of one lane: the current mask word (bits not yet consumed), its column base + 31, and the
-// next non-empty (word, base + 31) pair, loaded from shared memory only when the current word runs out.
-// Bases are byte offsets into X's shared copy: (column base + 31) · 4 · MP.
+// Walk state of one lane: the current mask word (bits not yet consumed), the byte offset of X[its column
+// base], and the next non-empty (word, offset) pair, loaded from shared memory when the current word runs
+// out. The lowest set bit is consumed first (cur &= cur - 1: a two-instruction dependency chain per value;
+// its position comes off the chain from bfind(cur ^ (cur - 1))).
 template <int MP>
 struct Walk {
-  uint32_t cur, wb, nw, nb, ptr;  // ptr: shared address of the pair after (nw, nb)
+  uint32_t cur, wb, nw, nb;
+  const uint2* ptr;  // the pair after (nw, nb)
 
   // Byte offset of X[column of the next stored value][0] in the shared copy.
   __device__ __forceinline__ uint32_t next_off() {
-    const uint32_t p = bfind(cur);
-    cur ^= 1u << p;
-    const uint32_t off = wb - p * (4u * MP);
-    // Word exhausted: take the prefetched pair and fetch the one after it (predicated load).
-    const bool z = cur == 0u;
-    cur = z ? nw : cur;
-    wb = z ? nb : wb;
-    asm volatile(
-        "{\n .reg .pred q;\n setp.ne.u32 q, %3, 0;\n @q ld.shared.v2.u32 {%0, %1}, [%2];\n @q add.u32 %2, %2, 8;\n}\n"
-        : "+r"(nw), "+r"(nb), "+r"(ptr)
-        : "r"(static_cast<uint32_t>(z)));
+    const uint32_t t = cur - 1u;
+    const uint32_t off = wb + bfind(cur ^ t) * (4u * MP);
+    cur &= t;
+    if (cur == 0u) {  // word exhausted (divergent, short): take the prefetched pair, fetch the next one
+      cur = nw;
+      wb = nb;
+      const uint2 q = *ptr++;
+      nw = q.x;
+      nb = q.y;
+    }
     return off;
   }
 };
@@ -102,7 +102,7 @@ __device__ __forceinline__ void consume(const uint4& v, int lo, int hi, Walk<MP>
   for (int j = 0; j < VN; ++j) {
     if (!CHECK || (j >= lo && j < hi)) {
 #if EDGESDK_ROWS_ABLATE == 3
-      const uint32_t off = wk.wb - j * (4u * MP);
+      const uint32_t off = wk.wb + j * (4u * MP);
 #else
       const uint32_t off = wk.next_off();
 #endif
@@ -200,7 +200,7 @@ __device__ __forceinline__ void bitmap_rows_body(const __half* __restrict__ X, c
     }
   }
   cp_async_wait<0>();
-  // (word, byte offset of X[column base + 31]) pairs of the non-empty words, in order.
+  // (word, byte offset of X[column base]) pairs of the non-empty words, in order.
   int cnt = 0;
   if (live) {
     for (int j = j0; j < j1p; j += 4) {
@@ -208,7 +208,7 @@ __device__ __forceinline__ void bitmap_rows_body(const __half* __restrict__ X, c
       const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
       for (int t = 0; t < 4; ++t)
-        if (w[t] != 0u) mine[cnt++] = make_uint2(w[t], (32u * (j + t) + 31u) * (4u * MP));
+        if (w[t] != 0u) mine[cnt++] = make_uint2(w[t], 32u * (j + t) * (4u * MP));
     }
   }
   __syncthreads();
@@ -223,7 +223,7 @@ __device__ __forceinline__ void bitmap_rows_body(const __half* __restrict__ X, c
     const uint2 nx = mine[cnt > 1 ? 1 : 0];
     wk.nw = nx.x;
     wk.nb = nx.y;
-    wk.ptr = smem_u32(mine + 2);
+    wk.ptr = mine + 2;
     const int nv = a1 - a0, head = v0 - a0 * VN, tail = v1 - (a1 - 1) * VN;
     consume<VT, MP, true>(buf[0], head, nv == 1 ? tail : VN, wk, smem, acc);
     if (4 < nv) buf[0] = ldg_vec(vv + a0 + 4);
