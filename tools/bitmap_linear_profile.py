@@ -19,16 +19,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_bitmap_linear import random_packed  # noqa: E402
-from edgesdk.formats import bitmap_linear as fmt  # noqa: E402
+from bench.bench_bitmap_linear import random_packed
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="4096x4096:1:0.5:float16,4096x4096:1:0.5:int8,4096x4096:16:0.5:float16")
     ap.add_argument("--tactic", type=int, default=1)
-    ap.add_argument("--rows", default=None, help="RPWxKS: launch the row-walk kernel (bitmap_rows_*, round 8) "
-                    "with this configuration instead of a tactic ('auto': its heuristic)")
     a = ap.parse_args(argv)
     import torch
 
@@ -42,25 +39,13 @@ def main(argv=None):
         k, n = (int(v) for v in kn.split("x"))
         m, s = int(m), float(s)
         p = random_packed(k, n, s, vd, 11)
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        t = [torch.from_numpy(v).cuda() for v in p.to_tensors().values()]
         x = torch.randn(m, k, device="cuda", dtype=torch.float16)
         y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
-        if a.rows:
-            lay = fmt.row_layout(p)
-            t = [torch.from_numpy(v).cuda() for v in lay.tensors()]
-            rpw, ks = (None, None) if a.rows == "auto" else (int(v) for v in a.rows.split("x"))
-            c = kbl.rows_config(n, k, m, vd, lay.nseg, rpw, ks, sms)
-            c["ks"] = f"{c['ks']} rpw {c['rpw']}"
-        else:
-            t = [torch.from_numpy(v).cuda() for v in p.to_tensors().values()]
-            c = kbl.config(n, k, m, "float16", vd, a.tactic, sms)
+        c = kbl.config(n, k, m, "float16", vd, a.tactic, torch.cuda.get_device_properties(0).multi_processor_count)
         for _ in range(3):
-            if a.rows:
-                kbl.launch_rows(lay, m, [x.data_ptr(), *[v.data_ptr() for v in t]], [y.data_ptr()],
-                                torch.cuda.current_stream().cuda_stream, rpw, ks, sms)
-            else:
-                kbl.launch(p.node_attributes(), "float16", m, [x.data_ptr(), *[v.data_ptr() for v in t]],
-                           [y.data_ptr()], torch.cuda.current_stream().cuda_stream, a.tactic)
+            kbl.launch(p.node_attributes(), "float16", m, [x.data_ptr(), *[v.data_ptr() for v in t]], [y.data_ptr()],
+                       torch.cuda.current_stream().cuda_stream, a.tactic)
         torch.cuda.synchronize()
         xd = x.double().cpu().numpy()
         ref = (xd @ p.raw_values().astype(np.float64).T) * p.scales.astype(np.float64)
