@@ -219,6 +219,8 @@ def bench_config(label: str, ctx, prim, stream_int: int, tstream, triton_mm, rng
                     _cuda.check(cu.cuCtxSetCurrent(ctx))
                     auto_t = K.auto_tactic(n, k, m, K._context_sms())
                     name = f"auto=t{auto_t}"
+                elif t in K.SPLIT_M:  # two persistent kernels: head rows, then the tail rows
+                    name = "+".join(K.SPLIT_M[t]) + " split-M"
                 else:
                     name = K.config(t)[0].name + (f"/splitk{K.TACTICS[t][1]}" if K.TACTICS[t][1] > 1 else "")
                 safe(f"ours gemm t{t} {name}",

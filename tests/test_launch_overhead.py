@@ -233,3 +233,34 @@ def test_vitbit_default_tactic_and_inkernel_splitk_plans(stub):
         arr = (ctypes.c_void_p * 8).from_address(stub.seen[0]["params"])
         ctr_off, nctr = ctypes.c_int64.from_address(arr[6]).value, ctypes.c_int.from_address(arr[7]).value
         assert nctr == tiles and ws + 4 * ctr_off == ctr
+
+
+@pytest.mark.parametrize("tactic,tail", [(60, "tp_64x64"), (61, "tp_64x128")])
+def test_vitbit_split_m_plans_head_and_tail(stub, tactic, tail):
+    """Split-M tactics: the persistent 128 x 128 kernel on the first mh rows (whole waves of its resident
+    blocks), the tail kernel on the rest, its X and Y pointers mh rows in (Xq rows of K16 bytes, fp16 Y rows);
+    planned once, the pointers rewritten per call; gemm() builds the same launches."""
+    m, n, k = 12000, 300, 520  # ncol = 3, 94 x 3 = 282 tiles; the stub: 2 blocks per SM x 132 = 264 slots
+    a = K.validate_attributes(VB)
+    kp = k_padded(k)
+    head, tl = K._C["tp_128x128"], K._C[tail]
+    slots = K.persistent_grid(K._kernel("vitbit_gemm_tp_128x128"), head, 1 << 30)
+    mh = K.split_m_rows(slots, m, n)
+    assert 0 < mh < m  # this shape has both parts on the stub's 132 SMs
+    ins, y, ws = [0x10000, 0x20000, 0x30000, 0x40000], 0x500000, 0x6000000
+    for call in range(2):
+        shift = 0x10000000 * call
+        stub.seen.clear()
+        K.launch(VB, "float16", m, [p + shift for p in ins], [y + shift], 0, tactic, workspace=ws + shift)
+        names = [s["name"] for s in stub.seen]
+        assert names == ["vitbit_quantize_f16", "vitbit_gemm_tp_128x128", f"vitbit_gemm_{tail}"]
+        g1, g2 = stub.seen[1], stub.seen[2]
+        assert g1["args"][:3] == [ws + shift, ins[1] + shift, y + shift] and g1["args"][8] == mh
+        assert g2["args"][:3] == [ws + shift + mh * kp, ins[1] + shift, y + shift + mh * 300 * 2]
+        assert g2["args"][8] == m - mh and g2["args"][9:11] == [300, kp]
+        assert g1["grid"][0] == min(slots, -(-mh // 128) * -(-n // 128))
+        assert g2["grid"][0] <= -(-(m - mh) // tl.bm) * -(-n // tl.bn)
+    planned = [{kk: v for kk, v in s.items() if kk != "params"} for s in stub.seen[1:]]
+    stub.seen.clear()
+    K.gemm(a, "float16", m, ws + shift, ins[1] + shift, ins[2] + shift, ins[3] + shift, y + shift, 0, tactic)
+    assert [{kk: v for kk, v in s.items() if kk != "params"} for s in stub.seen] == planned

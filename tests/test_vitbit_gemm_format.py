@@ -214,7 +214,9 @@ def test_launcher_tactics_and_workspace_without_gpu():
     # removed in round 3 (never within 3 % of the fastest tactic in rounds 1-2)
     assert not {2, 6, 7, 8, 24, 32, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 51, 52, 53, 54} & (set(small) | set(big)
                                                                                         | set(K.TACTICS))
-    assert {30, 31, 33, 34} <= set(small) & set(big)
+    assert {30, 31, 33, 34, 60, 61} <= set(small) & set(big)
+    for t, tail in ((60, "tp_64x64"), (61, "tp_64x128")):  # split-M: config() gives the head kernel
+        assert K.config(t)[0].name == "tp_128x128" and K.SPLIT_M[t][1] == tail and K.config(t)[1] == 1
     for t in (30, 31, 33, 34):
         cfg, splits = K.config(t)
         assert cfg.persistent and splits == 1 and cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * K.BK
@@ -302,3 +304,23 @@ def test_y_dtype_attribute_and_int8_x():
     y8 = vitbit_gemm(quantize_activations(x.reshape(-1, 53), 0.02).reshape(x.shape), q8)
     assert y8.dtype == np.float16 and np.array_equal(y8, vitbit_gemm(x, plain))
     assert VitBitWeights.from_tensors(q8.node_attributes(), q8.to_tensors()).y_dtype == "float16"
+
+
+def test_split_m_rows():
+    """Head rows of a split-M tactic: whole 128-row tile rows filling whole waves of the head's blocks."""
+    from edgesdk.kernels.vitbit_gemm import split_m_rows
+
+    # ViT-B M = 6304 on an H100 (2 blocks of tp_128x128 per SM: 264 slots): 44 tile rows (3, 1, 4 waves)
+    assert split_m_rows(264, 6304, 2304) == 44 * 128  # 50 x 18 = 900 tiles: 3 waves = 792 = 44 rows
+    assert split_m_rows(264, 6304, 768) == 44 * 128  # 300 tiles: 1 wave = 264 = 44 rows of 6
+    assert split_m_rows(264, 6304, 3072) == 44 * 128  # 1200 tiles: 4 waves = 1056 = 44 rows of 24
+    assert split_m_rows(264, 1576, 2304) == 0  # 234 tiles < one wave: the tail kernel takes all of M
+    assert split_m_rows(6, 384, 256) == 384  # 3 x 2 = 6 tiles = one whole wave: no tail
+    assert split_m_rows(3, 301, 390) == 301  # 3 x 4 = 12 tiles = 4 whole waves of 3: no tail
+    assert split_m_rows(7, 301, 390) == 128  # 12 tiles: one wave of 7 -> one whole tile row (4 tiles)
+    for slots in (1, 3, 7, 264):
+        for m, n in ((301, 390), (6304, 2304), (197, 768), (5000, 100)):
+            mh = split_m_rows(slots, m, n)
+            ncol, tiles = -(-n // 128), -(-m // 128) * -(-n // 128)
+            assert 0 <= mh <= m and (mh == m or mh % 128 == 0)
+            assert -(-mh // 128) * ncol <= tiles // slots * slots  # the head fills at most its whole waves

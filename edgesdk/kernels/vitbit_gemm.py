@@ -142,6 +142,10 @@ TACTICS: dict[int, tuple[str, int]] = {
     20: ("field:h128_tc96_i32", 1),
     21: ("field:h64_tc64_i16", 1),
 }
+#: Split-M tactics (round 5): the persistent 128 x 128 kernel on the first rows, as many 128-row tile rows as
+#: fill whole waves of its resident blocks, then a second persistent kernel with smaller tiles on the rest of
+#: M (no fixup, no partials: each output tile is computed once). Tactic -> (head config, tail config).
+SPLIT_M: dict[int, tuple[str, str]] = {60: ("tp_128x128", "tp_64x64"), 61: ("tp_128x128", "tp_64x128")}
 AUTO = TC_ONLY = 1
 MAX_SPLITS = max(s for _, s in TACTICS.values())
 
@@ -173,8 +177,11 @@ def config(tactic: int, bits: int = 8) -> tuple[Config, int]:
     if tactic == AUTO:
         raise EdgeSDKError("EdgeVitBitGemm: tactic 1 is the per-shape choice; config() needs a concrete tactic",
                            "use auto_tactic(n, k, m, sms) to resolve it")
+    if tactic in SPLIT_M:  # the head kernel; the tail's is SPLIT_M[tactic][1]
+        return _C[SPLIT_M[tactic][0]], 1
     if tactic not in TACTICS:
-        raise EdgeSDKError(f"EdgeVitBitGemm: unknown tactic {tactic!r}", f"use one of {sorted(TACTICS)}")
+        raise EdgeSDKError(f"EdgeVitBitGemm: unknown tactic {tactic!r}",
+                           f"use one of {sorted([*TACTICS, *SPLIT_M])}")
     name, splits = TACTICS[tactic]
     if name.startswith("field:"):
         if bits not in (4, 5):
@@ -199,7 +206,7 @@ def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
         if splits > 1 and (kt < splits or not _splitk_ok(m, a["n"])):
             continue
         out.append(t)
-    return out
+    return out + list(SPLIT_M)
 
 
 def _xq_bytes(m: int, k: int) -> int:
@@ -273,6 +280,27 @@ def persistent_grid(kernel: _cuda.Kernel, cfg: Config, tiles: int) -> int:
     return max(1, min(tiles, g))
 
 
+def split_m_rows(head_slots: int, m: int, n: int, bm: int = 128, bn: int = 128) -> int:
+    """Rows of M that a split-M tactic gives its head kernel (pure): the most whole ``bm``-row tile rows whose
+    tiles fit in whole waves of ``head_slots`` resident blocks; 0 when there is less than one wave (the tail
+    kernel then takes all of M), ``m`` when the tiles fill whole waves exactly (no tail)."""
+    ncol = -(-n // bn)
+    tiles = -(-m // bm) * ncol
+    waves = tiles // max(1, head_slots)
+    return min(m, (waves * head_slots // ncol) * bm)
+
+
+def _split_m(a: dict, m: int, tactic: int) -> tuple[Config, Config, int]:
+    """Head config, tail config and head rows of split-M ``tactic`` on the current context."""
+    head, tail = (_C[nm] for nm in SPLIT_M[tactic])
+    slots = persistent_grid(_kernel(f"vitbit_gemm_{head.name}"), head, 1 << 30)
+    return head, tail, split_m_rows(slots, m, a["n"], head.bm, head.bn)
+
+
+def _y_itemsize(a: dict, x_dtype: str) -> int:
+    return 2 if y_dtype(a, x_dtype) == "float16" else 4
+
+
 _layers: dict = {}  # raw attribute values -> (validated attributes, their key)
 _tls = threading.local()  # per-thread launch plans (their arg blocks are written per call)
 
@@ -321,19 +349,26 @@ def launch(attrs: dict, x_dtype: str, m: int, inputs: list[int], outputs: list[i
     plan = plans.get(key)
     if plan is None:
         plan = plans[key] = _plan(a, x_dtype, int(m), int(tactic), direct)
-    launches, part_off, ctr_off, ptrs = plan
+    launches, part_off, ctr_off, (xoff, yoff), ptrs = plan
+    gx = inputs[0] if direct else workspace  # the GEMM's X: int8 X in place, or Xq at the workspace's start
     ptrs.set_pointers(inputs[0], workspace, inputs[1], inputs[2], inputs[3] if a["has_bias"] else 0,
-                      outputs[0], workspace + part_off if part_off else 0, workspace + ctr_off if ctr_off else 0)
+                      outputs[0], workspace + part_off if part_off else 0, workspace + ctr_off if ctr_off else 0,
+                      gx + xoff, outputs[0] + yoff)
     _cuda.launch_all(launches, stream)
 
 
 def _plan(a: dict, x_dtype: str, m: int, tactic: int, direct: bool = False
-          ) -> tuple[tuple[_cuda.Launch, ...], int, int, _cuda.ArgBlock]:
+          ) -> tuple[tuple[_cuda.Launch, ...], int, int, tuple[int, int], _cuda.ArgBlock]:
     """Launches of :func:`launch` over shared pointer slots (X, Xq, W, w_scale, bias, Y, partials, tile
-    counters); the byte offsets of the partials and the counters in the workspace (0: none); and the
-    arg block that writes the slots. ``direct``: int8 X that the GEMM reads in place (no copy)."""
-    slots, (x, xq, w, ws, bias, y, part, ctr) = _cuda.ArgBlock.pointer_slots(8)
+    counters, and a split-M tail's X and Y); the byte offsets of the partials and the counters in the
+    workspace (0: none); the split-M tail's byte offsets into the GEMM's X and into Y; and the arg block
+    that writes the slots. ``direct``: int8 X that the GEMM reads in place (no copy)."""
+    slots, (x, xq, w, ws, bias, y, part, ctr, xq2, y2) = _cuda.ArgBlock.pointer_slots(10)
     cfg, splits = _gemm_config(a, m, tactic)
+    xoff = yoff = 0
+    if tactic in SPLIT_M:  # the tail kernel's X and Y start mh rows in
+        mh = _split_m(a, m, tactic)[2]
+        xoff, yoff = mh * k_padded(a["k"]), mh * a["n"] * _y_itemsize(a, x_dtype)
     part_off = _xq_bytes(m, a["k"]) if splits > 1 else 0
     ctr_off = nctr = 0
     if cfg.inkernel_splitk and splits > 1:  # the first kernel zeroes this tactic's tile counters
@@ -343,8 +378,8 @@ def _plan(a: dict, x_dtype: str, m: int, tactic: int, direct: bool = False
         first.append(_quantize_launch(a, x_dtype, m, x, xq, slots, ctr_off // 4, nctr))
     elif not direct or nctr:  # copy X into Xq, and/or zero the tk counters
         first.append(_pad_launch(a, 0 if direct else m, x, xq, slots, ctr_off // 4, nctr))
-    gemm = _gemm_launches(a, x_dtype, m, tactic, x if direct else xq, w, ws, bias, y, part, ctr)
-    return (*first, *gemm), part_off, ctr_off, _cuda.ArgBlock((), slots)
+    gemm = _gemm_launches(a, x_dtype, m, tactic, x if direct else xq, w, ws, bias, y, part, ctr, xq2, y2)
+    return (*first, *gemm), part_off, ctr_off, (xoff, yoff), _cuda.ArgBlock((), slots)
 
 
 def _pad_launch(a: dict, m: int, x, xq, slots=None, ctr_off: int = 0, nctr: int = 0) -> _cuda.Launch:
@@ -383,10 +418,23 @@ def _quantize_launch(a: dict, x_dtype: str, m: int, x, xq, slots=None, ctr_off: 
 
 
 def _gemm_launches(a: dict, x_dtype: str, m: int, tactic: int, xq, w, ws, bias, y, part,
-                   ctr=None) -> list[_cuda.Launch]:
-    """The GEMM (and split-K epilogue) launches; pointer arguments as in :func:`_quantize_launch`."""
-    n, k = a["n"], a["k"]
+                   ctr=None, xq2=None, y2=None) -> list[_cuda.Launch]:
+    """The GEMM (and split-K epilogue) launches; pointer arguments as in :func:`_quantize_launch`. A split-M
+    tactic launches its head kernel on rows [0, mh) and its tail kernel on rows [mh, m), whose X and Y
+    pointers ``xq2`` (= X + mh · K16) and ``y2`` (= Y + mh · N) the caller provides."""
+    if tactic in SPLIT_M:
+        head, tail, mh = _split_m(a, m, tactic)
+        out = _one_gemm(a, x_dtype, mh, head, 1, xq, w, ws, bias, y, part, ctr) if mh > 0 else []
+        if mh < m:
+            out += _one_gemm(a, x_dtype, m - mh, tail, 1, xq2, w, ws, bias, y2, part, ctr)
+        return out
     cfg, splits = _gemm_config(a, m, tactic)
+    return _one_gemm(a, x_dtype, m, cfg, splits, xq, w, ws, bias, y, part, ctr)
+
+
+def _one_gemm(a: dict, x_dtype: str, m: int, cfg: Config, splits: int, xq, w, ws, bias, y, part,
+              ctr=None) -> list[_cuda.Launch]:
+    n, k = a["n"], a["k"]
     kp = k_padded(k)
     flags = (_FLAG_HALF if y_dtype(a, x_dtype) == "float16" else 0) | (_FLAG_BIAS if a["has_bias"] else 0) | \
         (_FLAG_GELU if a["gelu"] else 0)
@@ -437,8 +485,10 @@ def gemm(a: dict, x_dtype: str, m: int, xq: int, w: int, ws: int, bias: int, y: 
         raise EdgeSDKError("EdgeVitBitGemm: split-K tactic without a partials buffer",
                            "pass the workspace (workspace_bytes) to launch")
     ctr = part + _partials_bytes(m, a["n"]) if part else 0  # the tk tile counters follow the partials
+    mh = _split_m(a, m, tactic)[2] if tactic in SPLIT_M else 0
     _cuda.launch_all(_gemm_launches(a, x_dtype, m, tactic, _p(xq), _p(w), _p(ws), _p(bias), _p(y), _p(part),
-                                    _p(ctr)), stream)
+                                    _p(ctr), _p(xq + mh * k_padded(a["k"])),
+                                    _p(y + mh * a["n"] * _y_itemsize(a, x_dtype))), stream)
 
 
 def time_us(weights, m: int, tactic: int = 1, x_dtype: str = "float16", stream: int | None = None,

@@ -154,7 +154,7 @@ def test_gelu_tight_tolerance(dtype):
         np.testing.assert_allclose(run(p, x, t).astype(np.float64), ref, **tol)
 
 
-PERSISTENT = (30, 31, 33, 34)
+PERSISTENT = (30, 31, 33, 34, 60, 61)  # 60, 61: split-M (head tp_128x128 + a tail kernel)
 
 
 @pytest.mark.parametrize("cap", [1, 3, 7])
@@ -272,6 +272,32 @@ def test_int8_x_every_tactic_bit_exact(lead, k, n, y_dtype):
                 assert not bad.any(), f"tactic {t} ({name}) offset {off}: {bad.sum()} of {bad.size} differ"
     for t in (1, 50, 30):
         assert np.array_equal(run(p8, x, t, graph=True), run(p8, x, t)), f"tactic {t} under graph capture"
+
+
+@pytest.mark.parametrize("y_dtype", ["float16", "float32"])
+@pytest.mark.parametrize("off", [0, 8])
+def test_split_m_both_parts_int8_x(y_dtype, off):
+    """Split-M tactics with both kernels running (grid capped to 7 blocks, so the head takes whole waves of 7
+    128 x 128 tiles and the tail the rest), int8 X read in place (off 0) or through the pad kernel (off 8),
+    fp16 and fp32 Y, under CUDA-graph capture too: bit-exact."""
+    rng = np.random.default_rng(77 + off)
+    old = K.PERSISTENT_GRID_CAP
+    try:
+        K.PERSISTENT_GRID_CAP = 7
+        for (m, k, n) in [(301, 160, 390), (1000, 48, 260)]:
+            p = _layer(rng, n, k, bias=True)
+            p8 = F.VitBitWeights(**{**p.__dict__, "y_dtype": y_dtype, "_validated": False})
+            x = rng.integers(-128, 128, (m, k)).astype(np.int8)
+            ref = R.vitbit_gemm(x, p8)
+            slots = K.persistent_grid(K._kernel("vitbit_gemm_tp_128x128"), K._C["tp_128x128"], 1 << 30)
+            assert 0 < K.split_m_rows(slots, m, n) < m
+            for t in K.SPLIT_M:
+                y = run(p8, x, t, x_offset=off)
+                bad = ~((y == ref) | (np.isnan(y) & np.isnan(ref)))
+                assert not bad.any(), f"tactic {t} {m}x{k}x{n}: {bad.sum()} of {bad.size} differ"
+                assert np.array_equal(run(p8, x, t, graph=True, x_offset=off), y)
+    finally:
+        K.PERSISTENT_GRID_CAP = old
 
 
 def test_int8_x_time_and_measure():
