@@ -235,7 +235,7 @@ def test_vitbit_default_tactic_and_inkernel_splitk_plans(stub):
         assert nctr == tiles and ws + 4 * ctr_off == ctr
 
 
-@pytest.mark.parametrize("tactic,tail", [(60, "tp_64x64"), (61, "tp_64x128")])
+@pytest.mark.parametrize("tactic,tail", [(60, "tp_64x64")])
 def test_vitbit_split_m_plans_head_and_tail(stub, tactic, tail):
     """Split-M tactics: the persistent 128 x 128 kernel on the first mh rows (whole waves of its resident
     blocks), the tail kernel on the rest, its X and Y pointers mh rows in (Xq rows of K16 bytes, fp16 Y rows);
