@@ -16,10 +16,10 @@ Tactics (``valid_tactics``): 1 = the default, a per-shape choice among the tenso
 memory) of other tile sizes / pipeline depths, 4, 5, 26, 27 with split-K for small M (second kernel sums the
 partials); 30, 31, 33, 34 persistent kernels ("tp": grid = the blocks resident on the current context's
 SMs, each walks tiles through one cp.async pipeline, epilogue from registers); 50 split-K summed
-inside the GEMM kernel by each tile's last block ("tk", small M, no second kernel); 10-19 hybrids
+inside the GEMM kernel by each tile's last block ("tk", small M, no second kernel); 60 split-M (tp_128x128
+on the rows that fill whole waves of its blocks, tp_64x64 on the rest: two GEMM launches); 10-19 hybrids
 (TC : INT : FP column ratios from 128:8:0 to 96:0:32); 22-23 hybrids with split-K; 20-21 hybrids whose
 INT share uses packed 16-bit fields (4- and 5-bit weights only). Every tactic gives bit-identical results.
-tactic gives bit-identical results.
 """
 
 from __future__ import annotations
