@@ -11,7 +11,11 @@ variants are wrong by design; only variant 0 (the switches compiled in, all off)
 equal the production kernel bit for bit. Timing as ``tools/sparse_kv_explore.py`` (CUDA-graph replays,
 caches replicated beyond L2 and rotated, medians), heuristic split.
 
-Usage: python tools/sparse_kv_ablate.py [--out FILE] [--shapes llama:16:32768,...]
+``--extra NAME=OPTIONS`` adds a variant built from the same patched source with extra compiler options
+(e.g. ``vshift0=-DSKV_VSHIFT=0``: a layout switch, so its output is checked bit for bit too);
+``--variants full,...`` keeps only the named variants; ``--rounds R`` times the variant list R times in turn.
+
+Usage: python tools/sparse_kv_ablate.py [--out FILE] [--shapes llama:16:32768,...] [--extra NAME=OPTS]
 """
 
 from __future__ import annotations
@@ -78,16 +82,26 @@ def main() -> None:
     ap.add_argument("--out", default="sparse_kv_ablate.json")
     ap.add_argument("--sparsity", type=float, default=0.7)
     ap.add_argument("--shapes", default="llama:16:32768,smollm:16:32768,llama:4:16384,llama:1:4096,smollm:1:4096")
+    ap.add_argument("--extra", action="append", default=[], help="NAME=OPTIONS: a variant with extra compiler options")
+    ap.add_argument("--variants", default="", help="comma-separated names to keep (default: all)")
+    ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args()
     src = patched_source()
     orig_kernel = ks._kernel
-    state = {"bits": 0, "merge": True}
+    state = {"bits": 0, "merge": True, "opts": ()}
+    variants = [(name, bits, merge, ()) for name, bits, merge in VARIANTS]
+    for e in a.extra:
+        name, opts = e.split("=", 1)
+        variants.append((name, 0, True, tuple(opts.split())))
+    if a.variants:
+        keep = a.variants.split(",")
+        variants = [v for v in variants if v[0] in keep]
 
     def kernel(name, max_smem_carveout=False):
         if name.startswith("sparse_kv_combine") and not state["merge"]:
             return _NoLaunch()
         if name.startswith("sparse_kv_attn2"):
-            k = _cuda.get_kernel(src, name, (f"-DSKV_ABLATE={state['bits']}",))
+            k = _cuda.get_kernel(src, name, (f"-DSKV_ABLATE={state['bits']}", *state["opts"]))
             if max_smem_carveout and id(k) not in ks._carveout_set:
                 cu = _cuda._driver()
                 attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
@@ -124,12 +138,12 @@ def main() -> None:
         print(f"{shape:16s} {'production':34s} {us:9.2f} us", flush=True)
         ks._kernel = kernel
         try:
-            for name, bits, merge in VARIANTS:
-                state.update(bits=bits, merge=merge)
+            for rnd, (name, bits, merge, opts) in ((r, v) for r in range(a.rounds) for v in variants):
+                state.update(bits=bits, merge=merge, opts=opts)
                 it = iter(range(1 << 30))
                 us = time_graph(fn, inner=inner, stream=st)
-                row = dict(shape=shape, variant=name, bits=bits, merge=merge, us=us)
-                if name == "full":
+                row = dict(shape=shape, variant=name, bits=bits, merge=merge, us=us, round=rnd, options=list(opts))
+                if name == "full" or opts:
                     out.fill_(float("nan"))
                     ks.decode_attention(cfg, B, ctx, q.data_ptr(), cptr[0], out.data_ptr(), ws.data_ptr(), sp)
                     torch.cuda.synchronize()
