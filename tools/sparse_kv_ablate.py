@@ -12,7 +12,8 @@ equal the production kernel bit for bit. Timing as ``tools/sparse_kv_explore.py`
 caches replicated beyond L2 and rotated, medians), heuristic split.
 
 ``--extra NAME=OPTIONS`` adds a variant built from the same patched source with extra compiler options
-(e.g. ``vshift0=-DSKV_VSHIFT=0``: a layout switch, so its output is checked bit for bit too);
+(``-D`` switches of a layout experiment; such a variant's output is checked bit for bit too; session 7 timed
+an 8-byte shift of the V records in the stage this way, ``bench/results/sparse_kv_vshift_16158dc.json``);
 ``--variants full,...`` keeps only the named variants; ``--rounds R`` times the variant list R times in turn.
 
 Usage: python tools/sparse_kv_ablate.py [--out FILE] [--shapes llama:16:32768,...] [--extra NAME=OPTS]

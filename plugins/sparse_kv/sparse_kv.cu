@@ -554,16 +554,8 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
 }
 
-// One record stage: 16 K records, then (SKV_VSHIFT bytes on) 16 V records. The shift keeps the V lanes' 8-byte
-// record loads off the K lanes' banks: at rk = rv = 48 (d = 64, 70 %) records are 12 words apart, so lanes
-// r and r + 8 of each half share banks {12 r, 12 r + 1} mod 32, and without the shift the K and V halves use
-// the same 16 banks: 4 wavefronts per LDS.64 instead of 2 (session 7).
-#ifndef SKV_VSHIFT
-#define SKV_VSHIFT 8
-#endif
-__device__ __forceinline__ int kregion_bytes(int rk) { return round_up(16 * rk, 16) + SKV_VSHIFT; }
 // Bytes of one warp's region: K and V tiles [16][D + 8] fp16, then kStages record stages.
-__device__ __forceinline__ int stage_bytes(int rk, int rv) { return round_up(kregion_bytes(rk) + 16 * rv, 16); }
+__device__ __forceinline__ int stage_bytes(int rk, int rv) { return round_up(16 * rk, 16) + round_up(16 * rv, 16); }
 
 // Fused merge (tactic 2) of one L2 round trip per pass of up to 32 splits: warp w merges heads w,
 // w + kW2, ...; the pass's partials (m, l, O[D]) of one head are contiguous in the workspace and are
@@ -661,7 +653,7 @@ __device__ __forceinline__ void attn2_split(
   const int ncomp_end = min(t_end, n_comp);
   const size_t bh = static_cast<size_t>(b) * Hkv + h;
   const int sb = stage_bytes(rk, rv);
-  const int kbytes = kregion_bytes(rk);
+  const int kbytes = round_up(16 * rk, 16);
   uint8_t* wbase = smem_raw + static_cast<size_t>(warp) * (2 * 16 * TR * 2 + kStages * sb);
   __half* kt = reinterpret_cast<__half*>(wbase);
   __half* vt = kt + 16 * TR;
