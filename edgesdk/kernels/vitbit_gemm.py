@@ -145,9 +145,9 @@ TACTICS: dict[int, tuple[str, int]] = {
 #: Split-M tactics (round 5): the persistent 128 x 128 kernel on the first rows, as many 128-row tile rows as
 #: fill whole waves of its resident blocks, then a second persistent kernel with smaller tiles on the rest of
 #: M (no fixup, no partials: each output tile is computed once). Tactic -> (head config, tail config).
-#: Measured (H100, 2026-11-22T18:21Z, bench/results/vitbit_gemm_r5_splitm.json): 60 is 1.03x / 1.07x faster than
-#: tp_128x128 (30) at M = 6304 on 768x2304 / 3072x768 and 0.95-0.96x on 768x768 / 768x3072; a tp_64x128 tail
-#: (61 then) was never the fastest tactic and was removed.
+#: Measured (H100, 2026-11-22T18:21Z, bench/results/vitbit_gemm_r5_splitm_34b641f.json): 60 is 1.03x /
+#: 1.07x faster than tp_128x128 (30) at M = 6304 on 768x2304 / 3072x768 and 0.95-0.96x on 768x768 /
+#: 768x3072; a tp_64x128 tail (61 then) was never the fastest tactic and was removed.
 SPLIT_M: dict[int, tuple[str, str]] = {60: ("tp_128x128", "tp_64x64")}
 AUTO = TC_ONLY = 1
 MAX_SPLITS = max(s for _, s in TACTICS.values())
