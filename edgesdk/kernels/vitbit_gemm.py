@@ -369,8 +369,8 @@ def _plan(a: dict, x_dtype: str, m: int, tactic: int, direct: bool = False
     slots, (x, xq, w, ws, bias, y, part, ctr, xq2, y2) = _cuda.ArgBlock.pointer_slots(10)
     cfg, splits = _gemm_config(a, m, tactic)
     xoff = yoff = 0
-    if tactic in SPLIT_M:  # the tail kernel's X and Y start mh rows in
-        mh = _split_m(a, m, tactic)[2]
+    mh = _split_m(a, m, tactic)[2] if tactic in SPLIT_M else None
+    if mh is not None:  # the tail kernel's X and Y start mh rows in
         xoff, yoff = mh * k_padded(a["k"]), mh * a["n"] * _y_itemsize(a, x_dtype)
     part_off = _xq_bytes(m, a["k"]) if splits > 1 else 0
     ctr_off = nctr = 0
@@ -381,7 +381,7 @@ def _plan(a: dict, x_dtype: str, m: int, tactic: int, direct: bool = False
         first.append(_quantize_launch(a, x_dtype, m, x, xq, slots, ctr_off // 4, nctr))
     elif not direct or nctr:  # copy X into Xq, and/or zero the tk counters
         first.append(_pad_launch(a, 0 if direct else m, x, xq, slots, ctr_off // 4, nctr))
-    gemm = _gemm_launches(a, x_dtype, m, tactic, x if direct else xq, w, ws, bias, y, part, ctr, xq2, y2)
+    gemm = _gemm_launches(a, x_dtype, m, tactic, x if direct else xq, w, ws, bias, y, part, ctr, xq2, y2, mh)
     return (*first, *gemm), part_off, ctr_off, (xoff, yoff), _cuda.ArgBlock((), slots)
 
 
@@ -421,12 +421,14 @@ def _quantize_launch(a: dict, x_dtype: str, m: int, x, xq, slots=None, ctr_off: 
 
 
 def _gemm_launches(a: dict, x_dtype: str, m: int, tactic: int, xq, w, ws, bias, y, part,
-                   ctr=None, xq2=None, y2=None) -> list[_cuda.Launch]:
+                   ctr=None, xq2=None, y2=None, mh: int | None = None) -> list[_cuda.Launch]:
     """The GEMM (and split-K epilogue) launches; pointer arguments as in :func:`_quantize_launch`. A split-M
     tactic launches its head kernel on rows [0, mh) and its tail kernel on rows [mh, m), whose X and Y
-    pointers ``xq2`` (= X + mh · K16) and ``y2`` (= Y + mh · N) the caller provides."""
+    pointers ``xq2`` (= X + mh · K16) and ``y2`` (= Y + mh · N) the caller provides, with ``mh`` when it has it."""
     if tactic in SPLIT_M:
-        head, tail, mh = _split_m(a, m, tactic)
+        head, tail = (_C[nm] for nm in SPLIT_M[tactic])
+        if mh is None:
+            mh = _split_m(a, m, tactic)[2]
         out = _one_gemm(a, x_dtype, mh, head, 1, xq, w, ws, bias, y, part, ctr) if mh > 0 else []
         if mh < m:
             out += _one_gemm(a, x_dtype, m - mh, tail, 1, xq2, w, ws, bias, y2, part, ctr)
@@ -491,7 +493,7 @@ def gemm(a: dict, x_dtype: str, m: int, xq: int, w: int, ws: int, bias: int, y: 
     mh = _split_m(a, m, tactic)[2] if tactic in SPLIT_M else 0
     _cuda.launch_all(_gemm_launches(a, x_dtype, m, tactic, _p(xq), _p(w), _p(ws), _p(bias), _p(y), _p(part),
                                     _p(ctr), _p(xq + mh * k_padded(a["k"])),
-                                    _p(y + mh * a["n"] * _y_itemsize(a, x_dtype))), stream)
+                                    _p(y + mh * a["n"] * _y_itemsize(a, x_dtype)), mh), stream)
 
 
 def time_us(weights, m: int, tactic: int = 1, x_dtype: str = "float16", stream: int | None = None,
