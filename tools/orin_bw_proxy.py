@@ -232,6 +232,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="three layers only")
     ap.add_argument("--kv", action="store_true", help="also the sparse KV attention vs SDPA (a few shapes)")
     ap.add_argument("--no-bitmap", action="store_true")
+    ap.add_argument("--tactics", default="1", help="EdgeBitmapLinear tactics timed per case (comma-separated; "
+                    "'decode': every decode-path tactic); rows 'default' (tactic 1) and 'best' (fastest)")
+    ap.add_argument("--shapes", default="", help="EdgeBitmapLinear layers KxN,... (default: the benchmark's nine)")
     ap.add_argument("--hog-check", action="store_true",
                     help="only time the load levels alone (0.5 s each) with 1 GiB (arange / random) and 4 GiB buffers")
     ap.add_argument("--out", type=Path, help="JSON path (default bench/results/orin_bw_proxy_<commit>.json)")
@@ -260,6 +263,15 @@ def main(argv=None) -> int:
     levels = args.levels.split(",")
     ms = [int(v) for v in args.ms.split(",")]
     shapes = [bbl.SHAPES[0], bbl.SHAPES[1], bbl.SHAPES[2]] if args.quick else bbl.SHAPES
+    if args.shapes:
+        shapes = [tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")]
+    if args.tactics == "decode":
+        from edgesdk.kernels import bitmap_linear as kbl
+
+        tactics = [1, *kbl.DEC_TACTICS, kbl.R80_HEURISTIC, *kbl.R80_TACTICS, kbl.XS_HEURISTIC, *kbl.XS_TACTICS,
+                   kbl.XS80_HEURISTIC, *kbl.XS80_TACTICS]
+    else:
+        tactics = [int(t) for t in args.tactics.split(",")]
     torch.cuda.init()
     torch.zeros(1, device="cuda")
     _cuda.init()
@@ -284,7 +296,7 @@ def main(argv=None) -> int:
     bkv.Timer.ours = loaded.wrap(bkv.Timer.ours)
     bkv.Timer.torch_op = loaded.wrap(bkv.Timer.torch_op)
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    info = meta({"measured_sms": asms, "hog_sms": hsms, "levels": levels, "orin": ORIN,
+    info = meta({"tactics": tactics, "measured_sms": asms, "hog_sms": hsms, "levels": levels, "orin": ORIN,
                  "orin_bytes_per_sm_clock": ORIN_B_PER_SM_CLK,
                  "method": "16-SM green context; during each timing call the other SMs load the memory system "
                            "(level: none, loadW = bw_hog streaming reads with W warps per SM, paceP = bw_pace L2 "
@@ -304,7 +316,7 @@ def main(argv=None) -> int:
         first = len(loaded.samples)
         lrows: list[dict] = []
         if packed is not None:
-            lrows += bbl.bench(shapes, ms, packed, l2, [1], green=(actx, prim, astream), check_outputs=False)
+            lrows += bbl.bench(shapes, ms, packed, l2, tactics, green=(actx, prim, astream), check_outputs=False)
         if args.kv:
             kt = bkv.Timer.__new__(bkv.Timer)
             kt.cu, kt.green, kt.prim, kt.ctx, kt.sms = cu, True, prim, actx, asms
