@@ -234,6 +234,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-bitmap", action="store_true")
     ap.add_argument("--tactics", default="1", help="EdgeBitmapLinear tactics timed per case (comma-separated; "
                     "'decode': every decode-path tactic); rows 'default' (tactic 1) and 'best' (fastest)")
+    ap.add_argument("--label-tactics", default="", help="timed tactics that also get rows of their own (bitmap_<vd>_t<id>)")
     ap.add_argument("--shapes", default="", help="EdgeBitmapLinear layers KxN,... (default: the benchmark's nine)")
     ap.add_argument("--hog-check", action="store_true",
                     help="only time the load levels alone (0.5 s each) with 1 GiB (arange / random) and 4 GiB buffers")
@@ -316,7 +317,8 @@ def main(argv=None) -> int:
         first = len(loaded.samples)
         lrows: list[dict] = []
         if packed is not None:
-            lrows += bbl.bench(shapes, ms, packed, l2, tactics, green=(actx, prim, astream), check_outputs=False)
+            lrows += bbl.bench(shapes, ms, packed, l2, tactics, green=(actx, prim, astream), check_outputs=False,
+                               label_tactics=[int(t) for t in args.label_tactics.split(",") if t])
         if args.kv:
             kt = bkv.Timer.__new__(bkv.Timer)
             kt.cu, kt.green, kt.prim, kt.ctx, kt.sms = cu, True, prim, actx, asms
