@@ -27,12 +27,25 @@ __device__ __forceinline__ unsigned long long gtimer() {
   return t;
 }
 
+// Warp-uniform stop test (call it from every lane of a warp at the same iteration): lane 0 reads the flag
+// (volatile: from L2, never a stale L1 line) and the clock, the warp follows it.
+__device__ __forceinline__ bool stop_now(const int* stop, unsigned long long t0, unsigned long long max_ns) {
+  int s = 0;
+  if ((threadIdx.x & 31) == 0) s = *reinterpret_cast<const volatile int*>(stop) != 0 || gtimer() - t0 > max_ns;
+  return __shfl_sync(0xffffffffu, s, 0) != 0;
+}
+
+// Thread t of `threads` touches elements t + k·stride: the thread count rounded up to a power of two.
+__device__ __forceinline__ unsigned long long owner_stride(unsigned long long threads) {
+  return threads > 1 ? 1ull << (64 - __clzll(threads - 1)) : 1ull;
+}
+
 extern "C" __global__ void __launch_bounds__(128) bw_hog(const uint4* __restrict__ buf, unsigned long long mask,
                                                          const int* stop, unsigned long long* count,
                                                          unsigned long long max_ns, uint4* sink) {
   const unsigned long long t0 = gtimer();
   const unsigned long long threads = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
-  const unsigned long long stride = threads > 1 ? 1ull << (64 - __clzll(threads - 1)) : 1ull;
+  const unsigned long long stride = owner_stride(threads);
   unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   unsigned int acc = 0;
   unsigned long long n = 0;
@@ -44,12 +57,7 @@ extern "C" __global__ void __launch_bounds__(128) bw_hog(const uint4* __restrict
     for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
     i += 4 * stride;
     ++n;
-    if ((n & 63) == 0) {  // warp-uniform: every lane of a warp runs the same iterations
-      int s = 0;
-      if ((threadIdx.x & 31) == 0)
-        s = *reinterpret_cast<const volatile int*>(stop) != 0 || gtimer() - t0 > max_ns;
-      if (__shfl_sync(0xffffffffu, s, 0)) break;
-    }
+    if ((n & 63) == 0 && stop_now(stop, t0, max_ns)) break;  // every lane runs the same iterations
   }
   atomicAdd(count, n * 64ull);
   if (blockIdx.x == 0 && threadIdx.x == 0) count[1] = gtimer() - t0;
@@ -61,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(128) bw_pace(const char* __restrict
                                                           unsigned long long max_ns, long long period) {
   const unsigned long long t0 = gtimer();
   const unsigned long long threads = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
-  const unsigned long long stride = threads > 1 ? 1ull << (64 - __clzll(threads - 1)) : 1ull;  // as bw_hog
+  const unsigned long long stride = owner_stride(threads);
   unsigned long long line = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int warps = blockDim.x >> 5;
   long long next = clock64() + period * (threadIdx.x >> 5) / warps;
@@ -73,12 +81,7 @@ extern "C" __global__ void __launch_bounds__(128) bw_pace(const char* __restrict
     asm volatile("prefetch.global.L2 [%0];" ::"l"(buf + ((line & lines_mask) << 7)));
     line += stride;
     ++n;
-    if ((n & 15) == 0) {
-      int s = 0;
-      if ((threadIdx.x & 31) == 0)
-        s = *reinterpret_cast<const volatile int*>(stop) != 0 || gtimer() - t0 > max_ns;
-      if (__shfl_sync(0xffffffffu, s, 0)) break;
-    }
+    if ((n & 15) == 0 && stop_now(stop, t0, max_ns)) break;
   }
   atomicAdd(count, n * 128ull);
   if (blockIdx.x == 0 && threadIdx.x == 0) count[1] = gtimer() - t0;
