@@ -9,9 +9,9 @@
 // are added to count[0]; block 0 writes the run's duration (globaltimer, ns) to count[1].
 // Addresses: thread t reads elements t + k·S (mod the power-of-two buffer), S = the thread count rounded up
 // to a power of two, so every element has one owner thread and nothing is re-read before a whole pass
-// over the buffer. (With S = the thread count itself, warps drifted into convoys that re-read each
-// other's lines from L2 within a few hundred ms: 200 ms runs counted 6-15 TB/s on an H100 whose 5 ms runs
-// counted 2.8-3.3 TB/s, the latter equal to Nsight Compute's DRAM bytes.)
+// over the buffer. (With S = the thread count itself, 200 ms runs counted 6-15 TB/s on an H100 whose 5 ms
+// runs counted 2.8-3.3 TB/s, the latter equal to Nsight Compute's DRAM bytes: more than DRAM can deliver,
+// most likely warps drifting into convoys that re-read each other's lines from L2; not profiled.)
 //
 // bw_pace: the paced variant. Each lane issues one `prefetch.global.L2` of a 128-byte line every
 // `period` SM clocks (clock64; warps staggered over the period), so the requested rate is fixed
