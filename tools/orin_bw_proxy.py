@@ -51,27 +51,6 @@ KV_SHAPES = [("llama3.2-1b", 1, 4096), ("llama3.2-1b", 1, 32768), ("llama3.2-1b"
 ORIN_B_PER_SM_CLK = ORIN["dram_GBps"] * 1e9 / (ORIN["sms"] * ORIN["gpu_max_mhz"] * 1e6)
 
 
-def split_contexts(n: int = 16):
-    """Two green contexts: ``n`` SMs (measured) and the rest (hog). Returns ((ctx, sms), (ctx, sms))."""
-    from edgesdk.kernels import _cuda
-
-    cu = _cuda._driver()
-    _cuda.init()
-    dev = _cuda.check(cu.cuCtxGetDevice())
-    res = _cuda.check(cu.cuDeviceGetDevResource(dev, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
-    r = cu.cuDevSmResourceSplitByCount(1, res, 0, n)
-    if int(r[0]) != 0:
-        raise RuntimeError(f"cuDevSmResourceSplitByCount failed: {r[0]}")
-    groups, rest = r[1], r[-1]
-    g = groups[0] if isinstance(groups, (list, tuple)) else groups
-    out = []
-    for part in (g, rest):
-        desc = _cuda.check(cu.cuDevResourceGenerateDesc([part], 1))
-        gctx = _cuda.check(cu.cuGreenCtxCreate(desc, dev, cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM))
-        out.append((_cuda.check(cu.cuCtxFromGreenCtx(gctx)), int(part.sm.smCount)))
-    return out[0], out[1]
-
-
 class Hog:
     """The load on the other SMs. ``start(level)``: ``"none"``; ``"loadW"``: ``bw_hog`` with W warps per SM
     (a latency-bound streaming read); ``"paceP"``: ``bw_pace``, 8 warps per SM, one 128-byte L2 prefetch per
@@ -278,7 +257,7 @@ def main(argv=None) -> int:
     _cuda.init()
     cu = _cuda._driver()
     prim = _cuda.check(cu.cuCtxGetCurrent())
-    (actx, asms), (hctx, hsms) = split_contexts(16)
+    (actx, asms), (hctx, hsms) = _cuda.green_context(16, rest=True)
     if args.hog_check:
         for gib, rnd in ((1, False), (1, True), (4, True)):
             h = Hog(hctx, hsms, gib << 30, rnd)

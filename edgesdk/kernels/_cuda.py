@@ -299,11 +299,12 @@ def get_kernel(source: str | Path, name: str, options: Sequence[str] = ()) -> Ke
         return k
 
 
-def green_context(sm_count: int = 16):
+def green_context(sm_count: int = 16, rest: bool = False):
     """A CUcontext limited to ``sm_count`` SMs (the "Orin proxy" on an H100/H200).
 
-    Returns ``(context, actual_sm_count)``. Make it current with ``cuCtxSetCurrent`` before loading
-    kernels into it; modules are cached per context.
+    Returns ``(context, actual_sm_count)``; with ``rest=True`` also a second green context of the SMs left over,
+    ``((context, sms), (rest_context, rest_sms))`` (``tools/orin_bw_proxy.py`` loads the memory from it). Make a
+    context current with ``cuCtxSetCurrent`` before loading kernels into it; modules are cached per context.
     """
     cu = _driver()
     init()
@@ -314,10 +315,13 @@ def green_context(sm_count: int = 16):
         raise RuntimeError(f"cuDevSmResourceSplitByCount failed: {r[0]}")
     groups = r[1]
     g = groups[0] if isinstance(groups, (list, tuple)) else groups
-    desc = check(cu.cuDevResourceGenerateDesc([g], 1))
-    gctx = check(cu.cuGreenCtxCreate(desc, dev, cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM))
-    ctx = check(cu.cuCtxFromGreenCtx(gctx))
-    return ctx, int(g.sm.smCount)
+
+    def make(part):
+        desc = check(cu.cuDevResourceGenerateDesc([part], 1))
+        gctx = check(cu.cuGreenCtxCreate(desc, dev, cu.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM))
+        return check(cu.cuCtxFromGreenCtx(gctx)), int(part.sm.smCount)
+
+    return (make(g), make(r[-1])) if rest else make(g)
 
 
 class in_green_context:
