@@ -56,10 +56,9 @@ def _split(job):
     raw = full.raw_values().astype(np.float32)  # fp16 and int8 values are exact in fp32
     out = {}
     for nd in nds:
-        part = fmt.BitmapLinearWeights.pack(w[nd:], vd) if nd < n else None
+        part = fmt.BitmapLinearWeights.pack(w[nd:], vd)
         dense = raw[:nd].astype(np.float16 if vd == "float16" else np.int8)
-        out[nd] = (None if part is None else (part.node_attributes(), part.to_tensors(), part.nbytes),
-                   dense, full.scales[:nd].copy())
+        out[nd] = ((part.node_attributes(), part.to_tensors(), part.nbytes), dense, full.scales[:nd].copy())
     return (k, n, vd, s), raw, full.scales.copy(), full.nbytes, out
 
 
@@ -67,8 +66,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", default=",".join(f"{k}x{n}" for k, n in LAYERS))
     ap.add_argument("--ms", default="1,4")
-    ap.add_argument("--alphas", default="0,0.125,0.25,0.375,0.5")
+    ap.add_argument("--alphas", default="0,0.0625,0.125,0.1875,0.25,0.375")
     ap.add_argument("--dense-blocks", type=int, default=1, help="dense-kernel blocks per SM (128 threads each)")
+    ap.add_argument("--dense", choices=("reg", "stream"), default="stream",
+                    help="dense-row kernel: reg (round 1: loads into registers) or stream (round 2: cp.async ring)")
+    ap.add_argument("--tactics", default="1,60", help="EdgeBitmapLinear tactics for the sparse rows")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
 
@@ -88,7 +90,7 @@ def main(argv=None) -> int:
     sms, l2 = props.multi_processor_count, props.L2_cache_size
     jobs = []
     for i, (k, n) in enumerate(layers):
-        nds = sorted({min(n, 16 * round(a * n / 16)) for a in alphas})
+        nds = sorted({min(n - 16, 16 * round(a * n / 16)) for a in alphas})
         for vd, s in CASES:
             jobs.append((k, n, vd, s, nds, 7000 + 31 * i + int(10 * s) + (vd == "int8")))
     with ProcessPoolExecutor(12) as ex:
@@ -121,6 +123,7 @@ def main(argv=None) -> int:
         del g
         return statistics.median(ts)
 
+    tactics = [int(t) for t in args.tactics.split(",")]
     for (k, n) in layers:
         dense_fp16 = n * k * 2
         nd_cub = bbl._copies(dense_fp16, l2)
@@ -131,17 +134,19 @@ def main(argv=None) -> int:
             for m in ms:
                 x_np = np.random.default_rng(k + m).uniform(-1, 1, (m, k)).astype(np.float16)
                 ref = (x_np.astype(np.float64) @ raw.T) * scales_full.astype(np.float64)
+                amax = np.abs(ref).max()
                 x = torch.from_numpy(x_np).cuda()
                 y = torch.empty(m, n, device="cuda", dtype=torch.float16)
-                kname = f"mix_dense_{'f16' if vd == 'float16' else 'i8'}_m{m}_u{8 if m == 1 else 4}"
-                kd = _cuda.get_kernel(SRC, kname)
-                it = [0]
+                vn = "f16" if vd == "float16" else "i8"
+                if args.dense == "stream":
+                    kd, dsmem = _cuda.get_kernel(SRC, f"mix_stream_{vn}_m{m}"), 4 * 6 * 4 * 512
+                else:
+                    kd, dsmem = _cuda.get_kernel(SRC, f"mix_dense_{vn}_m{m}_u{8 if m == 1 else 4}"), 0
 
                 def cub(i):
                     torch.mm(x, wd[i % nd_cub].t(), out=y)
 
                 t_cub = gtime(cub, nd_cub)
-                # the dense kernel over the whole layer (its bandwidth)
                 wall = torch.from_numpy(raw.astype(np.float16 if vd == "float16" else np.int8)).cuda()
                 nda = bbl._copies(wall.numel() * itemsize, l2)
                 walls = [wall] + [wall.clone() for _ in range(nda - 1)]
@@ -151,84 +156,102 @@ def main(argv=None) -> int:
                     kd.launch((sms * args.dense_blocks,), (128,),
                               [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(wlist[i % len(wlist)].data_ptr()),
                                ctypes.c_void_p(sc.data_ptr()), ctypes.c_void_p(yptr), ctypes.c_int(rows_),
-                               ctypes.c_int(k), ctypes.c_int(n)], st)
+                               ctypes.c_int(k), ctypes.c_int(n)], st, dsmem)
 
                 y.fill_(float("nan"))
                 dense_launch(walls, sc_all, n, y.data_ptr(), torch.cuda.current_stream().cuda_stream, 0)
                 torch.cuda.synchronize()
-                err_all = float(np.abs(y.double().cpu().numpy() - ref).max() / np.abs(ref).max())
+                err_all = float(np.abs(y.double().cpu().numpy() - ref).max() / amax)
+                assert err_all < 2e-3, f"dense kernel check failed {k}x{n} {vd} M={m}: {err_all}"
                 t_dall = gtime(lambda i: dense_launch(walls, sc_all, n, y.data_ptr(), s0.cuda_stream, i), nda)
                 walls = wall = None
-                bitmap_full_us = None
+                full = {}
                 for nd in sorted(splits):
                     part, dense, sc_d = splits[nd]
                     nb = n - nd
                     yb = torch.empty(m, max(nb, 1), device="cuda", dtype=torch.float16)
-                    if part is not None:
-                        attrs, tens, pbytes = part
-                        base = [torch.from_numpy(v).cuda() for v in tens.values()]
-                        ncp = bbl._copies(pbytes, l2)
-                        pcopies = [base] + [[t.clone() for t in base] for _ in range(ncp - 1)]
-                    else:
-                        pbytes, ncp, pcopies = 0, 1, None
+                    yd = torch.empty(m, max(nd, 1), device="cuda", dtype=torch.float16)
+                    attrs, tens, pbytes = part
+                    base = [torch.from_numpy(v).cuda() for v in tens.values()]
+                    ncp = bbl._copies(pbytes, l2)
+                    pcopies = [base] + [[t.clone() for t in base] for _ in range(ncp - 1)]
                     dbytes = nd * k * itemsize
+                    ndc = bbl._copies(max(dbytes, 1), l2)
                     if nd:
                         dbase = torch.from_numpy(dense).cuda()
-                        ndc = bbl._copies(dbytes, l2)
                         dcopies = [dbase] + [dbase.clone() for _ in range(ndc - 1)]
                         scd = torch.from_numpy(sc_d).cuda()
-                    else:
-                        ndc, dcopies = 1, None
-
-                    def bl(st, i):
-                        if pcopies is not None:
-                            c = pcopies[i % ncp]
-                            kbl.launch(attrs, "float16", m, [x.data_ptr(), *[t.data_ptr() for t in c]],
-                                       [yb.data_ptr()], st, 1)
-
-                    def dl(st, i):
-                        if dcopies is not None:
-                            dense_launch(dcopies, scd, nd, y.data_ptr(), st, i)
-
-                    # check both parts (poisoned outputs)
-                    y.fill_(float("nan"))
-                    yb.fill_(float("nan"))
-                    st = torch.cuda.current_stream().cuda_stream
-                    bl(st, 0)
-                    dl(st, 0)
-                    torch.cuda.synchronize()
-                    amax = np.abs(ref).max()
-                    err = 0.0
-                    if nd:
-                        err = max(err, float(np.abs(y[:, :nd].double().cpu().numpy() - ref[:, :nd]).max() / amax))
-                    if nb:
-                        err = max(err, float(np.abs(yb[:, :nb].double().cpu().numpy() - ref[:, nd:]).max() / amax))
-                    assert err < 2e-3, f"check failed {k}x{n} {vd} {s} M={m} nd={nd}: {err}"
+                        # the same rows through cuBLAS (fp16 rows only; a slice of the rotated dense copies)
+                        wdp = [w[:nd] for w in wd] if vd == "float16" else None
                     inner = max(ncp, ndc)
 
-                    def conc(i):
-                        s1.wait_stream(s0)
-                        bl(s0.cuda_stream, i)
-                        dl(s1.cuda_stream, i)
-                        s0.wait_stream(s1)
+                    def bl(st, i, tac):
+                        c = pcopies[i % ncp]
+                        kbl.launch(attrs, "float16", m, [x.data_ptr(), *[t.data_ptr() for t in c]],
+                                   [yb.data_ptr()], st, tac)
 
-                    t_b = gtime(lambda i: bl(s0.cuda_stream, i), inner) if nb else 0.0
-                    t_d = gtime(lambda i: dl(s0.cuda_stream, i), inner) if nd else 0.0
-                    t_seq = gtime(lambda i: (bl(s0.cuda_stream, i), dl(s0.cuda_stream, i)), inner)
-                    t_conc = gtime(conc, inner) if nd and nb else t_seq
-                    if nd == 0:
-                        bitmap_full_us = t_b
-                    tot = pbytes + dbytes + nd * 4
-                    rows.append({"K": k, "N": n, "M": m, "values": vd, "sparsity": s, "alpha": round(nd / n, 4),
-                                 "nd": nd, "cublas_us": t_cub, "dense_all_us": t_dall, "dense_all_err": err_all,
-                                 "bitmap_us": bitmap_full_us, "bpart_us": t_b, "dpart_us": t_d, "seq_us": t_seq,
-                                 "conc_us": t_conc, "bytes": tot, "GBps_conc": tot / t_conc / 1e3,
-                                 "speedup_conc": t_cub / t_conc, "speedup_bitmap": t_cub / bitmap_full_us,
-                                 "conc_vs_bitmap": bitmap_full_us / t_conc, "max_rel_err": err})
-                    print(f"{k}x{n} M={m} {vd} {s} a={nd / n:.3f}: cublas {t_cub:.1f} bitmap {bitmap_full_us:.1f} "
-                          f"b {t_b:.1f} d {t_d:.1f} seq {t_seq:.1f} conc {t_conc:.1f} -> {t_cub / t_conc:.2f}x "
-                          f"(bitmap alone {t_cub / bitmap_full_us:.2f}x; dense_all {t_dall:.1f})", flush=True)
-                    pcopies = dcopies = None
+                    def dl(st, i):
+                        dense_launch(dcopies, scd, nd, y.data_ptr(), st, i)
+
+                    def dcub(st, i):
+                        torch.mm(x, wdp[i % nd_cub].t(), out=yd)  # on torch's current stream (set by caller)
+
+                    # check both parts (poisoned outputs), every bitmap tactic
+                    st = torch.cuda.current_stream().cuda_stream
+                    err = 0.0
+                    for tac in tactics:
+                        y.fill_(float("nan"))
+                        yb.fill_(float("nan"))
+                        bl(st, 0, tac)
+                        if nd:
+                            dl(st, 0)
+                        torch.cuda.synchronize()
+                        if nd:
+                            err = max(err, float(np.abs(y[:, :nd].double().cpu().numpy() - ref[:, :nd]).max() / amax))
+                        err = max(err, float(np.abs(yb[:, :nb].double().cpu().numpy() - ref[:, nd:]).max() / amax))
+                    assert err < 2e-3, f"check failed {k}x{n} {vd} {s} M={m} nd={nd}: {err}"
+
+                    row = {"K": k, "N": n, "M": m, "values": vd, "sparsity": s, "alpha": round(nd / n, 4),
+                           "nd": nd, "dense_kernel": args.dense, "cublas_us": t_cub, "dense_all_us": t_dall,
+                           "bytes": pbytes + dbytes + 4 * nd, "max_rel_err": err}
+                    if nd:
+                        row["dpart_us"] = gtime(lambda i: dl(s0.cuda_stream, i), inner)
+                        if wdp is not None:
+                            row["dpart_cublas_us"] = gtime(lambda i: dcub(None, i), inner)
+                    for tac in tactics:
+                        row[f"b{tac}_us"] = gtime(lambda i, tac=tac: bl(s0.cuda_stream, i, tac), inner)
+                        if nd == 0:
+                            full[tac] = row[f"b{tac}_us"]
+                            row[f"conc{tac}_us"] = row[f"b{tac}_us"]
+                            continue
+
+                        def conc(i, tac=tac):
+                            s1.wait_stream(s0)
+                            bl(s0.cuda_stream, i, tac)
+                            dl(s1.cuda_stream, i)
+                            s0.wait_stream(s1)
+
+                        row[f"conc{tac}_us"] = gtime(conc, inner)
+                        if wdp is not None and tac == tactics[-1]:
+                            def concc(i, tac=tac):
+                                s1.wait_stream(s0)
+                                bl(s0.cuda_stream, i, tac)
+                                with torch.cuda.stream(s1):
+                                    dcub(None, i)
+                                s0.wait_stream(s1)
+
+                            row[f"conc{tac}_cublas_us"] = gtime(concc, inner)
+                    for tac in tactics:
+                        row[f"bitmap{tac}_us"] = full[tac]
+                        row[f"speedup_conc{tac}"] = t_cub / row[f"conc{tac}_us"]
+                        row[f"speedup_bitmap{tac}"] = t_cub / full[tac]
+                    row["conc_us"] = min(row[f"conc{t}_us"] for t in tactics)
+                    row["speedup_conc"] = t_cub / row["conc_us"]
+                    row["speedup_bitmap"] = max(row[f"speedup_bitmap{t}"] for t in tactics)
+                    rows.append(row)
+                    print(" ".join(f"{kk}={v:.2f}" if isinstance(v, float) else f"{kk}={v}" for kk, v in row.items()
+                                   if kk not in ("bytes", "dense_kernel")), flush=True)
+                    pcopies = dcopies = wdp = None
                 torch.cuda.empty_cache()
         wd = None
         torch.cuda.empty_cache()
