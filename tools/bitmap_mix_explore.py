@@ -71,8 +71,13 @@ def main(argv=None) -> int:
     ap.add_argument("--dense", choices=("reg", "stream"), default="stream",
                     help="dense-row kernel: reg (round 1: loads into registers) or stream (round 2: cp.async ring)")
     ap.add_argument("--tactics", default="1,60", help="EdgeBitmapLinear tactics for the sparse rows")
+    ap.add_argument("--green", type=int, default=0,
+                    help="run on a green context of this many SMs (cuBLAS, tactic 1/60 and the stream kernel; no "
+                         "cuBLAS dense-row variant)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    if args.green:
+        return run_green(args)
 
     import torch
 
@@ -275,6 +280,173 @@ def main(argv=None) -> int:
     out = args.out or ROOT / "bench" / "results" / f"bitmap_mix_explore_{git_commit()}.json"
     write_json(out, rows, meta({"tool": "tools/bitmap_mix_explore.py", "summary": summary,
                                 "dense_blocks_per_sm": args.dense_blocks}))
+    print(f"wrote {out}")
+    return 0
+
+
+def run_green(args) -> int:
+    """The stream-kernel split on a green context (``--green SMS``): every timing by driver-API graph capture
+    on a stream of that context; the concurrent variant forks onto a second stream with events."""
+    import torch
+
+    import bench.bench_bitmap_linear as bbl
+    from bench._common import git_commit, meta, print_table, write_json
+    from edgesdk.kernels import _cuda
+    from edgesdk.kernels import bitmap_linear as kbl
+
+    layers = [tuple(int(v) for v in s.split("x")) for s in args.layers.split(",")]
+    ms = [int(v) for v in args.ms.split(",")]
+    alphas = [float(v) for v in args.alphas.split(",")]
+    tactics = [int(t) for t in args.tactics.split(",")]
+    torch.zeros(1, device="cuda")
+    _cuda.init()
+    cu, ck = _cuda._driver(), _cuda.check
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    prim = ck(cu.cuCtxGetCurrent())
+    gctx, gsms = _cuda.green_context(args.green)
+    ck(cu.cuCtxSetCurrent(gctx))
+    s0, s1 = ck(cu.cuStreamCreate(1)), ck(cu.cuStreamCreate(1))
+    ev0, ev1 = ck(cu.cuEventCreate(2)), ck(cu.cuEventCreate(2))  # CU_EVENT_DISABLE_TIMING
+    ck(cu.cuCtxSetCurrent(prim))
+    s0i, s1i = int(s0), int(s1)
+    timer = bbl.GraphTimer(cu, ck)
+    jobs = []
+    for i, (k, n) in enumerate(layers):
+        nds = sorted({min(n - 16, 16 * round(a * n / 16)) for a in alphas})
+        for vd, s in CASES:
+            jobs.append((k, n, vd, s, nds, 7000 + 31 * i + int(10 * s) + (vd == "int8")))
+    with ProcessPoolExecutor(12) as ex:
+        packed = {r[0]: r[1:] for r in ex.map(_split, jobs)}
+    rows = []
+
+    def in_green(fn):
+        def run():
+            ck(cu.cuCtxSetCurrent(gctx))
+            try:
+                fn()
+            finally:
+                ck(cu.cuCtxSetCurrent(prim))
+        return run
+
+    for (k, n) in layers:
+        nd_cub = bbl._copies(n * k * 2, l2)
+        wd = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(nd_cub)]
+        for vd, s in CASES:
+            raw, scales_full, _, splits = packed[(k, n, vd, s)]
+            itemsize = 2 if vd == "float16" else 1
+            vn = "f16" if vd == "float16" else "i8"
+            for m in ms:
+                x_np = np.random.default_rng(k + m).uniform(-1, 1, (m, k)).astype(np.float16)
+                ref = (x_np.astype(np.float64) @ raw.T) * scales_full.astype(np.float64)
+                amax = np.abs(ref).max()
+                x = torch.from_numpy(x_np).cuda()
+                y = torch.empty(m, n, device="cuda", dtype=torch.float16)
+                ck(cu.cuCtxSetCurrent(gctx))
+                kd = _cuda.get_kernel(SRC, f"mix_stream_{vn}_m{m}")
+                ck(cu.cuCtxSetCurrent(prim))
+                it = [0]
+
+                def cub():
+                    torch.mm(x, wd[it[0] % nd_cub].t(), out=y)
+                    it[0] += 1
+
+                with torch.cuda.stream(torch.cuda.ExternalStream(s0i)):
+                    t_cub = timer(cub, s0i, nd_cub)
+                full = {}
+                for nd in sorted(splits):
+                    (attrs, tens, pbytes), dense, sc_d = splits[nd]
+                    nb = n - nd
+                    yb = torch.empty(m, nb, device="cuda", dtype=torch.float16)
+                    base = [torch.from_numpy(v).cuda() for v in tens.values()]
+                    ncp = bbl._copies(pbytes, l2)
+                    pcopies = [base] + [[t.clone() for t in base] for _ in range(ncp - 1)]
+                    dbytes = nd * k * itemsize
+                    ndc = bbl._copies(max(dbytes, 1), l2)
+                    if nd:
+                        dbase = torch.from_numpy(dense).cuda()
+                        dcopies = [dbase] + [dbase.clone() for _ in range(ndc - 1)]
+                        scd = torch.from_numpy(sc_d).cuda()
+                    inner = max(ncp, ndc)
+                    cnt = [0]
+
+                    def bl(st, tac):
+                        c = pcopies[cnt[0] % ncp]
+                        kbl.launch(attrs, "float16", m, [x.data_ptr(), *[t.data_ptr() for t in c]],
+                                   [yb.data_ptr()], st, tac)
+
+                    def dl(st):
+                        kd.launch((gsms,), (128,), [ctypes.c_void_p(x.data_ptr()),
+                                  ctypes.c_void_p(dcopies[cnt[0] % ndc].data_ptr()), ctypes.c_void_p(scd.data_ptr()),
+                                  ctypes.c_void_p(y.data_ptr()), ctypes.c_int(nd), ctypes.c_int(k), ctypes.c_int(n)],
+                                  st, 4 * 6 * 4 * 512)
+
+                    err = 0.0
+                    for tac in tactics:
+                        y.fill_(float("nan"))
+                        yb.fill_(float("nan"))
+                        torch.cuda.synchronize()
+                        in_green(lambda: (bl(s0i, tac), dl(s0i) if nd else None))()
+                        ck(cu.cuStreamSynchronize(s0))
+                        if nd:
+                            err = max(err, float(np.abs(y[:, :nd].double().cpu().numpy() - ref[:, :nd]).max() / amax))
+                        err = max(err, float(np.abs(yb.double().cpu().numpy() - ref[:, nd:]).max() / amax))
+                    assert err < 2e-3, f"green check failed {k}x{n} {vd} {s} M={m} nd={nd}: {err}"
+                    row = {"K": k, "N": n, "M": m, "values": vd, "sparsity": s, "alpha": round(nd / n, 4), "nd": nd,
+                           "sms": gsms, "cublas_us": t_cub, "bytes": pbytes + dbytes + 4 * nd, "max_rel_err": err}
+
+                    def step(fn):
+                        def run():
+                            fn()
+                            cnt[0] += 1
+                        return in_green(run)
+
+                    if nd:
+                        row["dpart_us"] = timer(step(lambda: dl(s0i)), s0i, inner)
+                    for tac in tactics:
+                        row[f"b{tac}_us"] = timer(step(lambda tac=tac: bl(s0i, tac)), s0i, inner)
+                        if nd == 0:
+                            full[tac] = row[f"conc{tac}_us"] = row[f"b{tac}_us"]
+                            continue
+
+                        def conc(tac=tac):
+                            ck(cu.cuEventRecord(ev0, s0))
+                            ck(cu.cuStreamWaitEvent(s1, ev0, 0))
+                            bl(s0i, tac)
+                            dl(s1i)
+                            ck(cu.cuEventRecord(ev1, s1))
+                            ck(cu.cuStreamWaitEvent(s0, ev1, 0))
+
+                        row[f"conc{tac}_us"] = timer(step(conc), s0i, inner)
+                    for tac in tactics:
+                        row[f"bitmap{tac}_us"] = full[tac]
+                        row[f"speedup_conc{tac}"] = t_cub / row[f"conc{tac}_us"]
+                    row["conc_us"] = min(row[f"conc{t}_us"] for t in tactics)
+                    row["speedup_conc"] = t_cub / row["conc_us"]
+                    row["speedup_bitmap"] = max(t_cub / full[t] for t in tactics)
+                    rows.append(row)
+                    print(" ".join(f"{kk}={v:.2f}" if isinstance(v, float) else f"{kk}={v}" for kk, v in row.items()
+                                   if kk != "bytes"), flush=True)
+                    pcopies = dcopies = None
+                torch.cuda.empty_cache()
+        wd = None
+        torch.cuda.empty_cache()
+    best = {}
+    for r in rows:
+        key = (r["K"], r["N"], r["M"], r["values"], r["sparsity"])
+        if key not in best or r["conc_us"] < best[key]["conc_us"]:
+            best[key] = r
+    summary = []
+    for (vd, s) in CASES:
+        for m in ms:
+            sel = [b for kk, b in best.items() if kk[3] == vd and kk[4] == s and kk[2] == m]
+            if sel:
+                summary.append({"values": vd, "sparsity": s, "M": m,
+                                "bitmap_median": statistics.median(b["speedup_bitmap"] for b in sel),
+                                "best_conc_median": statistics.median(b["speedup_conc"] for b in sel),
+                                "best_alpha": ",".join(f"{b['alpha']:.2f}" for b in sel)})
+    print_table(summary, list(summary[0]))
+    out = args.out or ROOT / "bench" / "results" / f"bitmap_mix_explore_green{gsms}_{git_commit()}.json"
+    write_json(out, rows, meta({"tool": "tools/bitmap_mix_explore.py --green", "summary": summary, "sms": gsms}))
     print(f"wrote {out}")
     return 0
 
