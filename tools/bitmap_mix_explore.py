@@ -75,7 +75,13 @@ def main(argv=None) -> int:
                     help="run on a green context of this many SMs (cuBLAS, tactic 1/60 and the stream kernel; no "
                          "cuBLAS dense-row variant)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--groups", default="",
+                    help="instead: dense groups inside the bitmap format, every E-th 64-column group of every strip "
+                         "stored with all bits set (explicit zeros), comma-separated E values (0 = none), timed with "
+                         "the X-staged kernel (tactic 60's configuration) and its _xsd build (dense-group path)")
     args = ap.parse_args(argv)
+    if args.groups:
+        return run_groups(args)
     if args.green:
         return run_green(args)
 
@@ -280,6 +286,166 @@ def main(argv=None) -> int:
     out = args.out or ROOT / "bench" / "results" / f"bitmap_mix_explore_{git_commit()}.json"
     write_json(out, rows, meta({"tool": "tools/bitmap_mix_explore.py", "summary": summary,
                                 "dense_blocks_per_sm": args.dense_blocks}))
+    print(f"wrote {out}")
+    return 0
+
+
+def pack_dense_groups(w: np.ndarray, vd: str, every: int):
+    """Format-v1 bytes of ``w`` in which every ``every``-th full 64-column group (0 = none) of every strip
+    stores all 8 x 64 positions of its real rows (bits set for zeros too). The v1 invariant "bit set iff the
+    value is nonzero" does not hold for those groups, so this bypasses the format's validation; the
+    decode kernels read such groups correctly (a set bit with a zero value adds zero)."""
+    from edgesdk.formats import bitmap_linear as fmt
+
+    ref = fmt.BitmapLinearWeights.pack(w, vd)
+    n, k = w.shape
+    s, g = fmt.geometry(n, k)
+    raw = ref.raw_values()
+    vals = raw.astype(np.float16 if vd == "float16" else np.int8)
+    padded = np.zeros((s * fmt.STRIP, g * fmt.GROUP_K), dtype=vals.dtype)
+    padded[:n, :k] = vals
+    real = np.zeros((s * fmt.STRIP, g * fmt.GROUP_K), dtype=bool)
+    real[:n, :k] = True
+    tiles = fmt._tile_view(padded, s, g)
+    mask = tiles != 0
+    if every:
+        dg = np.zeros(g, dtype=bool)
+        dg[::every] = True
+        dg &= (np.arange(g) + 1) * fmt.GROUP_K <= k
+        rt = fmt._tile_view(real, s, g)
+        mask[:, dg] |= rt[:, dg]
+    bitmaps = np.packbits(mask, axis=-1, bitorder="little").view("<u8").reshape(-1)
+    counts = mask.reshape(s * g, -1).sum(axis=1, dtype=np.int64)
+    a = fmt.value_align(vd)
+    offsets = np.zeros(s * g + 1, dtype=np.int64)
+    np.cumsum(-(-counts // a) * a, out=offsets[1:])
+    values = np.zeros(int(offsets[-1]), dtype=vals.dtype)
+    values[fmt._value_slots(offsets, counts)] = tiles[mask]
+    return fmt.BitmapLinearWeights(n, k, vd, bitmaps, values, offsets.astype(np.int32), ref.scales.copy()), raw
+
+
+def _groups_job(job):
+    k, n, vd, s, evs, seed = job
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((n, k), dtype=np.float32)
+    w[rng.random((n, k), dtype=np.float32) < s] = 0
+    out = {}
+    raw = None
+    for e in evs:
+        p, raw = pack_dense_groups(w, vd, e)
+        out[e] = (p.node_attributes(), p.to_tensors(), p.nbytes)
+    return (k, n, vd, s), raw.astype(np.float32), out
+
+
+def run_groups(args) -> int:
+    """Dense groups inside the format, decoded by ldmatrix (``_xsd``) instead of the per-tile decode."""
+    import torch
+
+    import bench.bench_bitmap_linear as bbl
+    from bench._common import git_commit, meta, print_table, write_json
+    from edgesdk.kernels import _cuda
+    from edgesdk.kernels import bitmap_linear as kbl
+
+    layers = [tuple(int(v) for v in s.split("x")) for s in args.layers.split(",")]
+    ms = [int(v) for v in args.ms.split(",")]
+    evs = [int(v) for v in args.groups.split(",")]
+    torch.zeros(1, device="cuda")
+    _cuda.init()
+    cu = _cuda._driver()
+    props = torch.cuda.get_device_properties(0)
+    sms, l2 = props.multi_processor_count, props.L2_cache_size
+    ctx = _cuda.current_context()
+    smem_sm = kbl._smem_per_sm(ctx)
+    jobs = [(k, n, vd, s, evs, 7000 + 31 * i + int(10 * s) + (vd == "int8"))
+            for i, (k, n) in enumerate(layers) for vd, s in CASES]
+    with ProcessPoolExecutor(12) as ex:
+        packed = {r[0]: r[1:] for r in ex.map(_groups_job, jobs)}
+    print(f"packed {len(packed)} layer cases", flush=True)
+    timer = bbl.GraphTimer(cu, _cuda.check)
+    st = torch.cuda.Stream()
+    sti = st.cuda_stream
+    rows = []
+    for (k, n) in layers:
+        nd_cub = bbl._copies(n * k * 2, l2)
+        wd = [torch.randn(n, k, device="cuda", dtype=torch.float16) for _ in range(nd_cub)]
+        for vd, s in CASES:
+            raw, parts = packed[(k, n, vd, s)]
+            for m in ms:
+                x_np = np.random.default_rng(k + m).uniform(-1, 1, (m, k)).astype(np.float16)
+                ref = (x_np.astype(np.float64) @ raw.T) * parts[evs[0]][1]["scales"].astype(np.float64)
+                amax = np.abs(ref).max()
+                x = torch.from_numpy(x_np).cuda()
+                y = torch.empty(m, n, device="cuda", dtype=torch.float16)
+                it = [0]
+
+                def cub():
+                    torch.mm(x, wd[it[0] % nd_cub].t(), out=y)
+                    it[0] += 1
+
+                with torch.cuda.stream(st):
+                    t_cub = timer(cub, sti, nd_cub)
+                c = kbl.config(n, k, m, "float16", vd, kbl.XS_HEURISTIC, sms, True, smem_sm)
+                kern = {v: _cuda.get_kernel(kbl.SOURCE, c["name"] + v) for v in ("", "d")}
+                for kk in kern.values():
+                    _cuda.check(cu.cuFuncSetAttribute(kk.function, cu.CUfunction_attribute.
+                                                      CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))
+                for e in evs:
+                    attrs, tens, nb = parts[e]
+                    base = [torch.from_numpy(v).cuda() for v in tens.values()]
+                    ncp = bbl._copies(nb, l2)
+                    copies = [base] + [[t.clone() for t in base] for _ in range(ncp - 1)]
+                    row = {"K": k, "N": n, "M": m, "values": vd, "sparsity": s, "every": e,
+                           "dense_group_fraction": 0.0 if not e else len(range(0, k // 64, e)) / -(-k // 64),
+                           "bytes": nb, "cublas_us": t_cub, "kernel": c["name"]}
+                    variants = {"t1": None, "xs": kern[""], "xsd": kern["d"]}
+                    for vname, kf in variants.items():
+                        j = [0]
+
+                        def launch(kf=kf, j=j):
+                            cc = copies[j[0] % ncp]
+                            if kf is None:
+                                kbl.launch(attrs, "float16", m, [x.data_ptr(), *[t.data_ptr() for t in cc]],
+                                           [y.data_ptr()], sti, 1)
+                            else:
+                                kf.launch(c["grid"], c["block"],
+                                          [x.data_ptr(), *[t.data_ptr() for t in cc[:4]], 0, y.data_ptr(),
+                                           ctypes.c_int(m), ctypes.c_int(n), ctypes.c_int(k), ctypes.c_int(c["ks"]),
+                                           ctypes.c_int(c["spb"])], sti, c["smem"])
+                            j[0] += 1
+
+                        y.fill_(float("nan"))
+                        torch.cuda.synchronize()
+                        launch()
+                        _cuda.check(cu.cuStreamSynchronize(cu.CUstream(sti)))
+                        err = float(np.abs(y.double().cpu().numpy() - ref).max() / amax)
+                        assert err < 2e-3, f"groups check failed {k}x{n} {vd} {s} M={m} every={e} {vname}: {err}"
+                        with torch.cuda.stream(st):
+                            row[f"{vname}_us"] = timer(launch, sti, ncp)
+                        row[f"{vname}_err"] = err
+                    for vname in variants:
+                        row[f"speedup_{vname}"] = t_cub / row[f"{vname}_us"]
+                    rows.append(row)
+                    print(f"{k}x{n} M={m} {vd} {s} every={e} ({row['dense_group_fraction']:.3f}): cublas {t_cub:.1f} "
+                          f"t1 {row['t1_us']:.1f} xs {row['xs_us']:.1f} xsd {row['xsd_us']:.1f} -> "
+                          f"{row['speedup_xsd']:.2f}x (t1 {row['speedup_t1']:.2f}x)", flush=True)
+                    copies = None
+                torch.cuda.empty_cache()
+        wd = None
+        torch.cuda.empty_cache()
+    summary = []
+    for vd, s in CASES:
+        for m in ms:
+            sel = [r for r in rows if r["values"] == vd and r["sparsity"] == s and r["M"] == m]
+            for e in evs:
+                se = [r for r in sel if r["every"] == e]
+                if se:
+                    summary.append({"values": vd, "sparsity": s, "M": m, "every": e,
+                                    "t1": statistics.median(r["speedup_t1"] for r in se),
+                                    "xs": statistics.median(r["speedup_xs"] for r in se),
+                                    "xsd": statistics.median(r["speedup_xsd"] for r in se)})
+    print_table(summary, list(summary[0]))
+    out = args.out or ROOT / "bench" / "results" / f"bitmap_dense_groups_{git_commit()}.json"
+    write_json(out, rows, meta({"tool": "tools/bitmap_mix_explore.py --groups", "summary": summary}))
     print(f"wrote {out}")
     return 0
 
