@@ -516,7 +516,7 @@ __device__ __forceinline__ uint32_t dec_tile(uint32_t w, uint32_t ea, uint32_t b
 // with the weights (16-byte cp.async, zero-filled for rows >= M and columns >= K, chunk c of row r at
 // 16 (c ^ r) so that both the copy and ldmatrix are bank-conflict free) and the B fragments are built
 // with ldmatrix.x4: 2 MB ldmatrix per group instead of 8 MB global loads that each touch up to 8 rows.
-template <typename VT, int MB, int STAGES, bool PF, bool XS = false, bool DG = false>
+template <typename VT, int MB, int STAGES, bool PF, bool XS = false>
 __device__ __forceinline__ void bitmap_dec_body(
     const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
     const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,
@@ -732,15 +732,9 @@ __device__ __forceinline__ void bitmap_dec_body(
     }
     cp_async_wait<STAGES - 1>();
     __syncwarp();
-    // DG (exploration, tools/bitmap_mix_explore.py --groups): a group whose 16 tile bitmaps are all ones
-    // in both strips holds its 2 x 512 values in tile and row order, so each 8x8 tile is a row-major
-    // matrix that ldmatrix (fp16) or one 2-byte load per lane (int8) turns into the A fragment directly.
-    const uint32_t stage_off = static_cast<uint32_t>(warp * STAGES + cslot) * kSlot;
-    bool dense_group = false;
     {
-      const uint32_t st = stage_off + hs * kW;  // offset from smem
+      const uint32_t st = static_cast<uint32_t>(warp * STAGES + cslot) * kSlot + hs * kW;  // offset from smem
       const uint32_t word = *reinterpret_cast<const uint32_t*>(smem + st + 4 * wi);
-      if constexpr (DG) dense_group = __all_sync(0xffffffffu, word == 0xffffffffu);
       const uint32_t p = __popc(word);
       uint32_t x = p;
 #pragma unroll
@@ -766,26 +760,7 @@ __device__ __forceinline__ void bitmap_dec_body(
       const uint4 m0 = *reinterpret_cast<const uint4*>(smem + scr_ld + 16 * kk);  // strip 0: (word, offset) of tiles 2kk, 2kk+1
       const uint4 m1 = *reinterpret_cast<const uint4*>(smem + scr_ld + 128 + 16 * kk);  // strip 1
       uint32_t a[4];
-      if (DG && dense_group) {
-        // matrix q = lane >> 3: strip q & 1, tile 2 kk + (q >> 1) (= a[q]); lane l of a matrix gets row l / 4,
-        // columns 2 (l % 4) and + 1, i.e. bits 2l, 2l + 1, as dec_tile does.
-        const uint32_t vb = sbase + stage_off + kTiles * 8;
-        if constexpr (sizeof(VT) == 2) {
-          const uint32_t q = static_cast<uint32_t>(lane >> 3);
-          ldmatrix_x4(a, vb + (q & 1u) * kW + (2u * kk + (q >> 1)) * 128u + static_cast<uint32_t>(lane & 7) * 16u);
-        } else {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            unsigned short w2;
-            asm("ld.shared.u16 %0, [%1];\n" : "=h"(w2)
-                : "r"(vb + (q & 1) * kW + (2 * kk + (q >> 1)) * 64 + 2 * lane));
-            const uint32_t bits = prmt(static_cast<uint32_t>(w2), 0u, 0x4140u) ^ 0x64806480u;
-            const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&bits),
-                                      __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480)));
-            a[q] = *reinterpret_cast<const uint32_t*>(&h);
-          }
-        }
-      } else if constexpr (XS) {
+      if constexpr (XS) {
         a[0] = dec_tile(m0.x, m0.y, below, sh, static_cast<const RV*>(nullptr), tab);
         a[1] = dec_tile(m1.x, m1.y, below, sh, static_cast<const RV*>(nullptr), tab);
         a[2] = dec_tile(m0.z, m0.w, below, sh, static_cast<const RV*>(nullptr), tab);
@@ -939,21 +914,6 @@ EDGESDK_BITMAP_DEC_XS(__half, f16, 1, 3)
 EDGESDK_BITMAP_DEC_XS(__half, f16, 2, 3)
 EDGESDK_BITMAP_DEC_XS(int8_t, i8, 1, 4)
 EDGESDK_BITMAP_DEC_XS(int8_t, i8, 2, 3)
-
-// Exploration only (tools/bitmap_mix_explore.py --groups; no tactic uses them): the X-staged kernels with the
-// dense-group path (DG): bitmap_dec_<value dtype>_mb<MB>_s<STAGES>_xsd. Same launch and layout as _xs.
-#define EDGESDK_BITMAP_DEC_XSD(VT, VN, MB, ST)                                                            \
-  extern "C" __global__ void __launch_bounds__(512, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_xsd(          \
-      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
-      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
-      __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
-    bitmap_dec_body<VT, MB, ST, false, true, true>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB); \
-  }
-
-EDGESDK_BITMAP_DEC_XSD(__half, f16, 1, 3)
-EDGESDK_BITMAP_DEC_XSD(__half, f16, 2, 3)
-EDGESDK_BITMAP_DEC_XSD(int8_t, i8, 1, 4)
-EDGESDK_BITMAP_DEC_XSD(int8_t, i8, 2, 3)
 
 // 80-register builds of the X-staged kernels (__launch_bounds__(768, 1): up to 24 warps per SM where
 // the ring fits): bitmap_dec_<value dtype>_mb<MB>_s<STAGES>_xs80.
