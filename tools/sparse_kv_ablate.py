@@ -112,6 +112,15 @@ def main() -> None:
         return orig_kernel(name, max_smem_carveout)
 
     rows = []
+    info = meta()
+
+    def write(rows):
+        res = dict(meta=info, sparsity=a.sparsity, method="CUDA-graph replays, caches beyond L2 rotated, medians; "
+                   "ablated variants compute wrong results by design (timing only)", rows=rows)
+        tmp = Path(a.out + ".tmp")
+        tmp.write_text(json.dumps(res, indent=1))
+        tmp.replace(a.out)
+
     st = torch.cuda.Stream()
     sp = st.cuda_stream
     for shape in a.shapes.split(","):
@@ -155,9 +164,7 @@ def main() -> None:
             ks._kernel = orig_kernel
         del _keep, cptr
         torch.cuda.empty_cache()
-    res = dict(meta=meta(), sparsity=a.sparsity, method="CUDA-graph replays, caches beyond L2 rotated, medians; "
-               "ablated variants compute wrong results by design (timing only)", rows=rows)
-    Path(a.out).write_text(json.dumps(res, indent=1))
+        write(rows)  # after every shape: a run cut short keeps what it measured
     print("wrote", a.out)
 
 
