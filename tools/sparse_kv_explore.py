@@ -59,6 +59,9 @@ def compressed_copies(cfg: SparseKVConfig, B: int, ctx: int, k, v, lens, sp: int
     mk = lambda r: torch.empty((B, hkv, cfg.record_capacity, r), device="cuda", dtype=torch.uint8)  # noqa: E731
     first = (mk(cfg.rk), mk(cfg.rv), torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16),
              torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16))
+    # k, v and lens were written on torch's current stream and the prefill runs on ``sp``: wait for them (without
+    # this the prefill of the largest shapes read k, v and lens while torch was still writing them).
+    torch.cuda.synchronize()
     ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(),
                ks.CachePtrs(*(x.data_ptr() for x in first), lens.data_ptr()), sp)
     torch.cuda.synchronize()

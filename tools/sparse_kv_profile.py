@@ -41,6 +41,7 @@ def main() -> None:
         bufs = (mk(cfg.rk), mk(cfg.rv), torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16),
                 torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16))
         cache = ks.CachePtrs(*(x.data_ptr() for x in bufs), lens.data_ptr())
+        torch.cuda.synchronize()  # k, v, lens come from torch's current stream; the prefill runs on sp
         ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(), cache, sp)
         ts, ns = ks.plan_cache(cfg, B, ctx)
         ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
