@@ -41,8 +41,8 @@ from sparse_kv_explore import MODELS, compressed_copies, random_problem  # noqa:
 SWITCHES = [  # (exact text, replacement): each must occur once
     ("  for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);",
      "  if (!(SKV_ABLATE & 4)) for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);"),
-    ("        decode_row_desc<D>(stages + (i % kStages) * sb + doff, dkeep, drow, !(kMaskZ & (dv ? 2 : 1)));",
-     "        if (!(SKV_ABLATE & (dv ? 2 : 1))) decode_row_desc<D>(stages + (i % kStages) * sb + doff, dkeep, drow, !(kMaskZ & (dv ? 2 : 1)));"),
+    ("        decode_row_desc<D>(stages + (i % kStages) * sb + doff, dkeep, drow);",
+     "        if (!(SKV_ABLATE & (dv ? 2 : 1))) decode_row_desc<D>(stages + (i % kStages) * sb + doff, dkeep, drow);"),
     ("      for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8(dst + 8 * e, ks + 8 * e);",
      "      if (!(SKV_ABLATE & 8)) for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8(dst + 8 * e, ks + 8 * e);"),
     ("      for (int e = lane; e < nrec * rv / 8; e += 32) cp_async8(dst + kbytes + 8 * e, vs + 8 * e);",

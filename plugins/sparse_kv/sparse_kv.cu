@@ -440,23 +440,6 @@ __device__ __noinline__ void merge_splits(const float* __restrict__ pg, int ns, 
 // The warps' (m, l, O) are merged through shared memory at the end and written as the split's
 // partial result; with `fuse`, the last block of a (sequence, KV head) (atomic counter in the
 // workspace, reset by that block) also merges all splits and writes the fp16 output.
-// SKV_MASKZ (exploration, d = 64 only; 0 in every shipped build): bit 0 = K, bit 1 = V. The compressed rows
-// of that tile are scattered over stale data (no zero fill) and the mma fragments read by ldmatrix are ANDed
-// with masks built from the records' bitmaps (window rows: all ones), which gives the zero-filled tile's
-// fragments bit for bit: the zero fill moves from the shared-memory pipe to the ALUs.
-#ifndef SKV_MASKZ
-#define SKV_MASKZ 0
-#endif
-// prmt.b32 with the sign-replicate mode (selector nibble bit 3), which __byte_perm does not expose.
-__device__ __forceinline__ uint32_t prmt_u32(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-// Selector: bytes 0, 1 = msb of byte bi of a replicated, bytes 2, 3 = msb of byte bi of b replicated.
-__host__ __device__ constexpr uint32_t mask_sel(int bi) {
-  return static_cast<uint32_t>((8 | bi) | ((8 | bi) << 4) | ((12 | bi) << 8) | ((12 | bi) << 12));
-}
 constexpr int kW2 = 4;           // warps per block
 constexpr int kThreads2 = 32 * kW2;
 constexpr int kStages = 3;       // cp.async pipeline depth per warp
@@ -502,14 +485,10 @@ struct BitIterDesc {
 // D = 64 without a loop or branch per bit (BF): the high word is walked first, and the low word
 // (with the row's low half) replaces it by selects when it runs out. put() runs at most popcount
 // times, so an exhausted low word is never read.
-// zf = false leaves the row's other channels as they are (SKV_MASKZ: the mma fragments are masked instead).
-__device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row,
-                                                bool zf = true) {
+__device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row) {
   uint4* row4 = reinterpret_cast<uint4*>(row);
-  if (zf) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
-  }
   const uint32_t lo = reinterpret_cast<const uint32_t*>(rec)[0], hi = reinterpret_cast<const uint32_t*>(rec)[1];
   uint8_t* const rlo = reinterpret_cast<uint8_t*>(row);
   uint32_t cur = hi != 0u ? hi : lo;
@@ -543,10 +522,9 @@ __device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec,
 // Scatter one compressed record into a dense fp16 row (zeros elsewhere), highest channel first.
 // D = 64: decode_row64_bf; D = 128: BitIterDesc over four words.
 template <int D>
-__device__ __forceinline__ void decode_row_desc(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row,
-                                                bool zf = true) {
+__device__ __forceinline__ void decode_row_desc(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row) {
   if constexpr (D == 64) {
-    decode_row64_bf(rec, keep, row, zf);
+    decode_row64_bf(rec, keep, row);
     return;
   }
   uint4* row4 = reinterpret_cast<uint4*>(row);
@@ -657,7 +635,6 @@ __device__ __forceinline__ void attn2_split(
   constexpr int TR = D + 8;  // padded tile row (halfs): conflict-free ldmatrix
   constexpr int MT = D / 16; // m16 tiles over channels (V^T . P^T)
   constexpr int KC = D / 16; // k16 chunks over channels (Q.K^T)
-  constexpr int kMaskZ = D == 64 ? SKV_MASKZ : 0;
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int L = lens[b];
@@ -734,7 +711,7 @@ __device__ __forceinline__ void attn2_split(
     {
       const int t = tb + dr;
       if (t < ncomp_end) {
-        decode_row_desc<D>(stages + (i % kStages) * sb + doff, dkeep, drow, !(kMaskZ & (dv ? 2 : 1)));
+        decode_row_desc<D>(stages + (i % kStages) * sb + doff, dkeep, drow);
       } else if (t < t_end) {  // dense window row: all of it in flight at once
         const __half* src = dring + static_cast<size_t>(t % C) * D;
 #pragma unroll
@@ -752,36 +729,10 @@ __device__ __forceinline__ void attn2_split(
     __syncwarp();
     // S^T[16 tokens x 8 heads] = K Q^T: s[0..1] token tb + g_row, s[2..3] token tb + g_row + 8; heads 2 q4 + {0, 1}.
     float s[4] = {0.f, 0.f, 0.f, 0.f};
-    // SKV_MASKZ: bitmaps of the tile rows this lane's fragments touch (window and padding rows: all ones).
-    const uint8_t* stg = stages + (i % kStages) * sb;
-    const bool allc = tb + 16 <= ncomp_end;  // warp-uniform
-    auto bitmap = [&](const uint8_t* base, int r, int rs, int sh, uint32_t& w0, uint32_t& w1) {
-      const uint2 w = *reinterpret_cast<const uint2*>(base + r * rs);
-      const bool c = allc || tb + r < ncomp_end;
-      const uint32_t lo = c ? w.x : ~0u, hi = c ? w.y : ~0u;
-      w0 = __funnelshift_r(lo, hi, sh);  // bits sh .. sh + 31
-      w1 = hi >> sh;                     // bits sh + 32 .. 63
-    };
-    uint32_t ky[2][2], ky2[2][2];  // K rows g_row, g_row + 8; words; (bitmap >> 2 q4) << 7 and << 6
-    if constexpr (kMaskZ & 1) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        uint32_t w0, w1;
-        bitmap(stg, g_row + 8 * e, rk, 2 * q4, w0, w1);
-        ky[e][0] = w0 << 7; ky[e][1] = w1 << 7; ky2[e][0] = w0 << 6; ky2[e][1] = w1 << 6;
-      }
-    }
 #pragma unroll
     for (int kc = 0; kc < KC; ++kc) {
       uint32_t ak[4];
       ldmatrix_x4(ak, krow + kc * 16);
-      if constexpr (kMaskZ & 1) {
-        // ak[j]: token g_row + 8 (j & 1), channels 16 kc + 8 (j >> 1) + 2 q4 + {0, 1} = bits 8 bi + {0, 1}
-        // of word kc >> 1 of the shifted bitmap, bi = 2 (kc & 1) + (j >> 1).
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          ak[j] &= prmt_u32(ky[j & 1][kc >> 1], ky2[j & 1][kc >> 1], mask_sel(2 * (kc & 1) + (j >> 1)));
-      }
       mma16816(s, ak, qb[kc][0], qb[kc][1]);
     }
     const bool ok0 = tb + g_row < t_end, ok1 = tb + g_row + 8 < t_end;
@@ -813,26 +764,10 @@ __device__ __forceinline__ void attn2_split(
     const uint32_t pb0 = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&p01));
     const uint32_t pb1 = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&p23));
     const uint32_t pb[2] = {pb0, pb1};
-    uint32_t vy[4][2];  // V rows 2 q4 + {0, 1, 8, 9}; words; (bitmap >> g_row) << 7
-    if constexpr (kMaskZ & 2) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        uint32_t w0, w1;
-        bitmap(stg + kbytes, 2 * q4 + (e & 1) + 8 * (e >> 1), rv, g_row, w0, w1);
-        vy[e][0] = w0 << 7; vy[e][1] = w1 << 7;
-      }
-    }
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
       uint32_t av[4];
       ldmatrix_x4_trans(av, vrow + m * 16);
-      if constexpr (kMaskZ & 2) {
-        // av[j]: channel 16 m + 8 (j & 1) + g_row = bit 8 bi of word m >> 1 of the shifted bitmap,
-        // bi = 2 (m & 1) + (j & 1); tokens 8 (j >> 1) + 2 q4 + {0, 1} (low half: the first).
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          av[j] &= prmt_u32(vy[2 * (j >> 1)][m >> 1], vy[2 * (j >> 1) + 1][m >> 1], mask_sel(2 * (m & 1) + (j & 1)));
-      }
       mma16816(acc[m], av, pb[0], pb[1]);
     }
     __syncwarp();
