@@ -60,7 +60,7 @@ def compressed_copies(cfg: SparseKVConfig, B: int, ctx: int, k, v, lens, sp: int
     first = (mk(cfg.rk), mk(cfg.rv), torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16),
              torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16))
     # k, v and lens were written on torch's current stream and the prefill runs on ``sp``: wait for them (without
-    # this the prefill of the largest shapes read k, v and lens while torch was still writing them).
+    # this the prefill of the largest shapes could read k, v and lens while torch was still writing them).
     torch.cuda.synchronize()
     ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(),
                ks.CachePtrs(*(x.data_ptr() for x in first), lens.data_ptr()), sp)
