@@ -153,15 +153,15 @@ def main(argv=None):
             for m in ms:
                 x = torch.randn(m, k, device="cuda", dtype=torch.float16)
                 y = torch.empty(m, n, device="cuda", dtype=torch.float16)
-                st = torch.cuda.current_stream().cuda_stream
                 it = [0]
 
                 def dense():
                     torch.mm(x, wd[it[0] % nd].t(), out=y)
                     it[0] += 1
 
-                def run(cc):
-                    kbl.launch(attrs, "float16", m, [x.data_ptr(), *[t.data_ptr() for t in cc]], [y.data_ptr()], st, 1)
+                def run(cc):  # on torch's current stream, read at the call: the capture stream inside time_graph
+                    kbl.launch(attrs, "float16", m, [x.data_ptr(), *[t.data_ptr() for t in cc]], [y.data_ptr()],
+                               torch.cuda.current_stream().cuda_stream, 1)
 
                 use(None)
                 y.fill_(float("nan"))
