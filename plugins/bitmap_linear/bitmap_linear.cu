@@ -516,18 +516,16 @@ __device__ __forceinline__ uint32_t dec_tile(uint32_t w, uint32_t ea, uint32_t b
 // with the weights (16-byte cp.async, zero-filled for rows >= M and columns >= K, chunk c of row r at
 // 16 (c ^ r) so that both the copy and ldmatrix are bank-conflict free) and the B fragments are built
 // with ldmatrix.x4: 2 MB ldmatrix per group instead of 8 MB global loads that each touch up to 8 rows.
-// VS (variable slot, exploration): a strip's value area in the ring slot is VBR bytes (a multiple of 16, at
-// least the layer's largest group) instead of the 512 · itemsize a full group needs, so that more stages fit.
-template <typename VT, int MB, int STAGES, bool PF, bool XS = false, bool VS = false>
+template <typename VT, int MB, int STAGES, bool PF, bool XS = false>
 __device__ __forceinline__ void bitmap_dec_body(
     const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
     const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,
-    __half* __restrict__ Y, int M, int N, int K, int KS, int PB, int VBR = 0) {
+    __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {
   using RV = typename RawV<VT>::T;
   constexpr int kVB = kGroupK * 8 * static_cast<int>(sizeof(VT));  // max value bytes of one strip-group
-  const int kW = kTiles * 8 + (VS ? VBR : kVB) + 16;                 // one strip: bitmaps, values, slack
+  constexpr int kW = kTiles * 8 + kVB + 16;                          // one strip: bitmaps, values, slack
   constexpr int kXB = XS ? MB * 1024 : 0;                            // staged X of one group
-  const int kSlot = 2 * kW + kXB;                                    // one stage: a strip pair (+ X)
+  constexpr int kSlot = 2 * kW + kXB;                                // one stage: a strip pair (+ X)
   extern __shared__ __align__(16) uint8_t smem[];
 
   const int lane = threadIdx.x & 31;
@@ -932,27 +930,3 @@ EDGESDK_BITMAP_DEC_XS80(__half, f16, 2, 3)
 EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 1, 4)
 EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 2, 3)
 
-// Exploration (session 11): X-staged 16-warp kernels with a variable value area per strip (VS above):
-// bitmap_dec_<value dtype>_mb<MB>_s<STAGES>_xv, extra argument VBR. Launch as the _xs kernels with
-// dynamic smem = warps · (STAGES · (2 · (64 + VBR + 16) + MB · 1024) + 256).
-#define EDGESDK_BITMAP_DEC_XV(VT, VN, MB, ST)                                                             \
-  extern "C" __global__ void __launch_bounds__(512, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_xv(           \
-      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
-      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
-      __half* __restrict__ Y, int M, int N, int K, int KS, int PB, int VBR) {                              \
-    bitmap_dec_body<VT, MB, ST, false, true, true>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB, \
-                                                   VBR);                                                  \
-  }
-
-EDGESDK_BITMAP_DEC_XV(__half, f16, 1, 4)
-EDGESDK_BITMAP_DEC_XV(__half, f16, 2, 4)
-EDGESDK_BITMAP_DEC_XV(__half, f16, 1, 6)
-EDGESDK_BITMAP_DEC_XV(__half, f16, 2, 6)
-EDGESDK_BITMAP_DEC_XV(__half, f16, 1, 8)
-EDGESDK_BITMAP_DEC_XV(__half, f16, 2, 8)
-EDGESDK_BITMAP_DEC_XV(int8_t, i8, 1, 4)
-EDGESDK_BITMAP_DEC_XV(int8_t, i8, 2, 4)
-EDGESDK_BITMAP_DEC_XV(int8_t, i8, 1, 6)
-EDGESDK_BITMAP_DEC_XV(int8_t, i8, 2, 6)
-EDGESDK_BITMAP_DEC_XV(int8_t, i8, 1, 8)
-EDGESDK_BITMAP_DEC_XV(int8_t, i8, 2, 8)
