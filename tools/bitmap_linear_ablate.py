@@ -177,9 +177,10 @@ def main(argv=None):
                 ref = y.clone()
                 names = ["cublas", "production"] + [v[0] for v in variants]
                 ts = {nm: [] for nm in names}
+                sms = torch.cuda.get_device_properties(0).multi_processor_count
                 row = {"K": k, "N": n, "M": m, "sparsity": s, "vd": vd, "bytes": p.nbytes,
                        "dense_bytes": fmt.dense_fp16_bytes(n, k),
-                       "cfg": kbl.config(n, k, m, "float16", vd, 1, torch.cuda.get_device_properties(0).multi_processor_count)["name"]}
+                       "cfg": kbl.config(n, k, m, "float16", vd, 1, sms)["name"]}
                 for _ in range(a.rounds):
                     ts["cublas"].append(time_graph(dense, inner=nd, reps=10))
                     for nm, bits in [("production", None)] + list(variants):
