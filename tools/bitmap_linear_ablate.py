@@ -36,7 +36,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import meta, time_graph  # noqa: E402
-from bench.bench_bitmap_linear import _copies, random_packed  # noqa: E402
+from bench.bench_bitmap_linear import _copies  # noqa: E402
+from bitmap_linear_explore import _pack  # noqa: E402  (tools/ is the script's directory)
 
 SWITCHES = [  # (exact text, replacement): each must occur exactly once in the source
     ("  uint32_t v0, v1;\n  lds_u16x2(ea + 2u * __popc(w & below), v0, v1);",
@@ -89,10 +90,6 @@ def patched_source(src: Path) -> Path:
     d = Path(tempfile.mkdtemp(prefix="bl_ablate_"))
     (d / "bitmap_linear_ablate.cu").write_text(text)
     return d / "bitmap_linear_ablate.cu"
-
-
-def _pack(job):
-    return job, random_packed(*job)
 
 
 def main(argv=None):
