@@ -16,7 +16,8 @@ Tactics (``valid_tactics``): 1 = the default, a per-shape choice among the tenso
 memory) of other tile sizes / pipeline depths, 4, 5, 26, 27 with split-K for small M (second kernel sums the
 partials); 30, 31, 33, 34 persistent kernels ("tp": grid = the blocks resident on the current context's
 SMs, each walks tiles through one cp.async pipeline, epilogue from registers); 50 split-K summed
-inside the GEMM kernel by each tile's last block ("tk", small M, no second kernel); 60 split-M (tp_128x128
+inside the GEMM kernel by each tile's last block ("tk", small M, no second kernel); 70-74 the same kernels
+with 32 x 64, 64 x 32 and 32 x 32 tiles (warps of 16 x 32) for small M; 60 split-M (tp_128x128
 on the rows that fill whole waves of its blocks, tp_64x64 on the rest: two GEMM launches); 10-19 hybrids
 (TC : INT : FP column ratios from 128:8:0 to 96:0:32); 22-23 hybrids with split-K; 20-21 hybrids whose
 INT share uses packed 16-bit fields (4- and 5-bit weights only). Every tactic gives bit-identical results.
@@ -83,6 +84,12 @@ _C = {c.name: c for c in [
     Config("tp_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True, persistent=True),
     Config("tp_128x128w4", 128, CoreSplit(128), 64, 64, 3, tc2=True, persistent=True),
     Config("tk_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True, inkernel_splitk=True),
+    # small-M tiles (session 12): more, shorter tiles than 64 x 64 where a 197-row M leaves most SMs idle
+    Config("tc2_32x64", 32, CoreSplit(64), 16, 32, 4, tc2=True),
+    Config("tp_32x64", 32, CoreSplit(64), 16, 32, 4, tc2=True, persistent=True),
+    Config("tp_64x32", 64, CoreSplit(32), 16, 32, 4, tc2=True, persistent=True),
+    Config("tp_32x32", 32, CoreSplit(32), 16, 32, 4, tc2=True, persistent=True),
+    Config("tk_32x64", 32, CoreSplit(64), 16, 32, 4, tc2=True, inkernel_splitk=True),
     Config("h128_tc128_i8", 128, CoreSplit(128, 8), 64, 32, 3),
     Config("h128_tc128_i8_f8", 128, CoreSplit(128, 8, 8), 64, 32, 3, tm=2),
     Config("h64_tc64_i8", 64, CoreSplit(64, 8), 32, 32, 4, tm=2),
@@ -124,6 +131,12 @@ TACTICS: dict[int, tuple[str, int]] = {
     # tensor cores only, split-K summed inside the GEMM kernel by each tile's last block (small M; round 3
     # also measured 3 and 4 splits and a 64 x 128 tile: never the fastest, removed)
     50: ("tk_64x64", 2),
+    # tensor cores only, small tiles for small M (warps of 16 x 32; 70-72 persistent, 73 tc2, 74 tk split-K 2)
+    70: ("tp_32x64", 1),
+    71: ("tp_64x32", 1),
+    72: ("tp_32x32", 1),
+    73: ("tc2_32x64", 1),
+    74: ("tk_32x64", 2),
     # (round 3 also measured 8 warps of 16 x 32 on a 64 x 64 tile as tp/tc2/tk tactics 38-40: 1.02-1.64x
     # slower than the best tactic everywhere, removed)
     # hybrids: tensor-core warps + INT-core (dp4a) and/or FP-core warps
@@ -234,10 +247,12 @@ def _partials_bytes(m: int, n: int) -> int:
 
 
 def _counters(m: int, n: int) -> int:
-    """Tile counters of the tk tactics, after the partials region (one int32 per tile, at most 64 x 64 tiles).
-    They sit where no tactic writes partials, so they stay zero between launches (each tk launch leaves
-    them zero) whichever tactics share the workspace."""
-    return -(-m // 64) * -(-n // 64) if _splitk_ok(m, n) else 0
+    """Tile counters of the tk tactics, after the partials region (one int32 per tile of the tk tactic with
+    the most tiles). They sit where no tactic writes partials, so they stay zero between launches (each tk
+    launch leaves them zero) whichever tactics share the workspace."""
+    if not _splitk_ok(m, n):
+        return 0
+    return max(_tk_tiles(_C[name], m, n) for name, _ in TACTICS.values() if name in _C and _C[name].inkernel_splitk)
 
 
 def workspace_bytes(attrs: dict, m: int) -> int:

@@ -762,6 +762,7 @@ VITBIT_TC2(tc2_64x128s3, 64, 128, 64, 32, 3, 3)      // 3 stages: 3 blocks per S
 VITBIT_TC2(tc2_64x64, 64, 64, 32, 32, 4, 3)          // 4 warps of 32x32
 VITBIT_TC2(tc2_64x64s3, 64, 64, 32, 32, 3, 4)        // 3 stages: 4 blocks per SM
 VITBIT_TC2(tc2_64x64s6, 64, 64, 32, 32, 6, 2)        // 6 stages: all of K = 768 in flight at once (small M)
+VITBIT_TC2(tc2_32x64, 32, 64, 16, 32, 4, 4)          // 4 warps of 16x32, 48 KB (small M: more, shorter tiles)
 
 // Split-K epilogue, 8 consecutive columns per thread (N % 8 == 0): 16-byte loads of the partials, exact
 // int32 sum, then the same put8 as the tc2 kernels.
@@ -1005,6 +1006,9 @@ VITBIT_TP(tp_128x128, 128, 128, 64, 32, 3, 2)    // 8 warps of 64x32, 96 KB: 2 b
 VITBIT_TP(tp_64x128, 64, 128, 64, 32, 3, 3)      // 4 warps of 64x32, 72 KB: 3 blocks per SM
 VITBIT_TP(tp_64x64, 64, 64, 32, 32, 4, 3)        // 4 warps of 32x32, 64 KB: 3 blocks per SM
 VITBIT_TP(tp_128x128w4, 128, 128, 64, 64, 3, 2)  // 4 warps of 64x64 (fewer ldmatrix per mma), 96 KB
+VITBIT_TP(tp_32x64, 32, 64, 16, 32, 4, 4)        // small M: 4 warps of 16x32, 48 KB
+VITBIT_TP(tp_64x32, 64, 32, 16, 32, 4, 4)        // small M: 4 warps of 16x32, 48 KB
+VITBIT_TP(tp_32x32, 32, 32, 16, 32, 4, 6)        // small M: 2 warps of 16x32, 32 KB
 
 // ------------------------------------------------------------------------------------------------
 // Tensor-core-only GEMM with in-kernel split-K ("tk", for small M): grid (N tiles, M tiles, S); block z
@@ -1085,3 +1089,4 @@ __device__ __forceinline__ void tk_body(const s8* __restrict__ A, const s8* __re
   }
 
 VITBIT_TK(tk_64x64, 64, 64, 32, 32, 4, 3)     // 4 warps of 32x32, 4 stages
+VITBIT_TK(tk_32x64, 32, 64, 16, 32, 4, 4)     // 4 warps of 16x32, 4 stages (small M)
