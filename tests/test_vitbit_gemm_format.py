@@ -214,21 +214,21 @@ def test_launcher_tactics_and_workspace_without_gpu():
     # removed in round 3 (never within 3 % of the fastest tactic in rounds 1-2)
     assert not {2, 6, 7, 8, 24, 32, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 51, 52, 53, 54} & (set(small) | set(big)
                                                                                         | set(K.TACTICS))
-    assert {30, 31, 33, 34, 60, 70, 71, 72, 73} <= set(small) & set(big) and 74 in set(small) - set(big)
+    assert {30, 31, 33, 34, 60, 70, 71, 72, 73, 75} <= set(small) & set(big) and {74, 76} <= set(small) - set(big)
     for t, tail in ((60, "tp_64x64"),):  # split-M: config() gives the head kernel
         assert K.config(t)[0].name == "tp_128x128" and K.SPLIT_M[t][1] == tail and K.config(t)[1] == 1
-    for t in (30, 31, 33, 34, 70, 71, 72):
+    for t in (30, 31, 33, 34, 70, 71, 72, 75):
         cfg, splits = K.config(t)
         assert cfg.persistent and splits == 1 and cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * K.BK
-    for t, (name, splits) in ((50, ("tk_64x64", 2)), (74, ("tk_32x64", 2))):
+    for t, (name, splits) in ((50, ("tk_64x64", 2)), (74, ("tk_32x64", 2)), (76, ("tk_32x32", 2))):
         cfg, sp = K.config(t)
         assert (cfg.name, sp) == (name, splits) and cfg.inkernel_splitk and not cfg.persistent
         assert cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * K.BK  # no staged epilogue tile
     assert {20, 21} <= set(K.valid_tactics(dict(a, bits=4), 197))
     # Xq + the larger of 4 splits of M x N int32 partials and the tk layouts (whole tiles, 2 splits: 64 x 64
-    # and 32 x 64), then one counter per tile of the tk tactic with the most tiles (32 x 64: 7 x 12)
+    # and 32 x 64, 32 x 32), then one counter per tile of the tk tactic with the most tiles (32 x 32: 7 x 24)
     assert K.workspace_bytes(a, 197) == 197 * 768 + max(4 * 4 * 197 * 768, 4 * 2 * 256 * 768,
-                                                        4 * 2 * 224 * 768) + 4 * 7 * 12
+                                                        4 * 2 * 224 * 768) + 4 * 7 * 24
     assert K.workspace_bytes(a, 197 * 32) == 197 * 32 * 768
     for t in K.valid_tactics(dict(a, bits=5)):
         if t == K.AUTO:

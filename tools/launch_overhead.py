@@ -97,6 +97,10 @@ class StubDriver(types.SimpleNamespace):
         self._count("cuOccupancyMaxActiveBlocksPerMultiprocessor")
         return self._ok, 2
 
+    def cuFuncGetAttribute(self, attr, fn):
+        self._count("cuFuncGetAttribute")
+        return self._ok, 0  # no static shared memory
+
     def cuFuncSetAttribute(self, fn, attr, value):
         self._count("cuFuncSetAttribute")
         return (self._ok,)

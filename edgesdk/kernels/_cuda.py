@@ -173,6 +173,7 @@ class Kernel:
     function: Any
     name: str
     max_dynamic_smem: int = 0
+    static_smem: int | None = None  # the kernel's own __shared__ bytes (queried on first need)
 
     def set_max_dynamic_smem(self, nbytes: int) -> None:
         if nbytes > self.max_dynamic_smem:
@@ -191,11 +192,16 @@ class Kernel:
         launch_all((launch,), stream if isinstance(stream, _driver().CUstream) else int(stream))
 
     def plan(self, grid, block, args: Sequence[Any], smem: int = 0) -> "Launch":
-        """A reusable :class:`Launch` of this kernel (sets the >48 KB shared-memory attribute now).
+        """A reusable :class:`Launch` of this kernel (sets the shared-memory opt-in attribute now where the
+        kernel's static shared memory plus ``smem`` exceeds 48 KB).
 
         ``args``: an :class:`ArgBlock`, or values as for :meth:`launch` (ints are taken as pointers).
         """
-        if smem > 48 * 1024:
+        if smem > 0 and self.static_smem is None:
+            cu = _driver()
+            attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+            self.static_smem = int(check(cu.cuFuncGetAttribute(attr, self.function)))
+        if smem > 0 and smem + self.static_smem > 48 * 1024:  # static + dynamic above 48 KB needs the opt-in
             self.set_max_dynamic_smem(smem)
         gx, gy, gz = (tuple(grid) + (1, 1))[:3]
         bx, by, bz = (tuple(block) + (1, 1))[:3]

@@ -16,7 +16,7 @@ Tactics (``valid_tactics``): 1 = the default, a per-shape choice among the tenso
 memory) of other tile sizes / pipeline depths, 4, 5, 26, 27 with split-K for small M (second kernel sums the
 partials); 30, 31, 33, 34 persistent kernels ("tp": grid = the blocks resident on the current context's
 SMs, each walks tiles through one cp.async pipeline, epilogue from registers); 50 split-K summed
-inside the GEMM kernel by each tile's last block ("tk", small M, no second kernel); 70-74 the same kernels
+inside the GEMM kernel by each tile's last block ("tk", small M, no second kernel); 70-76 the same kernels
 with 32 x 64, 64 x 32 and 32 x 32 tiles (warps of 16 x 32) for small M; 60 split-M (tp_128x128
 on the rows that fill whole waves of its blocks, tp_64x64 on the rest: two GEMM launches); 10-19 hybrids
 (TC : INT : FP column ratios from 128:8:0 to 96:0:32); 22-23 hybrids with split-K; 20-21 hybrids whose
@@ -90,6 +90,8 @@ _C = {c.name: c for c in [
     Config("tp_64x32", 64, CoreSplit(32), 16, 32, 4, tc2=True, persistent=True),
     Config("tp_32x32", 32, CoreSplit(32), 16, 32, 4, tc2=True, persistent=True),
     Config("tk_32x64", 32, CoreSplit(64), 16, 32, 4, tc2=True, inkernel_splitk=True),
+    Config("tp_32x32s6", 32, CoreSplit(32), 16, 32, 6, tc2=True, persistent=True),
+    Config("tk_32x32", 32, CoreSplit(32), 16, 32, 4, tc2=True, inkernel_splitk=True),
     Config("h128_tc128_i8", 128, CoreSplit(128, 8), 64, 32, 3),
     Config("h128_tc128_i8_f8", 128, CoreSplit(128, 8, 8), 64, 32, 3, tm=2),
     Config("h64_tc64_i8", 64, CoreSplit(64, 8), 32, 32, 4, tm=2),
@@ -131,12 +133,15 @@ TACTICS: dict[int, tuple[str, int]] = {
     # tensor cores only, split-K summed inside the GEMM kernel by each tile's last block (small M; round 3
     # also measured 3 and 4 splits and a 64 x 128 tile: never the fastest, removed)
     50: ("tk_64x64", 2),
-    # tensor cores only, small tiles for small M (warps of 16 x 32; 70-72 persistent, 73 tc2, 74 tk split-K 2)
+    # tensor cores only, small tiles for small M (warps of 16 x 32; 70-72, 75 persistent, 73 tc2, 74, 76 tk
+    # split-K 2)
     70: ("tp_32x64", 1),
     71: ("tp_64x32", 1),
     72: ("tp_32x32", 1),
     73: ("tc2_32x64", 1),
     74: ("tk_32x64", 2),
+    75: ("tp_32x32s6", 1),
+    76: ("tk_32x32", 2),
     # (round 3 also measured 8 warps of 16 x 32 on a 64 x 64 tile as tp/tc2/tk tactics 38-40: 1.02-1.64x
     # slower than the best tactic everywhere, removed)
     # hybrids: tensor-core warps + INT-core (dp4a) and/or FP-core warps
