@@ -209,13 +209,13 @@ def test_vitbit_one_off_gemm_matches_the_planned_launch(stub):
 
 
 def test_vitbit_default_tactic_and_inkernel_splitk_plans(stub):
-    """Tactic 1 resolves per shape (here: M = 19, K = 520 on 132 SMs -> persistent tp_64x64, grid = its tiles);
+    """Tactic 1 resolves per shape (here: M = 19, K = 520 on 132 SMs -> persistent tp_32x32, grid = its tiles);
     the in-kernel split-K tactics launch two kernels, the quantize kernel zeroing the tile counters, which
     lie after the partials region (where no tactic writes partials)."""
     ws = 0x60000
     K.launch(VB, "float16", 19, [0x10000, 0x20000, 0x30000, 0x40000], [0x50000], 0, 1, workspace=ws)
-    assert [s["name"] for s in stub.seen] == ["vitbit_quantize_f16", "vitbit_gemm_tp_64x64"]
-    assert stub.seen[1]["grid"] == (-(-300 // 64), 1, 1)  # 5 tiles < 2 blocks/SM x 132 SMs
+    assert [s["name"] for s in stub.seen] == ["vitbit_quantize_f16", "vitbit_gemm_tp_32x32"]
+    assert stub.seen[1]["grid"] == (-(-300 // 32), 1, 1)  # 10 tiles < 2 blocks/SM x 132 SMs
     kp, kt = k_padded(520), -(-k_padded(520) // K.BK)
     part = ws + K._xq_bytes(19, 520)
     ctr = part + K._partials_bytes(19, 300)

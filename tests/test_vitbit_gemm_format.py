@@ -214,21 +214,20 @@ def test_launcher_tactics_and_workspace_without_gpu():
     # removed in round 3 (never within 3 % of the fastest tactic in rounds 1-2)
     assert not {2, 6, 7, 8, 24, 32, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 51, 52, 53, 54} & (set(small) | set(big)
                                                                                         | set(K.TACTICS))
-    assert {30, 31, 33, 34, 60, 70, 71, 72, 73, 75} <= set(small) & set(big) and {74, 76} <= set(small) - set(big)
+    assert {30, 31, 33, 34, 60, 71, 72, 73} <= set(small) & set(big)
     for t, tail in ((60, "tp_64x64"),):  # split-M: config() gives the head kernel
         assert K.config(t)[0].name == "tp_128x128" and K.SPLIT_M[t][1] == tail and K.config(t)[1] == 1
-    for t in (30, 31, 33, 34, 70, 71, 72, 75):
+    for t in (30, 31, 33, 34, 71, 72):
         cfg, splits = K.config(t)
         assert cfg.persistent and splits == 1 and cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * K.BK
-    for t, (name, splits) in ((50, ("tk_64x64", 2)), (74, ("tk_32x64", 2)), (76, ("tk_32x32", 2))):
+    for t, (name, splits) in ((50, ("tk_64x64", 2)),):
         cfg, sp = K.config(t)
         assert (cfg.name, sp) == (name, splits) and cfg.inkernel_splitk and not cfg.persistent
         assert cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * K.BK  # no staged epilogue tile
     assert {20, 21} <= set(K.valid_tactics(dict(a, bits=4), 197))
-    # Xq + the larger of 4 splits of M x N int32 partials and the tk layouts (whole tiles, 2 splits: 64 x 64
-    # and 32 x 64, 32 x 32), then one counter per tile of the tk tactic with the most tiles (32 x 32: 7 x 24)
-    assert K.workspace_bytes(a, 197) == 197 * 768 + max(4 * 4 * 197 * 768, 4 * 2 * 256 * 768,
-                                                        4 * 2 * 224 * 768) + 4 * 7 * 24
+    # Xq + the larger of 4 splits of M x N int32 partials and the tk layout (whole 64-row tiles, 2 splits
+    # of 64 x 64 tiles), then one counter per 64 x 64 tile
+    assert K.workspace_bytes(a, 197) == 197 * 768 + max(4 * 4 * 197 * 768, 4 * 2 * 256 * 768) + 4 * 4 * 12
     assert K.workspace_bytes(a, 197 * 32) == 197 * 32 * 768
     for t in K.valid_tactics(dict(a, bits=5)):
         if t == K.AUTO:
@@ -254,16 +253,16 @@ def test_launcher_tactics_and_workspace_without_gpu():
 
 
 def test_default_tactic_is_the_measured_choice_per_shape():
-    """Tactic 1 resolves per shape to the tensor-core-only tactic that bench/results/vitbit_gemm_tp.json and
-    vitbit_gemm_r3*.json measured fastest (or within 7 % of it) for the shape class; the rule sees the
-    context's SM count."""
+    """Tactic 1 resolves per shape to the tensor-core-only tactic that bench/results/vitbit_gemm_tp.json,
+    vitbit_gemm_r3*.json and vitbit_gemm_r6_small_*.json measured fastest (or within 7 % of it) for the shape
+    class; the rule sees the context's SM count."""
     from edgesdk.kernels import vitbit_gemm as K
 
     # (K, N, M, SMs) -> tactic
     want = {
-        (768, 2304, 197, 132): 33, (768, 768, 197, 132): 33, (768, 3072, 197, 132): 33,  # tp_64x64
-        (3072, 768, 197, 132): 50,  # tk_64x64, in-kernel split-K 2 (96 blocks <= 132 SMs)
-        (768, 768, 1576, 132): 33,
+        (768, 2304, 197, 132): 72, (768, 768, 197, 132): 72, (768, 3072, 197, 132): 72,  # tp_32x32 (r < 0.5)
+        (3072, 768, 197, 132): 73,  # tc2_32x64 (r < 0.5, long K)
+        (768, 768, 1576, 132): 33,  # tp_64x64 (r = 0.59)
         (768, 2304, 1576, 132): 30, (768, 3072, 1576, 132): 30, (768, 768, 6304, 132): 30,  # tp_128x128
         (768, 2304, 6304, 132): 30, (768, 3072, 6304, 132): 30,
         (3072, 768, 1576, 132): 3,  # tc2_64x64

@@ -16,8 +16,8 @@ Tactics (``valid_tactics``): 1 = the default, a per-shape choice among the tenso
 memory) of other tile sizes / pipeline depths, 4, 5, 26, 27 with split-K for small M (second kernel sums the
 partials); 30, 31, 33, 34 persistent kernels ("tp": grid = the blocks resident on the current context's
 SMs, each walks tiles through one cp.async pipeline, epilogue from registers); 50 split-K summed
-inside the GEMM kernel by each tile's last block ("tk", small M, no second kernel); 70-76 the same kernels
-with 32 x 64, 64 x 32 and 32 x 32 tiles (warps of 16 x 32) for small M; 60 split-M (tp_128x128
+inside the GEMM kernel by each tile's last block ("tk", small M, no second kernel); 71-73 tp and tc2
+kernels with 64 x 32, 32 x 32 and 32 x 64 tiles (warps of 16 x 32) for small M; 60 split-M (tp_128x128
 on the rows that fill whole waves of its blocks, tp_64x64 on the rest: two GEMM launches); 10-19 hybrids
 (TC : INT : FP column ratios from 128:8:0 to 96:0:32); 22-23 hybrids with split-K; 20-21 hybrids whose
 INT share uses packed 16-bit fields (4- and 5-bit weights only). Every tactic gives bit-identical results.
@@ -84,14 +84,10 @@ _C = {c.name: c for c in [
     Config("tp_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True, persistent=True),
     Config("tp_128x128w4", 128, CoreSplit(128), 64, 64, 3, tc2=True, persistent=True),
     Config("tk_64x64", 64, CoreSplit(64), 32, 32, 4, tc2=True, inkernel_splitk=True),
-    # small-M tiles (session 12): more, shorter tiles than 64 x 64 where a 197-row M leaves most SMs idle
+    # small-M tiles (round 6): more, shorter tiles than 64 x 64 where a 197-row M leaves most SMs idle
     Config("tc2_32x64", 32, CoreSplit(64), 16, 32, 4, tc2=True),
-    Config("tp_32x64", 32, CoreSplit(64), 16, 32, 4, tc2=True, persistent=True),
     Config("tp_64x32", 64, CoreSplit(32), 16, 32, 4, tc2=True, persistent=True),
     Config("tp_32x32", 32, CoreSplit(32), 16, 32, 4, tc2=True, persistent=True),
-    Config("tk_32x64", 32, CoreSplit(64), 16, 32, 4, tc2=True, inkernel_splitk=True),
-    Config("tp_32x32s6", 32, CoreSplit(32), 16, 32, 6, tc2=True, persistent=True),
-    Config("tk_32x32", 32, CoreSplit(32), 16, 32, 4, tc2=True, inkernel_splitk=True),
     Config("h128_tc128_i8", 128, CoreSplit(128, 8), 64, 32, 3),
     Config("h128_tc128_i8_f8", 128, CoreSplit(128, 8, 8), 64, 32, 3, tm=2),
     Config("h64_tc64_i8", 64, CoreSplit(64, 8), 32, 32, 4, tm=2),
@@ -133,15 +129,13 @@ TACTICS: dict[int, tuple[str, int]] = {
     # tensor cores only, split-K summed inside the GEMM kernel by each tile's last block (small M; round 3
     # also measured 3 and 4 splits and a 64 x 128 tile: never the fastest, removed)
     50: ("tk_64x64", 2),
-    # tensor cores only, small tiles for small M (warps of 16 x 32; 70-72, 75 persistent, 73 tc2, 74, 76 tk
-    # split-K 2)
-    70: ("tp_32x64", 1),
+    # tensor cores only, small tiles for small M (round 6; warps of 16 x 32; 71, 72 persistent, 73 tc2). Also
+    # measured then and removed (never within 3 % of the fastest tactic on a ViT-B shape,
+    # bench/results/vitbit_gemm_r6_small_*.json): 70 tp_32x64, 74 tk_32x64 and 76 tk_32x32 (split-K 2),
+    # 75 tp_32x32 with 6 stages
     71: ("tp_64x32", 1),
     72: ("tp_32x32", 1),
     73: ("tc2_32x64", 1),
-    74: ("tk_32x64", 2),
-    75: ("tp_32x32s6", 1),
-    76: ("tk_32x32", 2),
     # (round 3 also measured 8 warps of 16 x 32 on a 64 x 64 tile as tp/tc2/tk tactics 38-40: 1.02-1.64x
     # slower than the best tactic everywhere, removed)
     # hybrids: tensor-core warps + INT-core (dp4a) and/or FP-core warps
@@ -175,18 +169,19 @@ def auto_tactic(n: int, k: int, m: int, sms: int) -> int:
     """Tactic 1 (the default): the tensor-core-only tactic measured fastest for this shape class, from the
     number of 128 x 128 output tiles per SM of the current context (r) and the k-tiles per tile (kt).
 
-    Measured (H100, full GPU and 16-SM green context, bench/results/vitbit_gemm_tp.json): with r < 1 the
-    64 x 64 tiles win (persistent tp_64x64 at K = 768; at K = 3072 the in-kernel split-K tk_64x64 where two
-    splits of every 64 x 64 tile fit on the SMs at once, else tc2_64x64; round 3,
-    bench/results/vitbit_gemm_r3*.json); with r >= 1 the persistent 128 x 128 kernel wins, except at
-    K = 3072 with 1 <= r < 4 (tc2_64x128s3)."""
+    Measured (H100, full GPU and 16-SM green context, bench/results/vitbit_gemm_tp.json, vitbit_gemm_r3*.json):
+    with r < 1 the 64 x 64 tiles win (persistent tp_64x64 at K = 768, tc2_64x64 at K = 3072); with r >= 1 the
+    persistent 128 x 128 kernel wins, except at K = 3072 with 1 <= r < 4 (tc2_64x128s3). Round 6
+    (bench/results/vitbit_gemm_r6_small_*.json): with r < 0.5 (M = 197 on 132 SMs: r = 0.09-0.36) 32-row
+    tiles beat them by 1.02-1.19x (tp_32x32 at K = 768, tc2_32x64 at K = 3072; also faster than round 3's
+    in-kernel split-K tk_64x64 there, which the rule no longer picks), while at r = 0.75 (M = 197 on 16 SMs)
+    they are 1.2-1.4x slower."""
     r = -(-m // 128) * -(-n // 128) / max(1, sms)
     kt = -(-k_padded(k) // BK)
+    if r < 0.5:
+        return 72 if kt <= 8 else 73
     if r < 1:
-        if kt <= 8:
-            return 33
-        # long K, few tiles: split K in two (in-kernel sum) while the doubled 64 x 64 grid fits the SMs
-        return 50 if 2 * -(-m // 64) * -(-n // 64) <= sms else 3
+        return 33 if kt <= 8 else 3
     if kt > 8 and r < 4:
         return 29
     return 30

@@ -1006,10 +1006,8 @@ VITBIT_TP(tp_128x128, 128, 128, 64, 32, 3, 2)    // 8 warps of 64x32, 96 KB: 2 b
 VITBIT_TP(tp_64x128, 64, 128, 64, 32, 3, 3)      // 4 warps of 64x32, 72 KB: 3 blocks per SM
 VITBIT_TP(tp_64x64, 64, 64, 32, 32, 4, 3)        // 4 warps of 32x32, 64 KB: 3 blocks per SM
 VITBIT_TP(tp_128x128w4, 128, 128, 64, 64, 3, 2)  // 4 warps of 64x64 (fewer ldmatrix per mma), 96 KB
-VITBIT_TP(tp_32x64, 32, 64, 16, 32, 4, 4)        // small M: 4 warps of 16x32, 48 KB
 VITBIT_TP(tp_64x32, 64, 32, 16, 32, 4, 4)        // small M: 4 warps of 16x32, 48 KB
 VITBIT_TP(tp_32x32, 32, 32, 16, 32, 4, 6)        // small M: 2 warps of 16x32, 32 KB
-VITBIT_TP(tp_32x32s6, 32, 32, 16, 32, 6, 4)     // small M: 6 stages (all of K = 768 in flight), 48 KB
 
 // ------------------------------------------------------------------------------------------------
 // Tensor-core-only GEMM with in-kernel split-K ("tk", for small M): grid (N tiles, M tiles, S); block z
@@ -1090,5 +1088,3 @@ __device__ __forceinline__ void tk_body(const s8* __restrict__ A, const s8* __re
   }
 
 VITBIT_TK(tk_64x64, 64, 64, 32, 32, 4, 3)     // 4 warps of 32x32, 4 stages
-VITBIT_TK(tk_32x64, 32, 64, 16, 32, 4, 4)     // 4 warps of 16x32, 4 stages (small M)
-VITBIT_TK(tk_32x32, 32, 32, 16, 32, 4, 6)     // 2 warps of 16x32, 4 stages (small M)
