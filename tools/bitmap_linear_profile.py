@@ -6,7 +6,10 @@ run under Nsight Compute, e.g.
   ncu --kernel-name regex:bitmap_dec --launch-skip 2 --launch-count 1 --section SchedulerStats ...
   python tools/bitmap_linear_profile.py --cases 4096x4096:1:0.5:float16
 
-Usage: python tools/bitmap_linear_profile.py [--cases KxN:M:sparsity:value_dtype,...] [--tactic 1]
+``--ablate BITS`` launches a variant of ``tools/bitmap_linear_ablate.py`` instead of the production kernel (same
+kernel names; e.g. 7 = copies only, 24 = no copies); ablated variants compute wrong results by design (ok=False).
+
+Usage: python tools/bitmap_linear_profile.py [--cases KxN:M:sparsity:value_dtype,...] [--tactic 1] [--ablate BITS]
 """
 
 from __future__ import annotations
@@ -26,11 +29,25 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default="4096x4096:1:0.5:float16,4096x4096:1:0.5:int8,4096x4096:16:0.5:float16")
     ap.add_argument("--tactic", type=int, default=1)
+    ap.add_argument("--ablate", type=int, default=None, help="BL_ABLATE bits of tools/bitmap_linear_ablate.py")
     a = ap.parse_args(argv)
     import torch
 
     from edgesdk.kernels import _cuda
     from edgesdk.kernels import bitmap_linear as kbl
+
+    if a.ablate is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bitmap_linear_ablate import patched_source
+
+        src, orig_get = patched_source(_cuda.PLUGINS_DIR / kbl.SOURCE), _cuda.get_kernel
+
+        def get_kernel(source, name, options=()):
+            if str(source) == kbl.SOURCE:
+                return orig_get(src, name, (*options, f"-DBL_ABLATE={a.ablate}"))
+            return orig_get(source, name, options)
+
+        kbl._cuda.get_kernel = get_kernel
 
     torch.zeros(1, device="cuda")
     _cuda.init()
