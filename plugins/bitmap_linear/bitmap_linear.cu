@@ -823,6 +823,269 @@ __device__ __forceinline__ void bitmap_dec_body(
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Warp-specialised decode (WS, round 12): the X-staged decode with its copies moved out of the
+// decoding warps. A block has C = PB·KS consumer warps (warp w: strip pair blockIdx.x·PB + w / KS, K
+// split w % KS; ring slots, scan and decode exactly as bitmap_dec_body with XS) and NP producer warps
+// after them. Producer p issues every cp.async of consumers p, p + NP, ... (its lane l keeps consumer
+// p + NP·l's strip pair, K range and the offsets of its current group, the next ones loaded a step
+// ahead) and hands each filled slot over with cp.async.mbarrier.arrive.noinc (sm_80): full[c][s]
+// completes when all 32 producer lanes' copies into slot s of consumer c have landed; empty[c][s] when
+// the consumer's 32 lanes have read it (mbarrier.arrive, release). Round 11 measured that the copies'
+// instructions, not their latency, lengthened every decoding warp's dependent chain; here a
+// consumer's stream is the wait, scan, decode and mma alone.
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void mbar_init(uint32_t a, uint32_t n) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
+}
+__device__ __forceinline__ bool mbar_test(uint32_t a, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tmbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}\n"
+      : "=r"(ok)
+      : "r"(a), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t a) {
+  asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared.b64 st, [%0];\n\t}\n" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t a) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(a) : "memory");
+}
+
+template <typename VT, int MB, int STAGES, int NP>
+__device__ __forceinline__ void bitmap_ws_body(
+    const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
+    const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,
+    __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {
+  using RV = typename RawV<VT>::T;
+  constexpr int kVB = kGroupK * 8 * static_cast<int>(sizeof(VT));  // max value bytes of one strip-group
+  constexpr int kW = kTiles * 8 + kVB + 16;                          // one strip: bitmaps, values, slack
+  constexpr int kSlot = 2 * kW + MB * 1024;                          // one stage: a strip pair + X
+  extern __shared__ __align__(16) uint8_t smem[];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int C = PB * KS;  // consumer warps; warps C .. C + NP - 1 produce
+  const int S = (N + 7) >> 3;
+  const int G = (K + kGroupK - 1) / kGroupK;
+  const uint32_t sbase = smem_u32(smem);
+  // rings (C · STAGES slots), scan scratch (C · 256 bytes), then full[c][s] and empty[c][s] barriers
+  const uint32_t fbar = sbase + static_cast<uint32_t>(C) * (STAGES * kSlot + 256);
+  const uint32_t ebar = fbar + 8u * static_cast<uint32_t>(C * STAGES);
+  for (int i = threadIdx.x; i < C * STAGES; i += blockDim.x) {
+    mbar_init(fbar + 8u * i, 32u);
+    mbar_init(ebar + 8u * i, 32u);
+  }
+  __syncthreads();
+
+  if (warp >= C) {
+    // ------------------------------------------------------------------ producer p
+    const int p = warp - C;
+    const int c = p + NP * lane;  // this lane's consumer
+    const int pair = blockIdx.x * PB + c / KS;
+    const int ksc = c % KS;
+    const int s0 = 2 * pair;
+    const bool active = c < C && s0 < S;
+    const bool has1 = active && s0 + 1 < S;
+    const int g0 = static_cast<int>((static_cast<long long>(G) * ksc) / KS);
+    const int g1 = static_cast<int>((static_cast<long long>(G) * (ksc + 1)) / KS);
+    const int ng = active ? g1 - g0 : 0;
+    const int nc = (C - p + NP - 1) / NP;  // consumers of this producer: lanes 0 .. nc - 1
+    const int maxng = __reduce_max_sync(0xffffffffu, ng);
+    const int sg = active ? s0 * G + g0 : 0;  // strip-group index of the consumer's first group
+    const int* oap = offsets + sg;
+    const int* obp = oap + G;
+    // value range of the consumer's current group: [a0, a1) in strip s0, [b0, b1) in strip s0 + 1
+    int a0 = ng > 0 ? __ldg(oap) : 0, a1 = ng > 0 ? __ldg(oap + 1) : 0;
+    int b0 = ng > 0 && has1 ? __ldg(obp) : 0, b1 = ng > 0 && has1 ? __ldg(obp + 1) : 0;
+    const int meta = g0 | (has1 ? 1 << 30 : 0);
+
+    constexpr int kVPC = 16 / static_cast<int>(sizeof(VT));  // values per 16-byte chunk
+    const uint8_t* vlane = reinterpret_cast<const uint8_t*>(values) + 16 * lane;
+    const int vlpos = kVPC * lane;
+    const int xcol = 8 * (lane & 7);
+    const int xrow0 = lane >> 3;
+    int xoff[2 * MB];
+    int xsz = 0;  // bit q: row of chunk q < M
+#pragma unroll
+    for (int q = 0; q < 2 * MB; ++q) {
+      const int row = 8 * (q >> 1) + xrow0 + 4 * (q & 1);
+      xoff[q] = (row < M ? row : 0) * K + xcol;
+      xsz |= (row < M ? 1 : 0) << q;
+    }
+    const uint32_t xd0 = static_cast<uint32_t>(xrow0 * 128 + (((lane & 7) ^ xrow0) << 4));
+    const uint32_t xd1 = (xd0 ^ 64u) + 512u;
+    const bool blane = lane < 8;
+    const uint8_t* blsrc = bitmaps + static_cast<size_t>((lane >> 2) & 1) * G * (kTiles * 8) + 16 * (lane & 3);
+    const uint32_t bdst = (lane >> 2) * kW + 16 * (lane & 3);
+
+    int s = 0;  // slot of step j
+    for (int j = 0; j < maxng; ++j) {
+      const uint32_t epar = ((j / STAGES) + 1) & 1;  // parity of the consumer's previous use of slot s
+      int na1 = 0, nb1 = 0;                           // next group's ends
+      if (j + 1 < ng) {
+        na1 = __ldg(oap + j + 2);
+        if (has1) nb1 = __ldg(obp + j + 2);
+      }
+      const unsigned live = __ballot_sync(0xffffffffu, j < ng);
+      for (int cc = 0; cc < nc; ++cc) {
+        if (!((live >> cc) & 1u)) continue;  // warp-uniform
+        const int cons = p + NP * cc;
+        const uint32_t bi = static_cast<uint32_t>(cons * STAGES + s);
+        const uint32_t slot = sbase + bi * kSlot;
+        const int A0 = __shfl_sync(0xffffffffu, a0, cc), A1 = __shfl_sync(0xffffffffu, a1, cc);
+        const int B0 = __shfl_sync(0xffffffffu, b0, cc), B1 = __shfl_sync(0xffffffffu, b1, cc);
+        const int SG = __shfl_sync(0xffffffffu, sg, cc);
+        const int MT = __shfl_sync(0xffffffffu, meta, cc);
+        const int gk = ((MT & 0x3fffffff) + j) * kGroupK;  // first K column of the group
+        if (j >= STAGES) {
+          while (!mbar_test(ebar + 8u * bi, epar)) {
+          }
+        }
+        if (blane)
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(slot + bdst),
+                       "l"(blsrc + static_cast<size_t>(SG + j) * (kTiles * 8)),
+                       "r"(lane < 4 || (MT >> 30) ? 16u : 0u));
+        const int pa = A0 + vlpos, pb = B0 + vlpos;
+        const uint8_t* va = vlane + static_cast<uint32_t>(A0) * sizeof(VT);
+        const uint8_t* vb = vlane + static_cast<uint32_t>(B0) * sizeof(VT);
+        const uint32_t da = slot + kTiles * 8 + 16 * lane;
+#pragma unroll
+        for (int q = 0; q < kVB / 512; ++q)
+          if (pa + q * 32 * kVPC < A1) cp_async16_s(da + 512 * q, va + 512 * q);
+#pragma unroll
+        for (int q = 0; q < kVB / 512; ++q)
+          if (pb + q * 32 * kVPC < B1) cp_async16_s(da + kW + 512 * q, vb + 512 * q);
+        const uint32_t xs = slot + 2 * kW;
+        if (gk + kGroupK <= K) {  // warp-uniform: the whole group inside K
+#pragma unroll
+          for (int q = 0; q < 2 * MB; ++q)
+            cp_async16_zfill_s(xs + (q & 1 ? xd1 : xd0) + 1024 * (q >> 1), X + (xoff[q] + gk), (xsz >> q) & 1);
+        } else {
+          const bool cok = gk + xcol < K;
+#pragma unroll
+          for (int q = 0; q < 2 * MB; ++q) {
+            const bool ok = cok && ((xsz >> q) & 1);
+            cp_async16_zfill_s(xs + (q & 1 ? xd1 : xd0) + 1024 * (q >> 1), ok ? X + (xoff[q] + gk) : X, ok);
+          }
+        }
+        cp_async_mbar_arrive(fbar + 8u * bi);
+      }
+      a0 = a1; a1 = na1; b0 = b1; b1 = nb1;
+      s = s + 1 == STAGES ? 0 : s + 1;
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    if (KS > 1) {  // the consumers' K-split reduction
+      __syncthreads();
+      __syncthreads();
+    }
+    return;
+  }
+
+  // -------------------------------------------------------------------- consumer
+  const int pair = blockIdx.x * PB + warp / KS;
+  const int ks = warp % KS;
+  const int s0 = 2 * pair;
+  const bool active = s0 < S;
+  const int g0 = static_cast<int>((static_cast<long long>(G) * ks) / KS);
+  const int g1 = static_cast<int>((static_cast<long long>(G) * (ks + 1)) / KS);
+  const int ng = active ? g1 - g0 : 0;
+  const int gid = lane >> 2, t4 = lane & 3;
+  const int wi = lane & 15, hs = lane >> 4;
+  const uint32_t scr = static_cast<uint32_t>(C) * STAGES * kSlot + warp * 256;  // offsets from smem
+  const uint32_t scr_st = scr + hs * 128 + (wi & 1) * 64 + (wi >> 1) * 8;
+  const uint32_t scr_ld = scr + (lane >= 16 ? 64 : 0);
+  const uint32_t sh = 2u * static_cast<uint32_t>(lane & 15);
+  const uint32_t below = (1u << sh) - 1u;
+  const uint32_t tab = (sizeof(VT) == 2 ? 0x22102222u : 0x11101111u) | (static_cast<uint32_t>(M) & 0x80000000u);
+  const uint32_t xr_l = static_cast<uint32_t>(lane & 7), xc_l = static_cast<uint32_t>(lane >> 3);
+
+  float acc[MB][4];
+#pragma unroll
+  for (int b = 0; b < MB; ++b)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[b][r] = 0.f;
+
+  int cslot = 0;
+  uint32_t par = 0;  // parity of the current fill of cslot
+  for (int i = 0; i < ng; ++i) {
+    const uint32_t bi = static_cast<uint32_t>(warp * STAGES + cslot);
+    while (!mbar_test(fbar + 8u * bi, par)) {
+    }
+    {
+      const uint32_t st = bi * kSlot + hs * kW;  // offset from smem
+      const uint32_t word = *reinterpret_cast<const uint32_t*>(smem + st + 4 * wi);
+      const uint32_t p = __popc(word);
+      uint32_t x = p;
+#pragma unroll
+      for (int d = 1; d < 16; d *= 2) {
+        const uint32_t y = __shfl_up_sync(0xffffffffu, x, d, 16);
+        if (wi >= d) x += y;
+      }
+      const uint32_t ea = sbase + st + kTiles * 8 + (x - p) * static_cast<uint32_t>(sizeof(VT));
+      *reinterpret_cast<uint2*>(smem + scr_st) = make_uint2(word, ea);
+    }
+    __syncwarp();
+    const uint32_t xsl = sbase + bi * kSlot + 2 * kW + xr_l * 128;
+    uint32_t xb[MB][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      if ((kk & 1) == 0) {
+#pragma unroll
+        for (int b = 0; b < MB; ++b) ldmatrix_x4(xb[b], xsl + b * 1024 + ((((2 * kk) | xc_l) ^ xr_l) << 4));
+      }
+      const uint4 m0 = *reinterpret_cast<const uint4*>(smem + scr_ld + 16 * kk);
+      const uint4 m1 = *reinterpret_cast<const uint4*>(smem + scr_ld + 128 + 16 * kk);
+      uint32_t a[4];
+      a[0] = dec_tile(m0.x, m0.y, below, sh, static_cast<const RV*>(nullptr), tab);
+      a[1] = dec_tile(m1.x, m1.y, below, sh, static_cast<const RV*>(nullptr), tab);
+      a[2] = dec_tile(m0.z, m0.w, below, sh, static_cast<const RV*>(nullptr), tab);
+      a[3] = dec_tile(m1.z, m1.w, below, sh, static_cast<const RV*>(nullptr), tab);
+#pragma unroll
+      for (int b = 0; b < MB; ++b) mma16816(acc[b], a, xb[b][2 * (kk & 1)], xb[b][2 * (kk & 1) + 1]);
+    }
+    mbar_arrive(ebar + 8u * bi);  // this lane has read slot cslot (its loads fed the mma above)
+    if (++cslot == STAGES) {
+      cslot = 0;
+      par ^= 1u;
+    }
+    __syncwarp();
+  }
+
+  float* red = reinterpret_cast<float*>(smem);
+  if (KS > 1) {
+    __syncthreads();
+#pragma unroll
+    for (int b = 0; b < MB; ++b)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) red[((warp * MB + b) * 4 + r) * 32 + lane] = acc[b][r];
+    __syncthreads();
+    if (ks != 0) return;
+    for (int o = 1; o < KS; ++o)
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[b][r] += red[(((warp + o) * MB + b) * 4 + r) * 32 + lane];
+  }
+  if (!active) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int n = 8 * (s0 + h) + gid;
+    if (n >= N) continue;
+    const float sc = scales[n];
+    const float bi = bias ? bias[n] : 0.f;
+#pragma unroll
+    for (int b = 0; b < MB; ++b) {
+      const int m = 8 * b + 2 * t4;
+      if (m < M) Y[static_cast<size_t>(m) * N + n] = __float2half_rn(acc[b][2 * h] * sc + bi);
+      if (m + 1 < M) Y[static_cast<size_t>(m + 1) * N + n] = __float2half_rn(acc[b][2 * h + 1] * sc + bi);
+    }
+  }
+}
+
 }  // namespace
 
 // extern "C" entry points: bitmap_linear_<x dtype>_<value dtype>_mt<MT>_s<STAGES>.
@@ -930,3 +1193,23 @@ EDGESDK_BITMAP_DEC_XS80(__half, f16, 2, 3)
 EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 1, 4)
 EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 2, 3)
 
+
+// Warp-specialised builds (WS, see bitmap_ws_body; round 12): bitmap_dec_<value dtype>_mb<MB>_s<STAGES>_ws<NP>.
+// Launch: grid ceil(ceil(S / 2) / PB), block 32 (PB KS + NP), dynamic smem = PB KS (STAGES slot + 256)
+// + 16 PB KS STAGES (barriers), with at least PB KS MB 512 bytes for the K-split reduction.
+#define EDGESDK_BITMAP_DEC_WS(VT, VN, MB, ST, NP, LB)                                                      \
+  extern "C" __global__ void __launch_bounds__(LB, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_ws##NP(         \
+      const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
+      const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
+      __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
+    bitmap_ws_body<VT, MB, ST, NP>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB);         \
+  }
+
+EDGESDK_BITMAP_DEC_WS(__half, f16, 1, 3, 1, 640)
+EDGESDK_BITMAP_DEC_WS(__half, f16, 2, 3, 1, 640)
+EDGESDK_BITMAP_DEC_WS(int8_t, i8, 1, 4, 1, 640)
+EDGESDK_BITMAP_DEC_WS(int8_t, i8, 2, 3, 1, 640)
+EDGESDK_BITMAP_DEC_WS(__half, f16, 1, 3, 2, 768)
+EDGESDK_BITMAP_DEC_WS(__half, f16, 2, 3, 2, 768)
+EDGESDK_BITMAP_DEC_WS(int8_t, i8, 1, 4, 2, 768)
+EDGESDK_BITMAP_DEC_WS(int8_t, i8, 2, 3, 2, 768)
