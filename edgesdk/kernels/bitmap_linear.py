@@ -89,12 +89,12 @@ XS80_HEURISTIC = 70
 #: The round-2 default (tactic 1 until 2026-11-22T06:35Z): 16-warp ``bitmap_dec_*`` kernels or their
 #: 80-register builds by the 3/4 cost rule; kept to compare side by side with the new default.
 PREV_DEFAULT = 59
-#: Warp-specialised X-staged kernels (``bitmap_dec_*_ws<NP>``, round 12: NP producer warps per block issue
-#: the copies of the decoding warps, handed over by mbarriers) → (producer warps NP, configuration): "c16"
-#: = tactic 1's 16-warp X-staged configuration (side by side with it), "own" = the same cost model with up
-#: to 25 warps per SM (≤ 80 registers) counting the producers, or fixed (K splits, strip pairs per block).
-WS_TACTICS: dict[int, tuple[int, str | tuple[int, int]]] = {
-    90: (1, "c16"), 91: (2, "c16"), 92: (1, "own"), 93: (2, "own"), 94: (2, (2, 4)), 95: (1, (1, 8))}
+#: Warp-specialised X-staged kernels (``bitmap_dec_*_ws``, round 12: producer warps issue the copies of
+#: the decoding warps, handed over by mbarriers) → (producers: an int, or "/d" for one per d consumer warps,
+#: configuration): "c16" = tactic 1's 16-warp X-staged configuration (side by side with it), "own" = the same
+#: cost model with up to 25 warps per SM (≤ 80 registers) counting the producers, or fixed (K splits, pairs).
+WS_TACTICS: dict[int, tuple[int | str, str | tuple[int, int]]] = {
+    90: ("/4", "c16"), 91: ("/2", "c16"), 92: ("/4", "own"), 93: ("/2", "own"), 94: (2, (2, 4)), 95: (1, (1, 8))}
 _XS_STAGES = {("float16", 1): 3, ("float16", 2): 3, ("int8", 1): 4, ("int8", 2): 3}
 _R80_WARPS_PER_SM = 25  # 80 registers × 32 lanes per warp: 65 536 / 2 560
 _BLOCK_RESERVED_SMEM = 1024  # per-block shared memory the driver keeps (sm_80+)
@@ -270,7 +270,8 @@ def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="", fill
 def _ws_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm):
     """Warp-specialised X-staged kernels: PB·KS consumer warps (layout of the ``_xs`` kernels) + NP producer
     warps per block; shared memory = rings + scan scratch + 16 bytes of barriers per consumer slot."""
-    np_, how = WS_TACTICS[tactic]
+    nps, how = WS_TACTICS[tactic]
+    nprod = (lambda c: max(1, c // int(nps[1:]))) if isinstance(nps, str) else (lambda c: nps)  # noqa: E731
     fill = 4 if m > 4 else 3
     s, g = fmt.geometry(n, k)
     pairs = -(-s // 2)
@@ -291,7 +292,8 @@ def _ws_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm):
                 warps = pb_ * ks_
                 if warps > _MAX_WARPS or (pb_ > 1 and pb_ > pairs) or warps * slot > _SMEM_LIMIT:
                     continue
-                bps = min(_R80_WARPS_PER_SM // (warps + np_), smem_per_sm // (warps * slot + _BLOCK_RESERVED_SMEM))
+                bps = min(_R80_WARPS_PER_SM // (warps + nprod(warps)),
+                          smem_per_sm // (warps * slot + _BLOCK_RESERVED_SMEM))
                 if bps < 1:
                     continue
                 waves = -(-(-(-pairs // pb_)) // (bps * sm_count))
@@ -302,10 +304,11 @@ def _ws_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm):
     pb = max(1, min(pb, pairs, _SMEM_LIMIT // (slot * ks)))
     ks = max(1, min(ks, _SMEM_LIMIT // (slot * pb)))
     warps = pb * ks
+    np_ = nprod(warps)
     bps = max(1, min(_R80_WARPS_PER_SM // (warps + np_), smem_per_sm // (warps * slot + _BLOCK_RESERVED_SMEM)))
     waves = -(-(-(-pairs // pb)) // (bps * sm_count))
-    return {"name": f"bitmap_dec_{_V[value_dtype][0]}_mb{mb}_s{stages}_ws{np_}", "grid": (-(-pairs // pb), 1, 1),
-            "block": (32 * (warps + np_), 1, 1), "smem": warps * slot, "ks": ks, "spb": pb, "spw": 2,
+    return {"name": f"bitmap_dec_{_V[value_dtype][0]}_mb{mb}_s{stages}_ws", "grid": (-(-pairs // pb), 1, 1),
+            "block": (32 * (warps + np_), 1, 1), "np": np_, "smem": warps * slot, "ks": ks, "spb": pb, "spw": 2,
             "cost": waves * (-(-g // ks) + fill)}
 
 
@@ -412,7 +415,7 @@ def _plan(n: int, k: int, vd: str, x_dtype: str, m: int, tactic: int, x_aligned:
     ctx = _cuda.current_context()
     c = config(n, k, m, x_dtype, vd, tactic, _sm_count(ctx), x_aligned, _smem_per_sm(ctx))
     kern = _cuda.get_kernel(SOURCE, c["name"])
-    if c["name"].endswith(("_r80", "_r80n", "_xs", "_xs80", "_ws1", "_ws2")):  # up to 24 warps of rings per SM: ask for the full carveout
+    if c["name"].endswith(("_r80", "_r80n", "_xs", "_xs80", "_ws")):  # up to 24 warps of rings per SM: ask for the full carveout
         cu = _cuda._driver()
         _cuda.check(cu.cuFuncSetAttribute(
             kern.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))

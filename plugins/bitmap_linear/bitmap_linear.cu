@@ -855,7 +855,7 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t a) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(a) : "memory");
 }
 
-template <typename VT, int MB, int STAGES, int NP>
+template <typename VT, int MB, int STAGES>
 __device__ __forceinline__ void bitmap_ws_body(
     const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
     const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,
@@ -868,7 +868,8 @@ __device__ __forceinline__ void bitmap_ws_body(
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int C = PB * KS;  // consumer warps; warps C .. C + NP - 1 produce
+  const int C = PB * KS;                  // consumer warps
+  const int NP = (blockDim.x >> 5) - C;  // producer warps C .. C + NP - 1 (the launcher picks NP)
   const int S = (N + 7) >> 3;
   const int G = (K + kGroupK - 1) / kGroupK;
   const uint32_t sbase = smem_u32(smem);
@@ -1194,22 +1195,18 @@ EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 1, 4)
 EDGESDK_BITMAP_DEC_XS80(int8_t, i8, 2, 3)
 
 
-// Warp-specialised builds (WS, see bitmap_ws_body; round 12): bitmap_dec_<value dtype>_mb<MB>_s<STAGES>_ws<NP>.
-// Launch: grid ceil(ceil(S / 2) / PB), block 32 (PB KS + NP), dynamic smem = PB KS (STAGES slot + 256)
-// + 16 PB KS STAGES (barriers), with at least PB KS MB 512 bytes for the K-split reduction.
-#define EDGESDK_BITMAP_DEC_WS(VT, VN, MB, ST, NP, LB)                                                      \
-  extern "C" __global__ void __launch_bounds__(LB, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_ws##NP(         \
+// Warp-specialised builds (WS, see bitmap_ws_body; round 12): bitmap_dec_<value dtype>_mb<MB>_s<STAGES>_ws.
+// Launch: grid ceil(ceil(S / 2) / PB), block 32 (PB KS + NP) for NP >= 1 producer warps, dynamic smem =
+// PB KS (STAGES slot + 256 + 16 STAGES) (rings, scan scratch, barriers). <= 80 registers (24 warps per SM).
+#define EDGESDK_BITMAP_DEC_WS(VT, VN, MB, ST)                                                              \
+  extern "C" __global__ void __launch_bounds__(768, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_ws(            \
       const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
       const int* __restrict__ offsets, const float* __restrict__ scales, const float* __restrict__ bias,   \
       __half* __restrict__ Y, int M, int N, int K, int KS, int PB) {                                       \
-    bitmap_ws_body<VT, MB, ST, NP>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB);         \
+    bitmap_ws_body<VT, MB, ST>(X, bitmaps, values, offsets, scales, bias, Y, M, N, K, KS, PB);             \
   }
 
-EDGESDK_BITMAP_DEC_WS(__half, f16, 1, 3, 1, 640)
-EDGESDK_BITMAP_DEC_WS(__half, f16, 2, 3, 1, 640)
-EDGESDK_BITMAP_DEC_WS(int8_t, i8, 1, 4, 1, 640)
-EDGESDK_BITMAP_DEC_WS(int8_t, i8, 2, 3, 1, 640)
-EDGESDK_BITMAP_DEC_WS(__half, f16, 1, 3, 2, 768)
-EDGESDK_BITMAP_DEC_WS(__half, f16, 2, 3, 2, 768)
-EDGESDK_BITMAP_DEC_WS(int8_t, i8, 1, 4, 2, 768)
-EDGESDK_BITMAP_DEC_WS(int8_t, i8, 2, 3, 2, 768)
+EDGESDK_BITMAP_DEC_WS(__half, f16, 1, 3)
+EDGESDK_BITMAP_DEC_WS(__half, f16, 2, 3)
+EDGESDK_BITMAP_DEC_WS(int8_t, i8, 1, 4)
+EDGESDK_BITMAP_DEC_WS(int8_t, i8, 2, 3)
