@@ -855,6 +855,9 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t a) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(a) : "memory");
 }
 
+#ifndef WS_SLEEP_NS
+#define WS_SLEEP_NS 32
+#endif
 template <typename VT, int MB, int STAGES>
 __device__ __forceinline__ void bitmap_ws_body(
     const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,
@@ -943,8 +946,7 @@ __device__ __forceinline__ void bitmap_ws_body(
         const int MT = __shfl_sync(0xffffffffu, meta, cc);
         const int gk = ((MT & 0x3fffffff) + j) * kGroupK;  // first K column of the group
         if (j >= STAGES) {
-          while (!mbar_test(ebar + 8u * bi, epar)) {
-          }
+          while (!mbar_test(ebar + 8u * bi, epar)) __nanosleep(WS_SLEEP_NS);
         }
         if (blane)
           asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(slot + bdst),
@@ -1014,8 +1016,8 @@ __device__ __forceinline__ void bitmap_ws_body(
   uint32_t par = 0;  // parity of the current fill of cslot
   for (int i = 0; i < ng; ++i) {
     const uint32_t bi = static_cast<uint32_t>(warp * STAGES + cslot);
-    while (!mbar_test(fbar + 8u * bi, par)) {
-    }
+    // a polling warp backs off, leaving issue slots and the barrier unit to the others
+    while (!mbar_test(fbar + 8u * bi, par)) __nanosleep(WS_SLEEP_NS);
     {
       const uint32_t st = bi * kSlot + hs * kW;  // offset from smem
       const uint32_t word = *reinterpret_cast<const uint32_t*>(smem + st + 4 * wi);
