@@ -886,6 +886,7 @@ __device__ __forceinline__ void bitmap_ws_body(
   __syncthreads();
 
   if (warp >= C) {
+    if (ABL == 1) return;
     // ------------------------------------------------------------------ producer p
     const int p = warp - C;
     const int c = p + NP * lane;  // this lane's consumer
@@ -981,6 +982,7 @@ __device__ __forceinline__ void bitmap_ws_body(
       s = s + 1 == STAGES ? 0 : s + 1;
     }
     asm volatile("cp.async.wait_all;\n" ::: "memory");
+    if (ABL) return;
     if (KS > 1) {  // the consumers' K-split reduction
       __syncthreads();
       __syncthreads();
@@ -989,6 +991,7 @@ __device__ __forceinline__ void bitmap_ws_body(
   }
 
   // -------------------------------------------------------------------- consumer
+  if (ABL == 2) return;
   const int pair = blockIdx.x * PB + warp / KS;
   const int ks = warp % KS;
   const int s0 = 2 * pair;
@@ -1060,7 +1063,7 @@ __device__ __forceinline__ void bitmap_ws_body(
   }
 
   float* red = reinterpret_cast<float*>(smem);
-  if (KS > 1) {
+  if (KS > 1 && ABL == 0) {
     __syncthreads();
 #pragma unroll
     for (int b = 0; b < MB; ++b)
@@ -1214,8 +1217,9 @@ EDGESDK_BITMAP_DEC_WS(__half, f16, 2, 3)
 EDGESDK_BITMAP_DEC_WS(int8_t, i8, 1, 4)
 EDGESDK_BITMAP_DEC_WS(int8_t, i8, 2, 3)
 
-// TEMPORARY (round-12 diagnosis, wrong results by design): ABL bit 1 = consumers do not wait for their
-// slots to fill, bit 2 = producers do not wait for slots to empty.
+// TEMPORARY (round-12 diagnosis, wrong results by design; no K-split reduction): ABL 1 = consumers alone
+// (producers return at once, consumers do not wait for their slots), 2 = producers alone (consumers return
+// at once, producers do not wait for empty slots), 3 = both roles, neither waits.
 #define EDGESDK_BITMAP_DEC_WSA(VT, VN, MB, ST, A)                                                          \
   extern "C" __global__ void __launch_bounds__(768, 1) bitmap_dec_##VN##_mb##MB##_s##ST##_wsa##A(        \
       const __half* __restrict__ X, const uint8_t* __restrict__ bitmaps, const VT* __restrict__ values,  \
