@@ -241,9 +241,7 @@ def test_launcher_config_is_valid_everywhere():
                     for tac in kbl.valid_tactics(attrs):
                         for sms in (16, 132):
                             c = kbl.config(n, k, m, xd, vd, tac, sms)
-                            np_ = c.get("np", 0)  # producer warps (tactics 90+)
-                            assert (np_ > 0) == (tac in kbl.WS_TACTICS and c["name"].startswith("bitmap_dec"))
-                            assert c["block"][0] <= 768 and c["block"][0] == 32 * (c["ks"] * c["spb"] + np_)
+                            assert c["block"][0] <= 512 and c["block"][0] == 32 * c["ks"] * c["spb"]
                             assert c["smem"] <= 163 * 1024  # Orin's per-block maximum
                             assert c["grid"][0] * c["spb"] * c.get("spw", 1) >= s
                             if c["name"].startswith("bitmap_gemv"):
@@ -254,9 +252,7 @@ def test_launcher_config_is_valid_everywhere():
                                 r80 = tac == kbl.R80_HEURISTIC or tac in kbl.R80_TACTICS
                                 xs = tac == kbl.XS_HEURISTIC or tac in kbl.XS_TACTICS
                                 xs80 = tac == kbl.XS80_HEURISTIC or tac in kbl.XS80_TACTICS
-                                ws = tac in kbl.WS_TACTICS
-                                assert tac in (1, kbl.PREV_DEFAULT) or tac in kbl.DEC_TACTICS or r80 or xs or xs80 or ws
-                                assert c["name"].endswith("_ws") == ws
+                                assert tac in (1, kbl.PREV_DEFAULT) or tac in kbl.DEC_TACTICS or r80 or xs or xs80
                                 assert tac in (1, kbl.PREV_DEFAULT) or c["name"].endswith(("_r80", "_r80n")) == r80
                                 assert tac == 1 or c["name"].endswith("_xs") == xs
                                 assert tac == 1 or c["name"].endswith("_xs80") == xs80

@@ -89,12 +89,6 @@ XS80_HEURISTIC = 70
 #: The round-2 default (tactic 1 until 2026-11-22T06:35Z): 16-warp ``bitmap_dec_*`` kernels or their
 #: 80-register builds by the 3/4 cost rule; kept to compare side by side with the new default.
 PREV_DEFAULT = 59
-#: Warp-specialised X-staged kernels (``bitmap_dec_*_ws``, round 12: producer warps issue the copies of
-#: the decoding warps, handed over by mbarriers) → (producers: an int, or "/d" for one per d consumer warps,
-#: configuration): "c16" = tactic 1's 16-warp X-staged configuration (side by side with it), "own" = the same
-#: cost model with up to 25 warps per SM (≤ 80 registers) counting the producers, or fixed (K splits, pairs).
-WS_TACTICS: dict[int, tuple[int | str, str | tuple[int, int]]] = {
-    90: ("/4", "c16"), 91: ("/2", "c16"), 92: ("/4", "own"), 93: ("/2", "own"), 94: (2, (2, 4)), 95: (1, (1, 8))}
 _XS_STAGES = {("float16", 1): 3, ("float16", 2): 3, ("int8", 1): 4, ("int8", 2): 3}
 _R80_WARPS_PER_SM = 25  # 80 registers × 32 lanes per warp: 65 536 / 2 560
 _BLOCK_RESERVED_SMEM = 1024  # per-block shared memory the driver keeps (sm_80+)
@@ -118,7 +112,7 @@ def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
     """Tactic ids valid for any M (1 = heuristic, then the fixed configurations)."""
     _attrs(attrs)
     return [1, *TACTICS, *GEMV_TACTICS, *DEC_TACTICS, R80_HEURISTIC, *R80_TACTICS, PREV_DEFAULT, XS_HEURISTIC,
-            *XS_TACTICS, XS80_HEURISTIC, *XS80_TACTICS, *WS_TACTICS]
+            *XS_TACTICS, XS80_HEURISTIC, *XS80_TACTICS]
 
 
 def workspace_bytes(attrs: dict, m: int) -> int:
@@ -267,51 +261,6 @@ def _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="", fill
             "cost": waves * (-(-g // ks) + fill)}
 
 
-def _ws_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm):
-    """Warp-specialised X-staged kernels: PB·KS consumer warps (layout of the ``_xs`` kernels) + NP producer
-    warps per block; shared memory = rings + scan scratch + 16 bytes of barriers per consumer slot."""
-    nps, how = WS_TACTICS[tactic]
-    nprod = (lambda c: max(1, c // int(nps[1:]))) if isinstance(nps, str) else (lambda c: nps)  # noqa: E731
-    fill = 4 if m > 4 else 3
-    s, g = fmt.geometry(n, k)
-    pairs = -(-s // 2)
-    mb = 1 if m <= 8 else 2
-    stages = _XS_STAGES[(value_dtype, mb)]
-    slot = (_dec_slot(value_dtype) + 1024 * mb) * stages + _DEC_SCRATCH + 16 * stages  # per consumer warp
-    if isinstance(how, tuple):
-        ks, pb = how
-    elif how == "c16":
-        c = _r80_config(n, k, m, value_dtype, 1, sm_count, smem_per_sm, xs="xs", fill=fill)
-        ks, pb = c["ks"], c["spb"]
-    else:
-        best = None
-        for ks_ in (1, 2, 3, 4, 6, 8, 12, 16):
-            if ks_ > 1 and ks_ > g:
-                break
-            for pb_ in (1, 2, 4, 8, 16):
-                warps = pb_ * ks_
-                if warps > _MAX_WARPS or (pb_ > 1 and pb_ > pairs) or warps * slot > _SMEM_LIMIT:
-                    continue
-                bps = min(_R80_WARPS_PER_SM // (warps + nprod(warps)),
-                          smem_per_sm // (warps * slot + _BLOCK_RESERVED_SMEM))
-                if bps < 1:
-                    continue
-                waves = -(-(-(-pairs // pb_)) // (bps * sm_count))
-                cost = waves * (-(-g // ks_) + fill)
-                if best is None or cost < best[0]:
-                    best = (cost, ks_, pb_)
-        _, ks, pb = best
-    pb = max(1, min(pb, pairs, _SMEM_LIMIT // (slot * ks)))
-    ks = max(1, min(ks, _SMEM_LIMIT // (slot * pb)))
-    warps = pb * ks
-    np_ = nprod(warps)
-    bps = max(1, min(_R80_WARPS_PER_SM // (warps + np_), smem_per_sm // (warps * slot + _BLOCK_RESERVED_SMEM)))
-    waves = -(-(-(-pairs // pb)) // (bps * sm_count))
-    return {"name": f"bitmap_dec_{_V[value_dtype][0]}_mb{mb}_s{stages}_ws", "grid": (-(-pairs // pb), 1, 1),
-            "block": (32 * (warps + np_), 1, 1), "np": np_, "smem": warps * slot, "ks": ks, "spb": pb, "spw": 2,
-            "cost": waves * (-(-g // ks) + fill)}
-
-
 def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int = 1,
            sm_count: int = 132, x_aligned: bool = True, smem_per_sm: int = _SMEM_PER_SM) -> dict:
     """Kernel name, grid, block and dynamic shared memory for one launch (pure function).
@@ -335,8 +284,6 @@ def config(n: int, k: int, m: int, x_dtype: str, value_dtype: str, tactic: int =
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs")
     if gemv_ok and (tactic == XS80_HEURISTIC or tactic in XS80_TACTICS):
         return _r80_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm, xs="xs80")
-    if gemv_ok and tactic in WS_TACTICS:
-        return _ws_config(n, k, m, value_dtype, tactic, sm_count, smem_per_sm)
     if gemv_ok and tactic == 1:
         # X-staged kernels (X rows by cp.async into the ring slot, B fragments by ldmatrix). H100,
         # 2026-11-22T06:32Z (tools/bitmap_linear_explore.py, commit d54e679, 50 % sparsity, 4096², 4096×11008,
@@ -415,7 +362,7 @@ def _plan(n: int, k: int, vd: str, x_dtype: str, m: int, tactic: int, x_aligned:
     ctx = _cuda.current_context()
     c = config(n, k, m, x_dtype, vd, tactic, _sm_count(ctx), x_aligned, _smem_per_sm(ctx))
     kern = _cuda.get_kernel(SOURCE, c["name"])
-    if c["name"].endswith(("_r80", "_r80n", "_xs", "_xs80", "_ws", "_wsa1", "_wsa2", "_wsa3")):  # up to 24 warps of rings per SM: ask for the full carveout
+    if c["name"].endswith(("_r80", "_r80n", "_xs", "_xs80")):  # up to 24 warps of rings per SM: ask for the full carveout
         cu = _cuda._driver()
         _cuda.check(cu.cuFuncSetAttribute(
             kern.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))
