@@ -33,6 +33,16 @@
 
 #include "common/ampere.cuh"
 
+// Compile-time switches of the streaming attention (tactics 1, 2), kept for side-by-side timing
+// (tools/sparse_kv_ablate.py --extra NAME=-DSKV_...=0): SKV_LEAN 1 = lean record issue, SKV_FTZ 1 = one
+// MUFU per exp2 in the tile loop (session 14).
+#ifndef SKV_LEAN
+#define SKV_LEAN 1
+#endif
+#ifndef SKV_FTZ
+#define SKV_FTZ 1
+#endif
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -43,6 +53,9 @@ constexpr int kTile = 16;
 
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async8_u32(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src));
 }
 
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
@@ -450,6 +463,20 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
                : "r"(smem_u32(p)));
 }
 
+// exp2 of the per-tile softmax. SKV_FTZ: one MUFU.EX2 (ex2.approx.ftz); exp2f adds a range check and
+// two predicated multiplies per call for results below 2^-126, which the tile loop does not need: P is
+// rounded to fp16 (whose smallest subnormal is 2^-24), and a rescale factor below 2^-126 leaves the old
+// terms below fp32 resolution of the new ones either way.
+__device__ __forceinline__ float tile_exp2(float x) {
+#if SKV_FTZ
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
 // Transpose an 8x8 b16 matrix held as mma fragments (lane l: row l / 4, columns 2 (l % 4) + {0, 1}).
 __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   uint32_t y;
@@ -661,6 +688,49 @@ __device__ __forceinline__ void attn2_split(
 
   const int ntiles = (n + 15) >> 4;
   const int cnt = ntiles > warp ? (ntiles - warp + kW2 - 1) / kW2 : 0;
+#if SKV_LEAN
+  // Lean issue: a full tile's records of one cache (16 consecutive tokens) are one contiguous, 8-byte
+  // aligned span of 16 r bytes, copied in 8-byte chunks lane, lane + 32, ...: per lane the source
+  // pointers advance by a constant per tile, the chunk counts are fixed for the loop and the stage
+  // slots rotate by addition. Tiles with window or padding rows (at most the last two of a warp) take
+  // the general path.
+  const uint8_t* kg = k_rec + (bh * cap + t_begin + warp * 16) * static_cast<size_t>(rk) + 8 * lane;
+  const uint8_t* vg = v_rec + (bh * cap + t_begin + warp * 16) * static_cast<size_t>(rv) + 8 * lane;
+  const size_t kstep = static_cast<size_t>(kW2 * 16) * rk, vstep = static_cast<size_t>(kW2 * 16) * rv;
+  const int nk = (2 * rk - lane + 31) >> 5, nv = (2 * rv - lane + 31) >> 5;  // this lane's chunks
+  const uint32_t st_first = smem_u32(stages) + 8 * lane, st_last = st_first + (kStages - 1) * sb;
+  uint32_t st_issue = st_first;
+  int ii = 0;
+  auto issue_next = [&]() {  // this warp's tile ii into the next stage slot
+    if (ii < cnt) {
+      const int tb = t_begin + (warp + ii * kW2) * 16;
+      if (tb + 16 <= ncomp_end) {  // warp-uniform
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (j < nk) cp_async8_u32(st_issue + 256 * j, kg + 256 * j);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (j < nv) cp_async8_u32(st_issue + kbytes + 256 * j, vg + 256 * j);
+        if (rk > 64 || rv > 64) {  // more than 4 chunks for some lane (sparsity < 56 % at d = 64)
+          for (int j = 4; j < nk; ++j) cp_async8_u32(st_issue + 256 * j, kg + 256 * j);
+          for (int j = 4; j < nv; ++j) cp_async8_u32(st_issue + kbytes + 256 * j, vg + 256 * j);
+        }
+      } else {
+        const int nrec = max(0, ncomp_end - tb);
+        for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8_u32(st_issue - 8 * lane + 8 * e, kg - 8 * lane + 8 * e);
+        for (int e = lane; e < nrec * rv / 8; e += 32)
+          cp_async8_u32(st_issue - 8 * lane + kbytes + 8 * e, vg - 8 * lane + 8 * e);
+      }
+    }
+    cp_async_commit();
+    ++ii;
+    kg += kstep;
+    vg += vstep;
+    st_issue = st_issue == st_last ? st_first : st_issue + sb;
+  };
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) issue_next();
+#else
   auto issue = [&](int i) {  // this warp's i-th tile into stage i % kStages
     if (i < cnt) {
       const int tb = t_begin + (warp + i * kW2) * 16;
@@ -675,6 +745,7 @@ __device__ __forceinline__ void attn2_split(
   };
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue(i);
+#endif
 
   // Q^T fragments (B operand of S^T = K . Q^T: k = channels, n = query heads; heads >= G are zero).
   const int g_row = lane >> 2, q4 = lane & 3;
@@ -703,15 +774,26 @@ __device__ __forceinline__ void attn2_split(
   const __half* krow = kt + ((mi & 1) * 8 + rr) * TR + (mi >> 1) * 8;  // ldmatrix: A = K [tokens x channels]
   const __half* vrow = vt + ((mi >> 1) * 8 + rr) * TR + (mi & 1) * 8;  // ldmatrix.trans: A = V^T [channels x tokens]
 
+#if SKV_LEAN
+  const uint8_t* st_dec = stages + doff;  // this lane's record in the slot of tile i
+#endif
   for (int i = 0; i < cnt; ++i) {
+#if SKV_LEAN
+    issue_next();
+#else
     issue(i + kStages - 1);
+#endif
     cp_async_wait<kStages - 1>();
     __syncwarp();
     const int tb = t_begin + (warp + i * kW2) * 16;
     {
       const int t = tb + dr;
       if (t < ncomp_end) {
+#if SKV_LEAN
+        decode_row_desc<D>(st_dec, dkeep, drow);
+#else
         decode_row_desc<D>(stages + (i % kStages) * sb + doff, dkeep, drow);
+#endif
       } else if (t < t_end) {  // dense window row: all of it in flight at once
         const __half* src = dring + static_cast<size_t>(t % C) * D;
 #pragma unroll
@@ -747,12 +829,12 @@ __device__ __forceinline__ void attn2_split(
       mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, o));
     }
     const float mn0 = fmaxf(m_run[0], mt0), mn1 = fmaxf(m_run[1], mt1);
-    const float al0 = exp2f(m_run[0] - mn0), al1 = exp2f(m_run[1] - mn1);
+    const float al0 = tile_exp2(m_run[0] - mn0), al1 = tile_exp2(m_run[1] - mn1);
     m_run[0] = mn0;
     m_run[1] = mn1;
     // P rounded to fp16: the same values feed the mma and l.
-    const __half2 p01 = __floats2half2_rn(exp2f(s[0] - mn0), exp2f(s[1] - mn1));  // token g_row
-    const __half2 p23 = __floats2half2_rn(exp2f(s[2] - mn0), exp2f(s[3] - mn1));  // token g_row + 8
+    const __half2 p01 = __floats2half2_rn(tile_exp2(s[0] - mn0), tile_exp2(s[1] - mn1));  // token g_row
+    const __half2 p23 = __floats2half2_rn(tile_exp2(s[2] - mn0), tile_exp2(s[3] - mn1));  // token g_row + 8
     const float2 f01 = __half22float2(p01), f23 = __half22float2(p23);
     l_run[0] = fmaf(l_run[0], al0, f01.x + f23.x);
     l_run[1] = fmaf(l_run[1], al1, f01.y + f23.y);
@@ -770,6 +852,9 @@ __device__ __forceinline__ void attn2_split(
       ldmatrix_x4_trans(av, vrow + m * 16);
       mma16816(acc[m], av, pb[0], pb[1]);
     }
+#if SKV_LEAN
+    st_dec = st_dec == stages + doff + (kStages - 1) * sb ? stages + doff : st_dec + sb;
+#endif
     __syncwarp();
   }
   cp_async_wait<0>();
