@@ -37,10 +37,13 @@
 // (tools/sparse_kv_ablate.py --extra NAME=-DSKV_...=0): SKV_LEAN 1 = lean record issue, SKV_FTZ 1 = one
 // MUFU per exp2 in the tile loop (session 14).
 #ifndef SKV_LEAN
-#define SKV_LEAN 1
+#define SKV_LEAN 2
 #endif
 #ifndef SKV_FTZ
 #define SKV_FTZ 1
+#endif
+#ifndef SKV_LAZY
+#define SKV_LAZY 1
 #endif
 
 namespace {
@@ -56,6 +59,13 @@ __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async8_u32(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src));
+}
+// Chunk J (8 bytes at J * 256) of a lane's span, iff J < n: the predicate and the immediate offsets stay
+// inside one asm statement (the compiler otherwise copies the pointer per predicated copy).
+template <int J>
+__device__ __forceinline__ void cp8_if(uint32_t dst, const void* src, int n) {
+  asm volatile("{\n\t.reg .pred p;\n\tsetp.gt.s32 p, %2, %3;\n\t@p cp.async.ca.shared.global [%0+%4], [%1+%4], 8;\n\t}\n"
+               ::"r"(dst), "l"(src), "r"(n), "n"(J), "n"(J * 256));
 }
 
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
@@ -705,12 +715,23 @@ __device__ __forceinline__ void attn2_split(
     if (ii < cnt) {
       const int tb = t_begin + (warp + ii * kW2) * 16;
       if (tb + 16 <= ncomp_end) {  // warp-uniform
+#if SKV_LEAN >= 2
+        cp8_if<0>(st_issue, kg, nk);
+        cp8_if<1>(st_issue, kg, nk);
+        cp8_if<2>(st_issue, kg, nk);
+        cp8_if<3>(st_issue, kg, nk);
+        cp8_if<0>(st_issue + kbytes, vg, nv);
+        cp8_if<1>(st_issue + kbytes, vg, nv);
+        cp8_if<2>(st_issue + kbytes, vg, nv);
+        cp8_if<3>(st_issue + kbytes, vg, nv);
+#else
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           if (j < nk) cp_async8_u32(st_issue + 256 * j, kg + 256 * j);
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           if (j < nv) cp_async8_u32(st_issue + kbytes + 256 * j, vg + 256 * j);
+#endif
         if (rk > 64 || rv > 64) {  // more than 4 chunks for some lane (sparsity < 56 % at d = 64)
           for (int j = 4; j < nk; ++j) cp_async8_u32(st_issue + 256 * j, kg + 256 * j);
           for (int j = 4; j < nv; ++j) cp_async8_u32(st_issue + kbytes + 256 * j, vg + 256 * j);
@@ -829,19 +850,41 @@ __device__ __forceinline__ void attn2_split(
       mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, o));
     }
     const float mn0 = fmaxf(m_run[0], mt0), mn1 = fmaxf(m_run[1], mt1);
+#if SKV_LAZY
+    // Rescale only when some running maximum of the warp moved: otherwise every factor is exp2(0) = 1
+    // and the multiplies change nothing (bit-identical either way).
+    const bool moved = __any_sync(0xffffffffu, mn0 != m_run[0] || mn1 != m_run[1]);
+    const float mo0 = m_run[0], mo1 = m_run[1];
+#else
     const float al0 = tile_exp2(m_run[0] - mn0), al1 = tile_exp2(m_run[1] - mn1);
+#endif
     m_run[0] = mn0;
     m_run[1] = mn1;
     // P rounded to fp16: the same values feed the mma and l.
     const __half2 p01 = __floats2half2_rn(tile_exp2(s[0] - mn0), tile_exp2(s[1] - mn1));  // token g_row
     const __half2 p23 = __floats2half2_rn(tile_exp2(s[2] - mn0), tile_exp2(s[3] - mn1));  // token g_row + 8
     const float2 f01 = __half22float2(p01), f23 = __half22float2(p23);
+#if SKV_LAZY
+    if (moved) {
+      const float al0 = tile_exp2(mo0 - mn0), al1 = tile_exp2(mo1 - mn1);
+      l_run[0] = fmaf(l_run[0], al0, f01.x + f23.x);
+      l_run[1] = fmaf(l_run[1], al1, f01.y + f23.y);
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        acc[m][0] *= al0; acc[m][1] *= al1; acc[m][2] *= al0; acc[m][3] *= al1;
+      }
+    } else {
+      l_run[0] += f01.x + f23.x;
+      l_run[1] += f01.y + f23.y;
+    }
+#else
     l_run[0] = fmaf(l_run[0], al0, f01.x + f23.x);
     l_run[1] = fmaf(l_run[1], al1, f01.y + f23.y);
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
       acc[m][0] *= al0; acc[m][1] *= al1; acc[m][2] *= al0; acc[m][3] *= al1;
     }
+#endif
     // B operand of O^T += V^T P^T: P^T[tokens 2 q4, +1 (+8)][head g_row], transposed in registers.
     const uint32_t pb0 = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&p01));
     const uint32_t pb1 = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&p23));
