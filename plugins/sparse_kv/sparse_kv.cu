@@ -42,9 +42,6 @@
 #ifndef SKV_FTZ
 #define SKV_FTZ 1
 #endif
-#ifndef SKV_LAZY
-#define SKV_LAZY 1
-#endif
 
 namespace {
 
@@ -60,12 +57,17 @@ __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async8_u32(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src));
 }
-// Chunk J (8 bytes at J * 256) of a lane's span, iff J < n: the predicate and the immediate offsets stay
-// inside one asm statement (the compiler otherwise copies the pointer per predicated copy).
-template <int J>
-__device__ __forceinline__ void cp8_if(uint32_t dst, const void* src, int n) {
-  asm volatile("{\n\t.reg .pred p;\n\tsetp.gt.s32 p, %2, %3;\n\t@p cp.async.ca.shared.global [%0+%4], [%1+%4], 8;\n\t}\n"
-               ::"r"(dst), "l"(src), "r"(n), "n"(J), "n"(J * 256));
+// Chunks 0 .. min(n, 4) - 1 (8 bytes at 256 j) of a lane's span. A switch, not predicated copies: n is
+// warp-uniform whenever the span is a multiple of 256 bytes (70 % at d = 64: 768), and predicated
+// copies make ptxas copy the pointer per cp.async and wait for the previous one to release it.
+__device__ __forceinline__ void copy_upto4(uint32_t dst, const uint8_t* src, int n) {
+  switch (n) {
+    default: cp_async8_u32(dst + 768, src + 768); [[fallthrough]];
+    case 3: cp_async8_u32(dst + 512, src + 512); [[fallthrough]];
+    case 2: cp_async8_u32(dst + 256, src + 256); [[fallthrough]];
+    case 1: cp_async8_u32(dst, src); [[fallthrough]];
+    case 0: break;
+  }
 }
 
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
@@ -716,14 +718,8 @@ __device__ __forceinline__ void attn2_split(
       const int tb = t_begin + (warp + ii * kW2) * 16;
       if (tb + 16 <= ncomp_end) {  // warp-uniform
 #if SKV_LEAN >= 2
-        cp8_if<0>(st_issue, kg, nk);
-        cp8_if<1>(st_issue, kg, nk);
-        cp8_if<2>(st_issue, kg, nk);
-        cp8_if<3>(st_issue, kg, nk);
-        cp8_if<0>(st_issue + kbytes, vg, nv);
-        cp8_if<1>(st_issue + kbytes, vg, nv);
-        cp8_if<2>(st_issue + kbytes, vg, nv);
-        cp8_if<3>(st_issue + kbytes, vg, nv);
+        copy_upto4(st_issue, kg, nk);
+        copy_upto4(st_issue + kbytes, vg, nv);
 #else
 #pragma unroll
         for (int j = 0; j < 4; ++j)
@@ -733,12 +729,16 @@ __device__ __forceinline__ void attn2_split(
           if (j < nv) cp_async8_u32(st_issue + kbytes + 256 * j, vg + 256 * j);
 #endif
         if (rk > 64 || rv > 64) {  // more than 4 chunks for some lane (sparsity < 56 % at d = 64)
+#pragma unroll 1
           for (int j = 4; j < nk; ++j) cp_async8_u32(st_issue + 256 * j, kg + 256 * j);
+#pragma unroll 1
           for (int j = 4; j < nv; ++j) cp_async8_u32(st_issue + kbytes + 256 * j, vg + 256 * j);
         }
-      } else {
+      } else {  // rare (code size matters more than speed here)
         const int nrec = max(0, ncomp_end - tb);
+#pragma unroll 1
         for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8_u32(st_issue - 8 * lane + 8 * e, kg - 8 * lane + 8 * e);
+#pragma unroll 1
         for (int e = lane; e < nrec * rv / 8; e += 32)
           cp_async8_u32(st_issue - 8 * lane + kbytes + 8 * e, vg - 8 * lane + 8 * e);
       }
@@ -850,41 +850,19 @@ __device__ __forceinline__ void attn2_split(
       mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, o));
     }
     const float mn0 = fmaxf(m_run[0], mt0), mn1 = fmaxf(m_run[1], mt1);
-#if SKV_LAZY
-    // Rescale only when some running maximum of the warp moved: otherwise every factor is exp2(0) = 1
-    // and the multiplies change nothing (bit-identical either way).
-    const bool moved = __any_sync(0xffffffffu, mn0 != m_run[0] || mn1 != m_run[1]);
-    const float mo0 = m_run[0], mo1 = m_run[1];
-#else
     const float al0 = tile_exp2(m_run[0] - mn0), al1 = tile_exp2(m_run[1] - mn1);
-#endif
     m_run[0] = mn0;
     m_run[1] = mn1;
     // P rounded to fp16: the same values feed the mma and l.
     const __half2 p01 = __floats2half2_rn(tile_exp2(s[0] - mn0), tile_exp2(s[1] - mn1));  // token g_row
     const __half2 p23 = __floats2half2_rn(tile_exp2(s[2] - mn0), tile_exp2(s[3] - mn1));  // token g_row + 8
     const float2 f01 = __half22float2(p01), f23 = __half22float2(p23);
-#if SKV_LAZY
-    if (moved) {
-      const float al0 = tile_exp2(mo0 - mn0), al1 = tile_exp2(mo1 - mn1);
-      l_run[0] = fmaf(l_run[0], al0, f01.x + f23.x);
-      l_run[1] = fmaf(l_run[1], al1, f01.y + f23.y);
-#pragma unroll
-      for (int m = 0; m < MT; ++m) {
-        acc[m][0] *= al0; acc[m][1] *= al1; acc[m][2] *= al0; acc[m][3] *= al1;
-      }
-    } else {
-      l_run[0] += f01.x + f23.x;
-      l_run[1] += f01.y + f23.y;
-    }
-#else
     l_run[0] = fmaf(l_run[0], al0, f01.x + f23.x);
     l_run[1] = fmaf(l_run[1], al1, f01.y + f23.y);
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
       acc[m][0] *= al0; acc[m][1] *= al1; acc[m][2] *= al0; acc[m][3] *= al1;
     }
-#endif
     // B operand of O^T += V^T P^T: P^T[tokens 2 q4, +1 (+8)][head g_row], transposed in registers.
     const uint32_t pb0 = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&p01));
     const uint32_t pb1 = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&p23));
