@@ -37,7 +37,15 @@
 // (tools/sparse_kv_ablate.py --extra NAME=-DSKV_...=0): SKV_LEAN 1 = lean record issue, SKV_FTZ 1 = one
 // MUFU per exp2 in the tile loop (session 14).
 #ifndef SKV_LEAN
-#define SKV_LEAN 2
+#define SKV_LEAN 1
+#endif
+#ifndef SKV_TAIL_UNROLL  // 1: let the compiler unroll the rarely taken copy loops of the lean issue
+#define SKV_TAIL_UNROLL 0
+#endif
+#if SKV_TAIL_UNROLL
+#define SKV_TAIL_PRAGMA
+#else
+#define SKV_TAIL_PRAGMA _Pragma("unroll 1")
 #endif
 #ifndef SKV_FTZ
 #define SKV_FTZ 1
@@ -56,18 +64,6 @@ __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async8_u32(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src));
-}
-// Chunks 0 .. min(n, 4) - 1 (8 bytes at 256 j) of a lane's span. A switch, not predicated copies: n is
-// warp-uniform whenever the span is a multiple of 256 bytes (70 % at d = 64: 768), and predicated
-// copies make ptxas copy the pointer per cp.async and wait for the previous one to release it.
-__device__ __forceinline__ void copy_upto4(uint32_t dst, const uint8_t* src, int n) {
-  switch (n) {
-    default: cp_async8_u32(dst + 768, src + 768); [[fallthrough]];
-    case 3: cp_async8_u32(dst + 512, src + 512); [[fallthrough]];
-    case 2: cp_async8_u32(dst + 256, src + 256); [[fallthrough]];
-    case 1: cp_async8_u32(dst, src); [[fallthrough]];
-    case 0: break;
-  }
 }
 
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
@@ -717,28 +713,23 @@ __device__ __forceinline__ void attn2_split(
     if (ii < cnt) {
       const int tb = t_begin + (warp + ii * kW2) * 16;
       if (tb + 16 <= ncomp_end) {  // warp-uniform
-#if SKV_LEAN >= 2
-        copy_upto4(st_issue, kg, nk);
-        copy_upto4(st_issue + kbytes, vg, nv);
-#else
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           if (j < nk) cp_async8_u32(st_issue + 256 * j, kg + 256 * j);
 #pragma unroll
         for (int j = 0; j < 4; ++j)
           if (j < nv) cp_async8_u32(st_issue + kbytes + 256 * j, vg + 256 * j);
-#endif
         if (rk > 64 || rv > 64) {  // more than 4 chunks for some lane (sparsity < 56 % at d = 64)
-#pragma unroll 1
+          SKV_TAIL_PRAGMA
           for (int j = 4; j < nk; ++j) cp_async8_u32(st_issue + 256 * j, kg + 256 * j);
-#pragma unroll 1
+          SKV_TAIL_PRAGMA
           for (int j = 4; j < nv; ++j) cp_async8_u32(st_issue + kbytes + 256 * j, vg + 256 * j);
         }
       } else {  // rare (code size matters more than speed here)
         const int nrec = max(0, ncomp_end - tb);
-#pragma unroll 1
+        SKV_TAIL_PRAGMA
         for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8_u32(st_issue - 8 * lane + 8 * e, kg - 8 * lane + 8 * e);
-#pragma unroll 1
+        SKV_TAIL_PRAGMA
         for (int e = lane; e < nrec * rv / 8; e += 32)
           cp_async8_u32(st_issue - 8 * lane + kbytes + 8 * e, vg - 8 * lane + 8 * e);
       }
