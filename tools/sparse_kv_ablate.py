@@ -13,7 +13,8 @@ caches replicated beyond L2 and rotated, medians), heuristic split.
 
 ``--extra NAME=OPTIONS`` adds a variant built from the same patched source with extra compiler options
 (``-D`` switches of a layout experiment; such a variant's output is checked bit for bit too; session 7 timed
-an 8-byte shift of the V records in the stage this way, ``bench/results/sparse_kv_vshift_16158dc.json``);
+an 8-byte shift of the V records in the stage this way, ``bench/results/sparse_kv_vshift_16158dc.json``, and
+session 14 the lean record issue against the previous one, ``bench/results/sparse_kv_lean_*.json``);
 ``--variants full,...`` keeps only the named variants; ``--rounds R`` times the variant list R times in turn.
 
 Usage: python tools/sparse_kv_ablate.py [--out FILE] [--shapes llama:16:32768,...] [--extra NAME=OPTS]
@@ -41,12 +42,10 @@ from sparse_kv_explore import MODELS, compressed_copies, random_problem  # noqa:
 SWITCHES = [  # (exact text, replacement): each must occur once
     ("  for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);",
      "  if (!(SKV_ABLATE & 4)) for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);"),
-    ("        decode_row_desc<D>(stages + (i % kStages) * sb + doff, dkeep, drow);",
-     "        if (!(SKV_ABLATE & (dv ? 2 : 1))) decode_row_desc<D>(stages + (i % kStages) * sb + doff, dkeep, drow);"),
-    ("      for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8(dst + 8 * e, ks + 8 * e);",
-     "      if (!(SKV_ABLATE & 8)) for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8(dst + 8 * e, ks + 8 * e);"),
-    ("      for (int e = lane; e < nrec * rv / 8; e += 32) cp_async8(dst + kbytes + 8 * e, vs + 8 * e);",
-     "      if (!(SKV_ABLATE & 8)) for (int e = lane; e < nrec * rv / 8; e += 32) cp_async8(dst + kbytes + 8 * e, vs + 8 * e);"),
+    ("        decode_row_desc<D>(st_dec, dkeep, drow);",
+     "        if (!(SKV_ABLATE & (dv ? 2 : 1))) decode_row_desc<D>(st_dec, dkeep, drow);"),
+    ("    if (ii < cnt) {",
+     "    if (!(SKV_ABLATE & 8) && ii < cnt) {"),
 ]
 VARIANTS = [  # (name, SKV_ABLATE bits, merge launched)
     ("full", 0, True),
@@ -60,8 +59,9 @@ VARIANTS = [  # (name, SKV_ABLATE bits, merge launched)
 ]
 
 
-def patched_source() -> Path:
-    src = Path(ks.SOURCE) if Path(ks.SOURCE).is_absolute() else _cuda.PLUGINS_DIR / ks.SOURCE
+def patched_source(source: str | None = None) -> Path:
+    src = Path(source or ks.SOURCE)
+    src = src if src.is_absolute() or source else _cuda.PLUGINS_DIR / src
     text = src.read_text()
     for old, new in SWITCHES:
         if text.count(old) != 1:
@@ -86,8 +86,11 @@ def main() -> None:
     ap.add_argument("--extra", action="append", default=[], help="NAME=OPTIONS: a variant with extra compiler options")
     ap.add_argument("--variants", default="", help="comma-separated names to keep (default: all)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--source", default=None,
+                    help="kernel source to patch for the variants (default: the shipped one), e.g. an earlier revision "
+                         "saved with git show REV:plugins/sparse_kv/sparse_kv.cu > FILE, to time it against production")
     a = ap.parse_args()
-    src = patched_source()
+    src = patched_source(a.source)
     orig_kernel = ks._kernel
     state = {"bits": 0, "merge": True, "opts": ()}
     variants = [(name, bits, merge, ()) for name, bits, merge in VARIANTS]

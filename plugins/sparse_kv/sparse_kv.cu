@@ -33,24 +33,6 @@
 
 #include "common/ampere.cuh"
 
-// Compile-time switches of the streaming attention (tactics 1, 2), kept for side-by-side timing
-// (tools/sparse_kv_ablate.py --extra NAME=-DSKV_...=0): SKV_LEAN 1 = lean record issue, SKV_FTZ 1 = one
-// MUFU per exp2 in the tile loop (session 14).
-#ifndef SKV_LEAN
-#define SKV_LEAN 1
-#endif
-#ifndef SKV_TAIL_UNROLL  // 1: let the compiler unroll the rarely taken copy loops of the lean issue
-#define SKV_TAIL_UNROLL 0
-#endif
-#if SKV_TAIL_UNROLL
-#define SKV_TAIL_PRAGMA
-#else
-#define SKV_TAIL_PRAGMA _Pragma("unroll 1")
-#endif
-#ifndef SKV_FTZ
-#define SKV_FTZ 1
-#endif
-
 namespace {
 
 constexpr int kThreads = 256;
@@ -471,18 +453,15 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
                : "r"(smem_u32(p)));
 }
 
-// exp2 of the per-tile softmax. SKV_FTZ: one MUFU.EX2 (ex2.approx.ftz); exp2f adds a range check and
-// two predicated multiplies per call for results below 2^-126, which the tile loop does not need: P is
-// rounded to fp16 (whose smallest subnormal is 2^-24), and a rescale factor below 2^-126 leaves the old
-// terms below fp32 resolution of the new ones either way.
+// exp2 of the per-tile softmax: one MUFU.EX2 (ex2.approx.ftz). exp2f adds a range check and two
+// predicated multiplies per call for results below 2^-126, which the tile loop does not need: P is
+// rounded to fp16 (smallest subnormal 2^-24), and a rescale factor below 2^-126 leaves the old terms
+// below fp32 resolution of the new ones. Outputs were bit-identical to exp2f's on every shape timed
+// (session 14, docs/sparse_kv.md).
 __device__ __forceinline__ float tile_exp2(float x) {
-#if SKV_FTZ
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-#else
-  return exp2f(x);
-#endif
 }
 
 // Transpose an 8x8 b16 matrix held as mma fragments (lane l: row l / 4, columns 2 (l % 4) + {0, 1}).
@@ -696,7 +675,6 @@ __device__ __forceinline__ void attn2_split(
 
   const int ntiles = (n + 15) >> 4;
   const int cnt = ntiles > warp ? (ntiles - warp + kW2 - 1) / kW2 : 0;
-#if SKV_LEAN
   // Lean issue: a full tile's records of one cache (16 consecutive tokens) are one contiguous, 8-byte
   // aligned span of 16 r bytes, copied in 8-byte chunks lane, lane + 32, ...: per lane the source
   // pointers advance by a constant per tile, the chunk counts are fixed for the loop and the stage
@@ -720,16 +698,16 @@ __device__ __forceinline__ void attn2_split(
         for (int j = 0; j < 4; ++j)
           if (j < nv) cp_async8_u32(st_issue + kbytes + 256 * j, vg + 256 * j);
         if (rk > 64 || rv > 64) {  // more than 4 chunks for some lane (sparsity < 56 % at d = 64)
-          SKV_TAIL_PRAGMA
+#pragma unroll 1
           for (int j = 4; j < nk; ++j) cp_async8_u32(st_issue + 256 * j, kg + 256 * j);
-          SKV_TAIL_PRAGMA
+#pragma unroll 1
           for (int j = 4; j < nv; ++j) cp_async8_u32(st_issue + kbytes + 256 * j, vg + 256 * j);
         }
       } else {  // rare (code size matters more than speed here)
         const int nrec = max(0, ncomp_end - tb);
-        SKV_TAIL_PRAGMA
+#pragma unroll 1
         for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8_u32(st_issue - 8 * lane + 8 * e, kg - 8 * lane + 8 * e);
-        SKV_TAIL_PRAGMA
+#pragma unroll 1
         for (int e = lane; e < nrec * rv / 8; e += 32)
           cp_async8_u32(st_issue - 8 * lane + kbytes + 8 * e, vg - 8 * lane + 8 * e);
       }
@@ -742,22 +720,6 @@ __device__ __forceinline__ void attn2_split(
   };
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) issue_next();
-#else
-  auto issue = [&](int i) {  // this warp's i-th tile into stage i % kStages
-    if (i < cnt) {
-      const int tb = t_begin + (warp + i * kW2) * 16;
-      const int nrec = max(0, min(16, ncomp_end - tb));
-      uint8_t* dst = stages + (i % kStages) * sb;
-      const uint8_t* ks = k_rec + (bh * cap + tb) * static_cast<size_t>(rk);
-      const uint8_t* vs = v_rec + (bh * cap + tb) * static_cast<size_t>(rv);
-      for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8(dst + 8 * e, ks + 8 * e);
-      for (int e = lane; e < nrec * rv / 8; e += 32) cp_async8(dst + kbytes + 8 * e, vs + 8 * e);
-    }
-    cp_async_commit();
-  };
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) issue(i);
-#endif
 
   // Q^T fragments (B operand of S^T = K . Q^T: k = channels, n = query heads; heads >= G are zero).
   const int g_row = lane >> 2, q4 = lane & 3;
@@ -786,26 +748,16 @@ __device__ __forceinline__ void attn2_split(
   const __half* krow = kt + ((mi & 1) * 8 + rr) * TR + (mi >> 1) * 8;  // ldmatrix: A = K [tokens x channels]
   const __half* vrow = vt + ((mi >> 1) * 8 + rr) * TR + (mi & 1) * 8;  // ldmatrix.trans: A = V^T [channels x tokens]
 
-#if SKV_LEAN
   const uint8_t* st_dec = stages + doff;  // this lane's record in the slot of tile i
-#endif
   for (int i = 0; i < cnt; ++i) {
-#if SKV_LEAN
     issue_next();
-#else
-    issue(i + kStages - 1);
-#endif
     cp_async_wait<kStages - 1>();
     __syncwarp();
     const int tb = t_begin + (warp + i * kW2) * 16;
     {
       const int t = tb + dr;
       if (t < ncomp_end) {
-#if SKV_LEAN
         decode_row_desc<D>(st_dec, dkeep, drow);
-#else
-        decode_row_desc<D>(stages + (i % kStages) * sb + doff, dkeep, drow);
-#endif
       } else if (t < t_end) {  // dense window row: all of it in flight at once
         const __half* src = dring + static_cast<size_t>(t % C) * D;
 #pragma unroll
@@ -864,9 +816,7 @@ __device__ __forceinline__ void attn2_split(
       ldmatrix_x4_trans(av, vrow + m * 16);
       mma16816(acc[m], av, pb[0], pb[1]);
     }
-#if SKV_LEAN
     st_dec = st_dec == stages + doff + (kStages - 1) * sb ? stages + doff : st_dec + sb;
-#endif
     __syncwarp();
   }
   cp_async_wait<0>();
