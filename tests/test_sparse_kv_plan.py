@@ -36,7 +36,7 @@ def test_workspace_has_counters_then_partials():
 
 def test_stream_smem_fits_orin():
     # Per warp: K and V tiles [16][d + 8] fp16 and 3 stages of 16 K + 16 V records.
-    assert ks.smem_bytes2(64, 48, 48) == 4 * (2 * 16 * 72 * 2 + 3 * (768 + 16 + 768))  # V records 8 B on, rounded to 16
+    assert ks.smem_bytes2(64, 48, 48) == 4 * (2 * 16 * 72 * 2 + 3 * (768 + 768))
     worst = max(ks.smem_bytes2(d, c.rk, c.rv) for d in (64, 128)
                 for c in [SparseKVConfig(d, 8, 8, 0.0, 0.0, 64)])
     assert worst + 16 <= 163 * 1024  # sm_87 opt-in limit per block (static 16 B for the merge flag)

@@ -35,7 +35,6 @@ WARPS = THREADS // 32
 THREADS2 = 128  # attention block of tactics 1 and 2 (warp-streaming)
 WARPS2 = THREADS2 // 32
 STAGES2 = 3  # cp.async stages per warp (tactics 1, 2)
-V_SHIFT = 8  # bytes between a stage's K and V records (SKV_VSHIFT in the .cu)
 TILE2 = 16  # tokens per warp tile (tactics 1, 2)
 
 #: Attention tactics. SPLIT_V1: one thread per token for K (sparse dot product), V tiles decompressed
@@ -103,8 +102,7 @@ def smem_bytes2(head_dim: int, rk: int, rv: int) -> int:
     """Dynamic shared memory of the warp-streaming kernel (tactics 1, 2): per warp two ``[16][d + 8]``
     fp16 tiles and :data:`STAGES2` record stages (mirrors ``attn2_split`` in the .cu)."""
     r16 = lambda x: -(-x // 16) * 16  # noqa: E731
-    # a stage: 16 K records, V_SHIFT bytes (the V lanes' record loads off the K lanes' banks), 16 V records
-    return WARPS2 * (2 * TILE2 * (head_dim + 8) * 2 + STAGES2 * r16(r16(TILE2 * rk) + V_SHIFT + TILE2 * rv))
+    return WARPS2 * (2 * TILE2 * (head_dim + 8) * 2 + STAGES2 * (r16(TILE2 * rk) + r16(TILE2 * rv)))
 
 
 #: Largest split of the warp-streaming kernel (its shared memory does not depend on the split).

@@ -33,10 +33,6 @@
 
 #include "common/ampere.cuh"
 
-#ifndef SKV_BM64  // 1: the d = 64 decode loads a record's bitmap words with one 64-bit load
-#define SKV_BM64 1
-#endif
-
 namespace {
 
 constexpr int kThreads = 256;
@@ -507,12 +503,7 @@ __device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec,
   uint4* row4 = reinterpret_cast<uint4*>(row);
 #pragma unroll
   for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
-#if SKV_BM64
-  const uint2 bm = *reinterpret_cast<const uint2*>(rec);  // one LDS.64 (records are 8-byte aligned)
-  const uint32_t lo = bm.x, hi = bm.y;
-#else
   const uint32_t lo = reinterpret_cast<const uint32_t*>(rec)[0], hi = reinterpret_cast<const uint32_t*>(rec)[1];
-#endif
   uint8_t* const rlo = reinterpret_cast<uint8_t*>(row);
   uint32_t cur = hi != 0u ? hi : lo;
   uint8_t* rb = hi != 0u ? rlo + 64 : rlo;
@@ -578,14 +569,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 }
 
 // Bytes of one warp's region: K and V tiles [16][D + 8] fp16, then kStages record stages.
-// One record stage: 16 K records, SKV_VSHIFT bytes, 16 V records. At rk = rv = 48 (d = 64, 70 %) records are
-// 12 words apart, so lanes r and r + 8 of each half share the bank pair {12 r, 12 r + 1} mod 32; without the
-// shift the K and V halves also share the same 16 banks (4 wavefronts per LDS.64 instead of 2).
-#ifndef SKV_VSHIFT
-#define SKV_VSHIFT 8
-#endif
-__device__ __forceinline__ int kregion_bytes(int rk) { return round_up(16 * rk, 16) + SKV_VSHIFT; }
-__device__ __forceinline__ int stage_bytes(int rk, int rv) { return round_up(kregion_bytes(rk) + 16 * rv, 16); }
+__device__ __forceinline__ int stage_bytes(int rk, int rv) { return round_up(16 * rk, 16) + round_up(16 * rv, 16); }
 
 // Fused merge (tactic 2) of one L2 round trip per pass of up to 32 splits: warp w merges heads w,
 // w + kW2, ...; the pass's partials (m, l, O[D]) of one head are contiguous in the workspace and are
@@ -683,7 +667,7 @@ __device__ __forceinline__ void attn2_split(
   const int ncomp_end = min(t_end, n_comp);
   const size_t bh = static_cast<size_t>(b) * Hkv + h;
   const int sb = stage_bytes(rk, rv);
-  const int kbytes = kregion_bytes(rk);
+  const int kbytes = round_up(16 * rk, 16);
   uint8_t* wbase = smem_raw + static_cast<size_t>(warp) * (2 * 16 * TR * 2 + kStages * sb);
   __half* kt = reinterpret_cast<__half*>(wbase);
   __half* vt = kt + 16 * TR;
