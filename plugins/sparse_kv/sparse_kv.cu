@@ -33,16 +33,6 @@
 
 #include "common/ampere.cuh"
 
-// Exploration switches (session 14): SKV_DUFF 1 = the top value group of a d = 64 record entered by a switch
-// (one dispatch instead of a branch per value); SKV_MINB64 = blocks per SM the d = 64 streaming kernel is
-// built for (6: 80 registers).
-#ifndef SKV_DUFF
-#define SKV_DUFF 1
-#endif
-#ifndef SKV_MINB64
-#define SKV_MINB64 6
-#endif
-
 namespace {
 
 constexpr int kThreads = 256;
@@ -529,19 +519,10 @@ __device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec,
   int j = (keep - 1) & ~3;  // first value of the top (possibly partial) group of 4
   {
     const uint2 raw = vals[j >> 2];
-#if SKV_DUFF
-    switch (keep & 3) {  // the top group holds keep - j values: enter the unrolled sequence at the first
-      case 0: put(raw.y >> 16); [[fallthrough]];
-      case 3: put(raw.y & 0xffffu); [[fallthrough]];
-      case 2: put(raw.x >> 16); [[fallthrough]];
-      default: put(raw.x & 0xffffu);
-    }
-#else
     if (j + 3 < keep) put(raw.y >> 16);
     if (j + 2 < keep) put(raw.y & 0xffffu);
     if (j + 1 < keep) put(raw.x >> 16);
     put(raw.x & 0xffffu);
-#endif
   }
   for (j -= 4; j >= 0; j -= 4) {
     const uint2 raw = vals[j >> 2];
@@ -1040,7 +1021,7 @@ DEF_ATTN(128, 4)
 DEF_ATTN(128, 8)
 
 #define DEF_ATTN2(D, GP)                                                                               \
-  extern "C" __global__ void __launch_bounds__(kThreads2, D == 64 ? SKV_MINB64 : 3) sparse_kv_attn2_d##D##_g##GP(     \
+  extern "C" __global__ void __launch_bounds__(kThreads2, D == 64 ? 6 : 3) sparse_kv_attn2_d##D##_g##GP(     \
       ATTN_ARGS, __half* out, int fuse) {                                                               \
     attn2_split<D, GP>(ATTN_PASS, out, fuse);                                                          \
   }
