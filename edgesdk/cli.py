@@ -18,9 +18,9 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.tables import Fit, compact_table, key_column, num_column, text_column
 
 app = typer.Typer(
     name="edgesdk",
@@ -176,16 +176,22 @@ def inspect_cmd(
         print(json.dumps(info, indent=2))
         return
     console.print(f"[bold]{model}[/]: opset {info['opset']}, {state}, {len(linears)} linear layers")
-    io = Table(title="Inputs / outputs", title_justify="left")
-    for c in ("", "name", "dtype", "shape"):
-        io.add_column(c)
-    for kind in ("inputs", "outputs"):
-        for t in info[kind]:
-            io.add_row(kind[:-1], t["name"], t["dtype"], str(t["shape"]))
-    console.print(io)
-    t = Table(title="Linear layers", title_justify="left")
-    for c in ("layer", "op", "K×N", "weight", "bias", "int8", "act scale", "build would", "M", f"kernel ({kernels})"):
-        t.add_column(c, overflow="fold", no_wrap=c in ("layer", "K×N"))
+    io = compact_table("Inputs / outputs")
+    rows = [(kind[:-1], t["name"], t["dtype"], str(t["shape"])) for kind in ("inputs", "outputs") for t in info[kind]]
+    num_column(io, "", justify="left")
+    key_column(io, "name", [r[1] for r in rows])
+    num_column(io, "dtype", justify="left")
+    text_column(io, "shape")
+    for r in rows:
+        io.add_row(*r)
+    console.print(Fit(io, keys=(1,)))
+    t = compact_table("Linear layers")
+    key_column(t, "layer", [li.name for li in linears])
+    for c in ("op", "K×N", "weight", "bias", "int8", "act\nscale"):
+        num_column(t, c, justify="right" if c == "K×N" else "left")
+    text_column(t, "build would")
+    num_column(t, "M")
+    num_column(t, f"kernel\n({kernels})", justify="left")
     for li in linears:
         would = skipped.get(li.name) or ("rewrite (already Q/DQ)" if li.quantized else "quantize + rewrite")
         p = plan.get(li.name)
@@ -193,7 +199,7 @@ def inspect_cmd(
         t.add_row(li.name, li.kind + (" (transA)" if li.trans_a else ""), f"{li.k}×{li.n}",
                   li.weight_layout, "yes" if li.bias else "no", "yes" if li.quantized else "no",
                   "yes" if li.act_scale else "no", would, "–" if p is None else str(p["rows_per_call"]), kern)
-    console.print(t)
+    console.print(Fit(t))
     for name, p in plan.items():
         if p["reason"]:
             console.print(f"  {name}: no plugin kernel: {p['reason']}")
@@ -240,14 +246,16 @@ def devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")]
     if as_json:
         print(json.dumps({p.name: p.model_dump() for p in profiles} | ({"host": None} if host_note else {}), indent=2))
         return
-    t = Table(title="Device profiles (--device NAME)", title_justify="left")
-    for c in ("name", "module", "SM", "SMs", "MHz", "GB", "GB/s", "L2 MB", "DLA", "INT8 TOPS", "FP16 TFLOPS", "workspace MB"):
-        t.add_column(c, justify="left" if c in ("name", "module") else "right")
+    t = compact_table("Device profiles (--device NAME)")
+    key_column(t, "name", [p.name for p in profiles])
+    text_column(t, "module")
+    for c in ("SM", "SMs", "MHz", "GB", "GB/s", "L2\nMB", "DLA", "INT8\nTOPS", "FP16\nTFLOPS", "workspace\nMB"):
+        num_column(t, c)
     for p in profiles:
-        t.add_row(p.name, p.description, p.compute_capability, str(p.sm_count), f"{p.gpu_clock_mhz:.0f}",
-                  f"{p.memory_gb:g}", f"{p.bandwidth_gbs:g}", f"{p.l2_mb:g}", str(p.dla_cores),
+        t.add_row(p.name, p.description.removeprefix("Jetson "), p.compute_capability, str(p.sm_count),
+                  f"{p.gpu_clock_mhz:.0f}", f"{p.memory_gb:g}", f"{p.bandwidth_gbs:g}", f"{p.l2_mb:g}", str(p.dla_cores),
                   f"{p.tensor_int8_tops or '-'}", f"{p.tensor_fp16_tflops or '-'}", str(p.workspace_mb))
-    console.print(t)
+    console.print(Fit(t))
     if host_note:
         console.print(f"host: [yellow]{host_note}[/]", highlight=False, soft_wrap=True)
 

@@ -7,10 +7,12 @@ import os
 import tempfile
 from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions
+from rich.table import Table
+from rich.text import Text
 
 from edgesdk.onnx_io import _umask
-from rich.table import Table
+from edgesdk.tables import Fit, compact_table, key_column, natural_width, num_column, text_column
 
 REPORT_NAME = "report.json"
 
@@ -43,16 +45,44 @@ def _timed(r: dict) -> str:
     return f"measured: {ours:.1f} µs vs dense {m['dense_us']:.1f} µs ({m['dense_us'] / ours:.2f}×)"
 
 
-def layers_table(layers: list[dict], title: str = "Linear layers") -> Table:
-    t = Table(title=title, title_justify="left")
-    for c, j in [("layer", "left"), ("kind", "left"), ("K×N", "right"), ("int8", "center"), ("sparsity", "right"),
-                 ("kernel", "left"), ("MB dense", "right"), ("MB packed", "right"), ("note", "left")]:
-        t.add_column(c, justify=j, overflow="fold", no_wrap=c in ("layer", "K×N", "kernel"))
+def _layers_grid(layers: list[dict], title: str, notes: bool) -> Table:
+    t = compact_table(title)
+    key_column(t, "layer", [r["name"] for r in layers])
+    for c in ("K×N", "int8", "sparsity", "kernel", "MB\ndense", "MB\npacked"):  # the op kind: `edgesdk inspect`
+        num_column(t, c, justify="left" if c == "kernel" else "center" if c == "int8" else "right")
+    if notes:
+        text_column(t, "note")
     for r in layers:
         k, n = r["shape"]
-        t.add_row(r["name"], r["kind"], f"{k}×{n}", "yes" if r["quantized"] else "no", f"{r['sparsity']:.2f}",
-                  r["kernel"], _mb(r.get("bytes_dense")), _mb(r.get("bytes_packed")), r.get("reason") or _timed(r))
+        cells = [r["name"], f"{k}×{n}", "yes" if r["quantized"] else "no", f"{r['sparsity']:.2f}",
+                 r["kernel"], _mb(r.get("bytes_dense")), _mb(r.get("bytes_packed"))]
+        t.add_row(*cells, *([_note(r)] if notes else []))
     return t
+
+
+def _note(r: dict) -> str:
+    return r.get("reason") or _timed(r)
+
+
+class LayersView:
+    """The layers table; its notes go in a last column where they fit unwrapped, else as lines below it."""
+
+    def __init__(self, layers: list[dict], title: str = "Linear layers"):
+        self.layers, self.title = layers, title
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions):
+        with_notes = _layers_grid(self.layers, self.title, notes=True)
+        noted = [r for r in self.layers if _note(r)]
+        if not noted or natural_width(console, options, with_notes)[1] <= options.max_width:
+            yield Fit(with_notes)
+            return
+        yield Fit(_layers_grid(self.layers, self.title, notes=False))
+        for r in noted:
+            yield Text(f"  {r['name']}: {_note(r)}")
+
+
+def layers_table(layers: list[dict], title: str = "Linear layers") -> LayersView:
+    return LayersView(layers, title)
 
 
 def print_summary(report: dict, console: Console | None = None) -> None:
@@ -69,9 +99,11 @@ def print_summary(report: dict, console: Console | None = None) -> None:
     for note in sorted({r["choice"] for r in layers if r.get("choice")}):
         console.print(f"Kernel choice (--kernels auto): {note}")
     if report.get("verify"):
-        t = Table(title="Verification (ONNX Runtime, Polygraphy): processed vs ...", title_justify="left")
-        for c in ("vs", "output", "samples", "max_abs", "mean_abs", "rel_l2", "cosine", "top1", "result"):
-            t.add_column(c, justify="left" if c == "output" else "right", no_wrap=True)
+        t = compact_table("Verification (ONNX Runtime, Polygraphy; n samples)")
+        text_column(t, "processed\nvs")
+        key_column(t, "output", [v["output"] for v in report["verify"]])
+        for c in ("n", "max\nabs", "mean\nabs", "rel\nl2", "cosine", "top1", "result"):
+            num_column(t, c)
         for v in report["verify"]:
             top1 = "-" if v.get("top1_agreement") is None else f"{v['top1_agreement']:.4f}"
             against = {"pruned_reference": "pruned dense"}.get(v.get("against"), "original")
@@ -80,7 +112,7 @@ def print_summary(report: dict, console: Console | None = None) -> None:
                 result = "(cost)"  # pruning changes the model on purpose: reported, not gating
             t.add_row(against, v["output"], str(v["samples"]), f"{v['max_abs']:.3g}", f"{v['mean_abs']:.3g}",
                       f"{v['rel_l2']:.3g}", f"{v['cosine']:.5f}", top1, result)
-        console.print(t)
+        console.print(Fit(t, keys=(1,)))
     eng = report.get("engine", {})
     state = "[green]built[/]" if eng.get("built") else f"[yellow]not built[/]: {eng.get('reason')}"
     console.print(f"TensorRT engine: {state}")

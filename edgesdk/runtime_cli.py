@@ -20,9 +20,9 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.tables import Fit, compact_table, key_column, num_column, text_column
 from edgesdk.runtime import BACKENDS, Engine, TensorInfo
 
 console = Console()
@@ -148,13 +148,17 @@ def run(build: BuildArg,
             outs = engine.infer(load_inputs(input, engine.inputs))
     except EdgeSDKError as e:
         _fail(e)
-    table = Table("output", "shape", "dtype", "min", "max", "mean", "argmax (last dim)")
+    table = compact_table()
+    key_column(table, "output", list(outs))
+    for c in ("shape", "dtype", "min", "max", "mean"):
+        num_column(table, c, justify="left" if c in ("shape", "dtype") else "right")
+    text_column(table, "argmax\n(last dim)")
     for name, y in outs.items():
         finite = y.size and np.issubdtype(y.dtype, np.number)
         stats = [f"{float(f(y)):.5g}" if finite else "-" for f in (np.min, np.max, np.mean)]
         arg = str(np.argmax(y, axis=-1).reshape(-1)[:16].tolist()) if finite and y.ndim >= 1 else "-"
         table.add_row(name, str(tuple(y.shape)), str(y.dtype), *stats, arg)
-    console.print(table)
+    console.print(Fit(table))
     if output is not None:
         output = output if output.suffix == ".npz" else output.with_suffix(".npz")
         tmp = output.with_name(f".{output.stem}.tmp{os.getpid()}.npz")
@@ -180,7 +184,10 @@ def bench(build: BuildArg, backend: BackendOpt = "tensorrt", cuda_graph: GraphOp
     res.update(build=str(build), backend=backend, cuda_graph=cuda_graph,
                inputs={k: list(v.shape) for k, v in feeds.items()})
     lat, thr = res["latency_ms"], res["throughput"]
-    table = Table("backend", "p50 ms", "p90 ms", "p99 ms", "mean ms", "inferences/s", "samples/s")
+    table = compact_table()
+    num_column(table, "backend", justify="left")
+    for c in ("p50 ms", "p90 ms", "p99 ms", "mean ms", "inferences/s", "samples/s"):
+        num_column(table, c)
     table.add_row(backend + (" +graph" if cuda_graph else ""), *(f"{lat[k]:.3f}" for k in ("p50", "p90", "p99", "mean")),
                   f"{thr['inferences_per_s']:.1f}", f"{thr['samples_per_s']:.1f}")
     console.print(table)

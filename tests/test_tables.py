@@ -1,0 +1,88 @@
+"""Terminal output at 80 columns (an SSH session on a Jetson): names whole, numbers never cut, notes readable."""
+
+import re
+from pathlib import Path
+
+from rich.console import Console
+from typer.testing import CliRunner
+
+from edgesdk.cli import app
+from edgesdk.devices import PROFILES
+from edgesdk.report import print_summary
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS = ROOT / "models" / "digits_vit.onnx"
+runner = CliRunner()
+
+NOTE = "auto: decode-style (M=1) but sparsity 0.00 < 0.3: the dense kernel reads fewer bytes"
+LONG = "model.layers.29.mlp.down_projection_with_a_rather_long_name"  # 58 characters: must be folded at 80
+REPORT = {
+    "layers": [
+        dict(name="lm.head_proj", kind="Gemm", shape=(576, 10), quantized=True, sparsity=0.0, kernel="none",
+             bytes_dense=11520, bytes_packed=None, reason=NOTE),
+        dict(name="model.layers.0.self_attn.q_proj", kind="MatMul", shape=(576, 576), quantized=True, sparsity=0.5,
+             kernel="bitmap", bytes_dense=663552, bytes_packed=381000,
+             measured=dict(plugin="bitmap", bitmap_us=5.0, dense_us=8.0)),
+        dict(name=LONG, kind="MatMul", shape=(1536, 576), quantized=True, sparsity=0.5, kernel="bitmap",
+             bytes_dense=1769472, bytes_packed=1017000),
+    ],
+    "verify": [dict(against="pruned_reference", output="logits", samples=4, max_abs=0.112, mean_abs=0.0284,
+                    rel_l2=0.0221, cosine=0.999761, top1_agreement=1.0, passed=True),
+               dict(against="original", output="logits", samples=4, max_abs=1.5e-05, mean_abs=2.25e-06,
+                    rel_l2=0.0312, cosine=0.99512, top1_agreement=0.75, passed=True, gate=False)],
+    "engine": {"built": False, "reason": "TensorRT is not installed on this machine"},
+}
+
+
+def render(width: int, report=REPORT) -> list[str]:
+    console = Console(width=width, record=True, color_system=None)
+    print_summary(report, console)
+    return console.export_text().splitlines()
+
+
+def flat(lines) -> str:
+    return re.sub(r"\s+", " ", " ".join(lines))
+
+
+def test_build_summary_at_80_columns():
+    lines = render(80)
+    assert max(map(len, lines)) <= 80 and not any("…" in ln for ln in lines), "\n".join(lines)
+    # the 58-character name does not fit: the name column is folded (names broken onto more lines, not cut)
+    assert LONG not in "\n".join(lines) and LONG in "".join(ln.split("  ")[0] for ln in lines)
+    # every number of every row is whole
+    for cell in ("576×576", "1536×576", "0.66", "0.38", "1.77", "1.02", "0.112", "0.0284", "0.99976", "1.5e-05",
+                 "0.7500", "PASS", "(cost)"):
+        assert re.search(rf"(^|\s){re.escape(cell)}(\s|$)", "\n".join(lines)), cell
+    # the notes do not fit beside the table: they follow it, one per layer, wrapped at word boundaries
+    text = flat(lines)
+    assert f"lm.head_proj: {NOTE}" in text
+    assert "model.layers.0.self_attn.q_proj: measured: 5.0 µs vs dense 8.0 µs (1.60×)" in text
+
+
+def test_build_summary_at_80_columns_keeps_names_whole_where_they_fit():
+    lines = render(80, {**REPORT, "layers": REPORT["layers"][:2]})
+    assert max(map(len, lines)) <= 80 and not any("…" in ln for ln in lines), "\n".join(lines)
+    assert any(ln.startswith("model.layers.0.self_attn.q_proj ") for ln in lines)
+
+
+def test_build_summary_wide_terminal_keeps_notes_in_the_table():
+    lines = render(220)
+    assert any(ln.startswith("lm.head_proj ") and ln.rstrip().endswith(NOTE) for ln in lines), "\n".join(lines)
+    assert any(ln.startswith(LONG + " ") for ln in lines)
+
+
+def test_devices_and_inspect_at_80_columns():
+    r = runner.invoke(app, ["devices"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    table = [ln for ln in r.output.splitlines() if not ln.startswith("host:")]  # the host note wraps as text
+    assert max(map(len, table)) <= 80 and "…" not in r.output, r.output
+    starts = {ln.split(" ")[0] for ln in table}
+    assert {name for name in PROFILES} <= starts, r.output  # every name, whole, at the start of its row
+    assert any(re.search(r"\s204\.8\s.*\s85\.2\s", ln) for ln in table)
+    r = runner.invoke(app, ["inspect", str(DIGITS), "--exclude", "head"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert max(map(len, lines)) <= 80 and "…" not in r.output, r.output
+    for name in ("blocks.0.qkv", "blocks.1.proj", "head"):
+        assert any(ln.startswith(name + " ") for ln in lines), name
+    assert all(w in r.output for w in ("excluded", "--exclude", "'head'"))
