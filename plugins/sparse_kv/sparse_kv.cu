@@ -41,12 +41,10 @@ constexpr int kCompThreads = 128;  // prefill / append: one warp per token
 constexpr int kCompWarps = kCompThreads / 32;
 constexpr int kTile = 16;
 
-__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)), "l"(src));
-}
 __device__ __forceinline__ void cp_async8_u32(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src));
 }
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) { cp_async8_u32(smem_u32(dst), src); }
 
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
