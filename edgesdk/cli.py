@@ -17,10 +17,13 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.padding import Padding
+from rich.text import Text
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.tables import Fit, compact_table, key_column, num_column, text_column
+from edgesdk.tables import Fit, Grid, Ident, compact_table, grouped_notes, key_column, num_column, text_column
 
 app = typer.Typer(
     name="edgesdk",
@@ -38,9 +41,9 @@ EXTENSIONS = ("edgesdk.runtime_cli",)
 
 
 def fail(e: EdgeSDKError, code: int = 1):
-    err_console.print(f"[bold red]error:[/] {e.problem}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(e.problem)}", highlight=False, soft_wrap=True)
     if e.fix:
-        err_console.print(f"  [bold]fix:[/] {e.fix}", highlight=False, soft_wrap=True)
+        err_console.print(f"  [bold]fix:[/] {escape(e.fix)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -175,7 +178,7 @@ def inspect_cmd(
     if as_json:
         print(json.dumps(info, indent=2))
         return
-    console.print(f"[bold]{model}[/]: opset {info['opset']}, {state}, {len(linears)} linear layers")
+    console.print(f"[bold]{escape(str(model))}[/]: opset {info['opset']}, {state}, {len(linears)} linear layers")
     io = compact_table("Inputs / outputs")
     rows = [(kind[:-1], t["name"], t["dtype"], str(t["shape"])) for kind in ("inputs", "outputs") for t in info[kind]]
     num_column(io, "", justify="left")
@@ -183,15 +186,15 @@ def inspect_cmd(
     num_column(io, "dtype", justify="left")
     text_column(io, "shape")
     for r in rows:
-        io.add_row(*r)
+        io.add_row(r[0], Ident(r[1]), *r[2:])
     console.print(Fit(io, keys=(1,)))
-    t = compact_table("Linear layers")
-    key_column(t, "layer", [li.name for li in linears])
+    t = Grid("Linear layers")
+    t.key("layer")
     for c in ("op", "K×N", "weight", "bias", "int8", "act\nscale"):
-        num_column(t, c, justify="right" if c == "K×N" else "left")
-    text_column(t, "build would")
-    num_column(t, "M")
-    num_column(t, f"kernel\n({kernels})", justify="left")
+        t.num(c, justify="right" if c == "K×N" else "left", shared=c != "K×N")
+    t.text("build would")
+    t.num("M")
+    t.num(f"kernel\n({kernels})", justify="left", shared=False)
     for li in linears:
         would = skipped.get(li.name) or ("rewrite (already Q/DQ)" if li.quantized else "quantize + rewrite")
         p = plan.get(li.name)
@@ -199,10 +202,10 @@ def inspect_cmd(
         t.add_row(li.name, li.kind + (" (transA)" if li.trans_a else ""), f"{li.k}×{li.n}",
                   li.weight_layout, "yes" if li.bias else "no", "yes" if li.quantized else "no",
                   "yes" if li.act_scale else "no", would, "–" if p is None else str(p["rows_per_call"]), kern)
-    console.print(Fit(t))
-    for name, p in plan.items():
-        if p["reason"]:
-            console.print(f"  {name}: no plugin kernel: {p['reason']}")
+    console.print(t)
+    for line in grouped_notes([(name, f"no plugin kernel: {p['reason']}") for name, p in plan.items() if p["reason"]],
+                              every=len(linears)):
+        console.print(Padding(Text(line), (0, 0, 0, 2)))
     console.print(f"kernel preview for --device {device} --quantize {quantize} --sparsity {sparsity} "
                   f"--kernels {kernels}; `build` writes the final choice to report.json")
     if state == "qoperator":
@@ -252,7 +255,7 @@ def devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")]
     for c in ("SM", "SMs", "MHz", "GB", "GB/s", "L2\nMB", "DLA", "INT8\nTOPS", "FP16\nTFLOPS", "workspace\nMB"):
         num_column(t, c)
     for p in profiles:
-        t.add_row(p.name, p.description.removeprefix("Jetson "), p.compute_capability, str(p.sm_count),
+        t.add_row(Ident(p.name), p.description.removeprefix("Jetson "), p.compute_capability, str(p.sm_count),
                   f"{p.gpu_clock_mhz:.0f}", f"{p.memory_gb:g}", f"{p.bandwidth_gbs:g}", f"{p.l2_mb:g}", str(p.dla_cores),
                   f"{p.tensor_int8_tops or '-'}", f"{p.tensor_fp16_tflops or '-'}", str(p.workspace_mb))
     console.print(Fit(t))
@@ -305,7 +308,7 @@ def main() -> None:
     try:
         app()
     except EdgeSDKError as e:  # raised outside a command's own handler
-        err_console.print(f"error: {e}")
+        err_console.print(f"error: {escape(str(e))}")
         sys.exit(1)
 
 

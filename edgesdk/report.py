@@ -8,11 +8,13 @@ import tempfile
 from pathlib import Path
 
 from rich.console import Console, ConsoleOptions
+from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
 from edgesdk.onnx_io import _umask
-from edgesdk.tables import Fit, compact_table, key_column, natural_width, num_column, text_column
+from edgesdk.tables import Fit, Ident, compact_table, grouped_notes, key_column, natural_width, num_column, text_column
 
 REPORT_NAME = "report.json"
 
@@ -54,7 +56,7 @@ def _layers_grid(layers: list[dict], title: str, notes: bool) -> Table:
         text_column(t, "note")
     for r in layers:
         k, n = r["shape"]
-        cells = [r["name"], f"{k}×{n}", "yes" if r["quantized"] else "no", f"{r['sparsity']:.2f}",
+        cells = [Ident(r["name"]), f"{k}×{n}", "yes" if r["quantized"] else "no", f"{r['sparsity']:.2f}",
                  r["kernel"], _mb(r.get("bytes_dense")), _mb(r.get("bytes_packed"))]
         t.add_row(*cells, *([_note(r)] if notes else []))
     return t
@@ -77,8 +79,8 @@ class LayersView:
             yield Fit(with_notes)
             return
         yield Fit(_layers_grid(self.layers, self.title, notes=False))
-        for r in noted:
-            yield Text(f"  {r['name']}: {_note(r)}")
+        for line in grouped_notes([(r["name"], _note(r)) for r in noted], every=len(self.layers)):
+            yield Padding(Text(line), (0, 0, 0, 2))
 
 
 def layers_table(layers: list[dict], title: str = "Linear layers") -> LayersView:
@@ -97,7 +99,7 @@ def print_summary(report: dict, console: Console | None = None) -> None:
     else:
         console.print(layers_table(layers))
     for note in sorted({r["choice"] for r in layers if r.get("choice")}):
-        console.print(f"Kernel choice (--kernels auto): {note}")
+        console.print(Text(f"Kernel choice (--kernels auto): {note}"))
     if report.get("verify"):
         t = compact_table("Verification (ONNX Runtime, Polygraphy; n samples)")
         text_column(t, "processed\nvs")
@@ -110,11 +112,11 @@ def print_summary(report: dict, console: Console | None = None) -> None:
             result = "[green]PASS[/]" if v["passed"] else "[red]FAIL[/]"
             if not v.get("gate", True):
                 result = "(cost)"  # pruning changes the model on purpose: reported, not gating
-            t.add_row(against, v["output"], str(v["samples"]), f"{v['max_abs']:.3g}", f"{v['mean_abs']:.3g}",
+            t.add_row(against, Ident(v["output"]), str(v["samples"]), f"{v['max_abs']:.3g}", f"{v['mean_abs']:.3g}",
                       f"{v['rel_l2']:.3g}", f"{v['cosine']:.5f}", top1, result)
         console.print(Fit(t, keys=(1,)))
     eng = report.get("engine", {})
-    state = "[green]built[/]" if eng.get("built") else f"[yellow]not built[/]: {eng.get('reason')}"
+    state = "[green]built[/]" if eng.get("built") else f"[yellow]not built[/]: {escape(str(eng.get('reason')))}"
     console.print(f"TensorRT engine: {state}")
     if report.get("output"):
-        console.print(f"Build folder: [bold]{report['output']}[/] ({report.get('seconds', 0):.1f} s)")
+        console.print(f"Build folder: [bold]{escape(str(report['output']))}[/] ({report.get('seconds', 0):.1f} s)")

@@ -11,6 +11,7 @@ Both take ``--backend tensorrt`` (default) or ``--backend onnxruntime``.
 from __future__ import annotations
 
 import json
+import re
 import os
 import statistics
 import time
@@ -20,9 +21,10 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.tables import Fit, compact_table, key_column, num_column, text_column
+from edgesdk.tables import Fit, Ident, compact_table, key_column, num_column, text_column
 from edgesdk.runtime import BACKENDS, Engine, TensorInfo
 
 console = Console()
@@ -131,10 +133,21 @@ def _parse_shapes(values: list[str]) -> dict[str, tuple]:
     return out
 
 
+# the runtime's messages name Engine's arguments; on the command line the same choices are flags
+_CLI_WORDS = [(re.compile(r"Engine\((?:path|\.\.\.), backend='onnxruntime'\)|backend='onnxruntime'"), "--backend onnxruntime"),
+              (re.compile(r"cuda_graph=True"), "--cuda-graph"), (re.compile(r"drop cuda_graph"), "drop --cuda-graph")]
+
+
+def cli_words(text: str) -> str:
+    for pattern, flag in _CLI_WORDS:
+        text = pattern.sub(flag, text)
+    return text
+
+
 def _fail(e: EdgeSDKError):
-    console.print(f"[red]error:[/red] {e.problem}")
+    console.print(Text.assemble(("error:", "red"), " ", cli_words(e.problem)))
     if e.fix:
-        console.print(f"  [bold]fix:[/bold] {e.fix}")
+        console.print(Text.assemble("  ", ("fix:", "bold"), " ", cli_words(e.fix)))
     raise typer.Exit(1)
 
 
@@ -157,14 +170,14 @@ def run(build: BuildArg,
         finite = y.size and np.issubdtype(y.dtype, np.number)
         stats = [f"{float(f(y)):.5g}" if finite else "-" for f in (np.min, np.max, np.mean)]
         arg = str(np.argmax(y, axis=-1).reshape(-1)[:16].tolist()) if finite and y.ndim >= 1 else "-"
-        table.add_row(name, str(tuple(y.shape)), str(y.dtype), *stats, arg)
+        table.add_row(Ident(name), str(tuple(y.shape)), str(y.dtype), *stats, arg)
     console.print(Fit(table))
     if output is not None:
         output = output if output.suffix == ".npz" else output.with_suffix(".npz")
         tmp = output.with_name(f".{output.stem}.tmp{os.getpid()}.npz")
         np.savez(tmp, **outs)
         os.replace(tmp, output)
-        console.print(f"saved {output}")
+        console.print(Text(f"saved {output}"))
 
 
 def bench(build: BuildArg, backend: BackendOpt = "tensorrt", cuda_graph: GraphOpt = False,

@@ -105,3 +105,10 @@ def test_config_file_errors(tmp_path):
     p.write_text("quantize: fp4\n")
     with pytest.raises(EdgeSDKError, match="quantize"):
         load_config(p)
+
+
+def test_error_messages_print_paths_verbatim(tmp_path):
+    """Square brackets in a path are text, not rich markup."""
+    missing = tmp_path / "model[bold]v2.onnx"
+    r = runner.invoke(app, ["build", str(missing)])
+    assert r.exit_code == 1 and f"{missing} does not exist" in r.output, r.output

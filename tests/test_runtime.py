@@ -140,7 +140,12 @@ def test_cli_run_and_bench(build_dir, tmp_path):
     r = runner.invoke(app, ["run", str(build_dir), "-i", str(tmp_path / "in.npz"), "--backend", "onnxruntime"])
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["run", str(build_dir), "-i", str(tmp_path / "x.npy")])  # tensorrt: no plan
-    assert r.exit_code == 1 and "fix:" in r.output
+    # the fix is given in the command line's words, not Engine's arguments
+    assert r.exit_code == 1 and "fix:" in r.output and "--backend onnxruntime" in r.output, r.output
+    assert "Engine(" not in r.output and "backend='" not in r.output, r.output
+    r = runner.invoke(app, ["bench", str(build_dir), "--backend", "onnxruntime", "--cuda-graph"])
+    assert r.exit_code == 1 and "--cuda-graph needs the TensorRT backend" in r.output, r.output
+    assert "drop --cuda-graph" in r.output and "cuda_graph" not in r.output, r.output
     r = runner.invoke(app, ["bench", str(build_dir), "--backend", "onnxruntime", "--batch", "2",
                             "--iterations", "5", "--warmup", "1", "--json", str(tmp_path / "b.json")])
     assert r.exit_code == 0, r.output

@@ -3,12 +3,16 @@
 import re
 from pathlib import Path
 
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 from rich.console import Console
 from typer.testing import CliRunner
 
 from edgesdk.cli import app
 from edgesdk.devices import PROFILES
 from edgesdk.report import print_summary
+from edgesdk.tables import grouped_notes, wrap_ident
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "models" / "digits_vit.onnx"
@@ -47,8 +51,16 @@ def flat(lines) -> str:
 def test_build_summary_at_80_columns():
     lines = render(80)
     assert max(map(len, lines)) <= 80 and not any("…" in ln for ln in lines), "\n".join(lines)
-    # the 58-character name does not fit: the name column is folded (names broken onto more lines, not cut)
-    assert LONG not in "\n".join(lines) and LONG in "".join(ln.split("  ")[0] for ln in lines)
+    # the 58-character name does not fit: the name column is folded (names broken onto more lines, not cut),
+    # each line of it ending after a separator
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("model.layers.29"))
+    pieces = [lines[first].split("  ")[0]]
+    for ln in lines[first + 1:]:
+        if ln.startswith(" ") or len(ln.split()) != 1:  # not a continuation of the name cell
+            break
+        pieces.append(ln.strip())
+    assert LONG not in "\n".join(lines) and "".join(pieces).startswith(LONG), "\n".join(lines)
+    assert all(piece[-1] in "._" for piece in pieces[:-1]), pieces
     # every number of every row is whole
     for cell in ("576×576", "1536×576", "0.66", "0.38", "1.77", "1.02", "0.112", "0.0284", "0.99976", "1.5e-05",
                  "0.7500", "PASS", "(cost)"):
@@ -86,3 +98,59 @@ def test_devices_and_inspect_at_80_columns():
     for name in ("blocks.0.qkv", "blocks.1.proj", "head"):
         assert any(ln.startswith(name + " ") for ln in lines), name
     assert all(w in r.output for w in ("excluded", "--exclude", "'head'"))
+
+
+def test_wrap_ident():
+    name = "lm.model.layers.10.self_attn.q_proj"
+    for width in range(1, 40):
+        lines = wrap_ident(name, width)
+        assert "".join(lines) == name and all(len(ln) <= width for ln in lines), (width, lines)
+    assert wrap_ident(name, 40) == [name]
+    assert wrap_ident(name, 30) == ["lm.model.layers.10.self_attn.", "q_proj"]  # after a dot, not after "q_"
+    assert wrap_ident(name, 14) == ["lm.model.", "layers.10.", "self_attn.", "q_proj"]
+    assert wrap_ident("a_very_long_identifier", 12) == ["a_very_long_", "identifier"]  # no dot: after "_"
+    assert wrap_ident("abcdefghijklmnopqrstuvwxyz", 12) == ["abcdefghijkl", "mnopqrstuvwx", "yz"]
+
+
+def test_grouped_notes():
+    notes = [("a.q", "slow"), ("a.k", "slow"), ("head", "float"), ("b.q", "slow")]
+    assert grouped_notes(notes) == ["3 layers (a.q ... b.q): slow", "head: float"]
+    assert grouped_notes(notes[:2], every=2) == ["every layer: slow"]
+    assert grouped_notes(notes[:2], every=3) == ["2 layers (a.q, a.k): slow"]
+
+
+def _llm_like(path: Path, layers: int = 3) -> list[str]:
+    """A decoder-shaped chain of MatMuls named as Hugging Face names them (31-32 characters)."""
+    rng = np.random.default_rng(3)
+    names, nodes, inits, x = [], [], [], "x"
+    for i in range(layers):
+        for p in ("q", "k", "v", "o"):
+            name = f"model.layers.{i}.self_attn.{p}_proj"
+            w = (rng.standard_normal((64, 64)) * 0.1).astype(np.float32)
+            inits.append(numpy_helper.from_array(w, name + ".weight"))
+            nodes.append(helper.make_node("MatMul", [x, name + ".weight"], [name + ".out"], name=f"/{name}/MatMul"))
+            names.append(name)
+            x = name + ".out"
+    graph = helper.make_graph(nodes, "llm_like", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 64])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 1, 64])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return names
+
+
+def test_inspect_llm_names_at_80_columns(tmp_path):
+    names = _llm_like(tmp_path / "llm.onnx")
+    r = runner.invoke(app, ["inspect", str(tmp_path / "llm.onnx")], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert max(map(len, lines)) <= 80 and "…" not in r.output, r.output
+    # every layer name whole at the start of its row: the values all rows share are said once above the table
+    for name in names:
+        assert any(ln.startswith(name + " ") for ln in lines), r.output
+    assert "every row: op MatMul, weight KN, bias no" in r.output  # as many as it takes, in column order
+    assert not any(re.match(r"layer\s+op\s", ln) for ln in lines), r.output
+    # one note for the 12 layers that share it, not 12
+    assert flat(lines).count("no plugin kernel") == 1 and "every layer: no plugin kernel: auto:" in flat(lines)
+    # a wide terminal keeps every column
+    r = runner.invoke(app, ["inspect", str(tmp_path / "llm.onnx")], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "every row" not in r.output, r.output
+    assert any(re.match(r"layer\s+op\s+K×N\s+weight\s+bias\s+int8", ln) for ln in r.output.splitlines()), r.output
