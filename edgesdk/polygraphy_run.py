@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from polygraphy import util
 from polygraphy.backend.base import BaseLoader
+from polygraphy.logger import G_LOGGER
 from polygraphy.tools.args import ModelArgs, OnnxLoadArgs, TrtRunnerArgs
 from polygraphy.tools.args.base import BaseRunnerArgs
 from polygraphy.tools.script import make_invocable
@@ -52,6 +53,18 @@ class SessionFromEdgeOnnx(BaseLoader):
 
         model, _ = util.invoke_if_callable(self._model)
         return make_session(model, self._threads)
+
+
+def register_trt_plugins() -> list[str]:
+    """:func:`edgesdk.trt.registry.register_plugins`, failing as Polygraphy fails (a message, no traceback)."""
+    from edgesdk.errors import EdgeSDKError
+    from edgesdk.trt.registry import register_plugins
+
+    try:
+        return register_plugins()
+    except EdgeSDKError as e:
+        G_LOGGER.critical(f"--edgesdk-trt: {e.problem}\n  fix: install TensorRT >= 10.3 (JetPack 6.1+ ships it) "
+                          "and run this again, or leave --edgesdk-trt out and run --edgesdk-onnxrt alone")
 
 
 class EdgeOnnxrtRunnerArgs(BaseRunnerArgs):
@@ -92,8 +105,8 @@ class EdgeTrtRunnerArgs(BaseRunnerArgs):
 
     def add_to_script_impl(self, script):
         # runs where the script defines its loaders, before any runner parses the model
-        script.add_import(imports=["register_plugins"], frm="edgesdk.trt.registry")
-        script.add_loader(make_invocable("register_plugins"), "edgesdk_plugins")
+        script.add_import(imports=["register_trt_plugins"], frm="edgesdk.polygraphy_run")
+        script.add_loader(make_invocable("register_trt_plugins"), "edgesdk_plugins")
         self.arg_groups[TrtRunnerArgs].add_to_script_impl(script)
 
 

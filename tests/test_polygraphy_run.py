@@ -1,5 +1,6 @@
 """`polygraphy run --edgesdk-onnxrt / --edgesdk-trt` (edgesdk/polygraphy_run.py) on a built demo."""
 
+import importlib.util
 import subprocess
 import sys
 from importlib import metadata
@@ -70,8 +71,16 @@ def test_edgesdk_trt_runner_script(built, tmp_path):
                    "--gen-script", "run.py", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     script = (tmp_path / "run.py").read_text()
-    assert "from edgesdk.trt.registry import register_plugins" in script
-    register = script.index("edgesdk_plugins = register_plugins()")
+    assert "from edgesdk.polygraphy_run import SessionFromEdgeOnnx, register_trt_plugins" in script
+    register = script.index("edgesdk_plugins = register_trt_plugins()")
     assert register < script.index("NetworkFromOnnxPath(") < script.index("TrtRunner(")
     assert "strongly_typed=True" in script and "OnnxrtRunner(build_edgesdk_onnxrt_session)" in script
     compile(script, "run.py", "exec")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed here")
+def test_edgesdk_trt_without_tensorrt_says_what_to_do(built, tmp_path):
+    r = polygraphy("run", built / "model.onnx", "--edgesdk-trt", "--strongly-typed", cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "Traceback" not in out, out
+    assert "--edgesdk-trt: TensorRT is not installed" in out and "--edgesdk-onnxrt alone" in out, out
