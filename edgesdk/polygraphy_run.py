@@ -20,10 +20,11 @@ For example, on the Jetson::
 and on any machine, against the original model's outputs::
 
     polygraphy run model.onnx --onnxrt --save-outputs ref.json
-    polygraphy run out/digits/model.onnx --edgesdk-onnxrt --load-outputs ref.json --atol 0.1 --rtol 0.1
+    polygraphy run out/digits/model.onnx --edgesdk-onnxrt --load-outputs ref.json \
+        --check-error-stat mean --atol 0.1 --rtol 0.1    # as `edgesdk build` judges (INT8 vs float)
 
-Both runners take the model given to ``polygraphy run``; ``--onnx-outputs mark all`` and the other ONNX
-loader options apply to ``--edgesdk-onnxrt`` as they do to ``--onnxrt``.
+Both runners take the model given to ``polygraphy run``; ``--onnx-outputs`` and the other ONNX loader
+options apply to ``--edgesdk-onnxrt`` as they do to ``--onnxrt``.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ Both take ``--backend tensorrt`` (default) or ``--backend onnxruntime``.
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import statistics
 import time
 from pathlib import Path
