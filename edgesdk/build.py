@@ -167,6 +167,8 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
             onnx_path = save_model(processed, tmp / MODEL_NAME)
         with step("Build the TensorRT engine"):
             engine = engine_step(onnx_path, tmp, device, config)
+        if config.verify and engine.get("built"):
+            verify_rows = verify_rows + engine_rows(Path(engine["plan"]), processed, check_feeds, config, step)
         report = {
             "edgesdk_report": 1,
             "device": device.model_dump(),
@@ -263,7 +265,11 @@ def check_build(build_dir: Path | str, model_path: Path | str | None = None, ove
         quantized, _ = quantize_step(original, find_linears(original), quant_state(original), calib, config, step)
         with step("Prune a dense reference with the same masks (for the verification)"):
             pruned_ref = pruned_reference(quantized, calib, config, get_profile(config.device))
-    return verify_all(original, processed, pruned_ref, check_feeds, config, step)
+    rows = verify_all(original, processed, pruned_ref, check_feeds, config, step)
+    plan = (report.get("engine") or {}).get("plan")  # its sha256 was checked above with the other files
+    if plan and importlib.util.find_spec("tensorrt") is not None:
+        rows += engine_rows(build_dir / plan, processed, check_feeds, config, step)
+    return rows
 
 
 def quantize_step(model, linears, state: str, calib, config: BuildConfig, step: StepFn):
@@ -313,6 +319,24 @@ def verify_all(original, processed, pruned_ref, feeds, config: BuildConfig, step
                 r["runners"] = ["onnxrt-pruned-reference", r["runners"][1]]
                 r["gate"] = True
                 rows.append(r)
+    return rows
+
+
+def engine_rows(plan: Path, processed, feeds, config: BuildConfig, step: StepFn) -> list[dict]:
+    """The TensorRT engine vs ONNX Runtime on the processed model, gating (``against: "tensorrt"``). An engine
+    that cannot be run gives one failing row carrying the ``error``, so the build is reported unverified."""
+    from edgesdk.verify import ENGINE, PROCESSED, verify_engine
+
+    with step(f"Verify the TensorRT engine against ONNX Runtime ({len(feeds)} samples, Polygraphy)"):
+        try:
+            rows = verify_engine(plan.read_bytes(), processed, feeds, config)
+        except Exception as e:  # reported in the row; the folder keeps the engine
+            rows = [{"output": "(engine)", "runners": [PROCESSED, ENGINE], "samples": len(feeds), "max_abs": None,
+                     "mean_abs": None, "rel_l2": None, "cosine": None, "top1_agreement": None, "atol": config.atol,
+                     "rtol": config.rtol, "min_cosine": config.min_cosine, "passed": False,
+                     "error": f"the engine could not be run: {type(e).__name__}: {e}"}]
+    for r in rows:
+        r["against"], r["gate"] = "tensorrt", True
     return rows
 
 

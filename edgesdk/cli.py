@@ -220,7 +220,8 @@ def check(
     rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the build's rtol.")] = None,
     min_cosine: Annotated[Optional[float], typer.Option("--min-cosine", help="Override the build's min cosine.")] = None,
 ):
-    """Re-run the verification of a build folder: file checksums, then original vs processed on ONNX Runtime."""
+    """Re-run the verification of a build folder: file checksums, then original vs processed on ONNX Runtime,
+    and its TensorRT engine vs ONNX Runtime where the folder has one and TensorRT is installed."""
     from edgesdk.build import check_build, verified
     from edgesdk.report import print_summary
 
@@ -230,9 +231,18 @@ def check(
             rows = check_build(build_dir, model, {"atol": atol, "rtol": rtol, "min_cosine": min_cosine}, step)
     except EdgeSDKError as e:
         fail(e)
-    print_summary({"verify": rows, "layers": [], "engine": {"built": None, "reason": "(not rebuilt by check)"}}, console)
+    print_summary({"verify": rows, "layers": []}, console)
+    if not any(r.get("against") == "tensorrt" for r in rows):
+        console.print(Text("TensorRT engine: not run by check (" + engine_absence(build_dir) + ")"))
     if verified(rows) is False:
         raise typer.Exit(2)
+
+
+def engine_absence(build_dir: Path) -> str:
+    """Why ``check`` did not run a build folder's engine."""
+    if not (build_dir / "model.plan").is_file():
+        return "the folder has no model.plan: it was built without TensorRT"
+    return "TensorRT is not installed here"
 
 
 @app.command()

@@ -87,6 +87,13 @@ def layers_table(layers: list[dict], title: str = "Linear layers") -> LayersView
     return LayersView(layers, title)
 
 
+_AGAINST = {"original": "original", "pruned_reference": "pruned dense", "tensorrt": "TensorRT"}
+
+
+def _num(v, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
 def print_summary(report: dict, console: Console | None = None) -> None:
     """Layers, verification and engine status of a build report, as rich tables."""
     console = console or Console()
@@ -101,22 +108,28 @@ def print_summary(report: dict, console: Console | None = None) -> None:
     for note in sorted({r["choice"] for r in layers if r.get("choice")}):
         console.print(Text(f"Kernel choice (--kernels auto): {note}"))
     if report.get("verify"):
-        t = compact_table("Verification (ONNX Runtime, Polygraphy; n samples)")
+        engines = " and TensorRT" if any(v.get("against") == "tensorrt" for v in report["verify"]) else ""
+        t = compact_table(f"Verification (ONNX Runtime{engines}, Polygraphy; n samples)")
         text_column(t, "processed\nvs")
         key_column(t, "output", [v["output"] for v in report["verify"]])
         for c in ("n", "max\nabs", "mean\nabs", "rel\nl2", "cosine", "top1", "result"):
             num_column(t, c)
         for v in report["verify"]:
             top1 = "-" if v.get("top1_agreement") is None else f"{v['top1_agreement']:.4f}"
-            against = {"pruned_reference": "pruned dense"}.get(v.get("against"), "original")
+            against = _AGAINST.get(v.get("against"), "original")
             result = "[green]PASS[/]" if v["passed"] else "[red]FAIL[/]"
             if not v.get("gate", True):
                 result = "(cost)"  # pruning changes the model on purpose: reported, not gating
-            t.add_row(against, Ident(v["output"]), str(v["samples"]), f"{v['max_abs']:.3g}", f"{v['mean_abs']:.3g}",
-                      f"{v['rel_l2']:.3g}", f"{v['cosine']:.5f}", top1, result)
+            t.add_row(against, Ident(v["output"]), str(v["samples"]), _num(v["max_abs"], ".3g"),
+                      _num(v["mean_abs"], ".3g"), _num(v["rel_l2"], ".3g"), _num(v["cosine"], ".5f"), top1, result)
         console.print(Fit(t, keys=(1,)))
-    eng = report.get("engine", {})
-    state = "[green]built[/]" if eng.get("built") else f"[yellow]not built[/]: {escape(str(eng.get('reason')))}"
-    console.print(f"TensorRT engine: {state}")
+    if "engine" in report:
+        eng = report["engine"]
+        state = "[green]built[/]" if eng.get("built") else f"[yellow]not built[/]: {escape(str(eng.get('reason')))}"
+        console.print(f"TensorRT engine: {state}")
+    for v in report.get("verify", []):
+        if v.get("error"):
+            console.print(Text(f"verification against {_AGAINST.get(v.get('against'), v.get('against'))} failed: "
+                               f"{v['error']}"))
     if report.get("output"):
         console.print(f"Build folder: [bold]{escape(str(report['output']))}[/] ({report.get('seconds', 0):.1f} s)")

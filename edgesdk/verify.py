@@ -1,7 +1,8 @@
-"""Verification: ONNX Runtime on the original model vs ONNX Runtime on the processed one, via Polygraphy.
+"""Verification: ONNX Runtime on the original model vs ONNX Runtime on the processed one, via Polygraphy;
+and, where a TensorRT engine was built, the engine vs ONNX Runtime on the processed model.
 
-Both sides run in :func:`edgesdk.ort.make_session` (CPU, ``ORT_DISABLE_ALL``, plugin nodes through
-their reference ops) under Polygraphy's ``Comparator``; pass/fail per output comes from
+The ONNX Runtime sides run in :func:`edgesdk.ort.make_session` (CPU, ``ORT_DISABLE_ALL``, plugin nodes
+through their reference ops) under Polygraphy's ``Comparator``; pass/fail per output comes from
 ``SimpleCompareFunc`` (mean absolute error ≤ atol, or mean relative error ≤ rtol) together with
 a cosine-similarity floor. The figures reported per output: ``max_abs``, ``rel_l2``
 (‖a−b‖₂/‖a‖₂), ``cosine`` and, for outputs that look like class scores (float, last dim ≥ 2),
@@ -13,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-ORIGINAL, PROCESSED = "onnxrt-original", "onnxrt-processed"
+ORIGINAL, PROCESSED, ENGINE = "onnxrt-original", "onnxrt-processed", "tensorrt-engine"
 
 
 def verify(original: onnx.ModelProto, processed: onnx.ModelProto, feeds: list[dict[str, np.ndarray]],
@@ -31,17 +32,45 @@ def verify(original: onnx.ModelProto, processed: onnx.ModelProto, feeds: list[di
         top1_agreement (or None), atol, rtol, min_cosine, passed``.
     """
     from polygraphy.backend.onnxrt import OnnxrtRunner
-    from polygraphy.comparator import Comparator, SimpleCompareFunc
-    from polygraphy.logger import G_LOGGER
 
     from edgesdk.ort import make_session
 
+    return compare([OnnxrtRunner(lambda: make_session(original), name=ORIGINAL),
+                    OnnxrtRunner(lambda: make_session(processed), name=PROCESSED)], feeds, config)
+
+
+def verify_engine(plan: bytes, processed: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], config) -> list[dict]:
+    """Compare a TensorRT engine (``plan``, serialized) against ONNX Runtime on ``processed`` on ``feeds``.
+
+    Registers edgesdk's plugin creators before TensorRT deserializes the plan. Never run: TensorRT cannot be
+    installed where this was written (``tools/trt_smoke.py`` exercises it through ``edgesdk build``).
+
+    Returns:
+        As :func:`verify`, runners ``onnxrt-processed`` and ``tensorrt-engine``.
+
+    Raises:
+        EdgeSDKError: TensorRT is not installed or refused edgesdk's plugins.
+    """
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+    from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+
+    from edgesdk.ort import make_session
+    from edgesdk.trt.registry import register_plugins
+
+    register_plugins()
+    return compare([OnnxrtRunner(lambda: make_session(processed), name=PROCESSED),
+                    TrtRunner(EngineFromBytes(plan), name=ENGINE)], feeds, config)
+
+
+def compare(runners: list, feeds: list[dict[str, np.ndarray]], config) -> list[dict]:
+    """Run two Polygraphy runners (reference first) on ``feeds`` and compare them, one row per output."""
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
+    from polygraphy.logger import G_LOGGER
+
     G_LOGGER.module_severity = G_LOGGER.CRITICAL  # our own table reports the results
-    runners = [OnnxrtRunner(lambda: make_session(original), name=ORIGINAL),
-               OnnxrtRunner(lambda: make_session(processed), name=PROCESSED)]
     results = Comparator.run(runners, data_loader=feeds)
-    compare = SimpleCompareFunc(atol=config.atol, rtol=config.rtol, check_error_stat="mean")
-    accuracy = Comparator.compare_accuracy(results, compare_func=compare)
+    compare_func = SimpleCompareFunc(atol=config.atol, rtol=config.rtol, check_error_stat="mean")
+    accuracy = Comparator.compare_accuracy(results, compare_func=compare_func)
     if not hasattr(accuracy, "values"):  # polygraphy >= 0.53: AccuracyResults, one AccuracyResult per compare func
         accuracy = accuracy[0]
     verdicts: dict[str, bool] = {}
@@ -62,7 +91,7 @@ def verify(original: onnx.ModelProto, processed: onnx.ModelProto, feeds: list[di
             rb = np.concatenate([np.asarray(it[name]).reshape(-1, last.shape[-1]).argmax(-1) for it in out_iters])
             top1 = float(np.mean(ra == rb))
         passed = verdicts.get(name, False) and m["cosine"] >= config.min_cosine
-        rows.append({"output": name, "runners": [ORIGINAL, PROCESSED], "samples": len(feeds), **m,
+        rows.append({"output": name, "runners": [r.name for r in runners], "samples": len(feeds), **m,
                      "top1_agreement": top1, "atol": config.atol, "rtol": config.rtol,
                      "min_cosine": config.min_cosine, "passed": bool(passed)})
     return rows

@@ -1,5 +1,6 @@
 """The build pipeline on the bundled digits ViT: folder contents, report/manifest contracts, atomicity, check."""
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -150,3 +151,55 @@ def test_sparse_build_gates_on_the_pruned_reference(tmp_path):
     assert r["verified"] is True
     rows = check_build(tmp_path / "s")
     assert [row["against"] for row in rows] == ["original", "pruned_reference"] and rows[1]["passed"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed here")
+def test_engine_that_cannot_run_fails_the_verification(built, tmp_path):
+    """An engine the build cannot run against ONNX Runtime leaves the build unverified, with the reason (here
+    the real reason: no TensorRT to load the plan); the comparison itself is `verify.compare`, tested through
+    every ONNX Runtime verification."""
+    from edgesdk.build import _quiet_step, engine_rows, verified
+
+    out, report = built
+    (tmp_path / "model.plan").write_bytes(b"\x01not a plan")
+    rows = engine_rows(tmp_path / "model.plan", onnx.load(str(out / "model.onnx")), [{"x": np.ones((1, 1, 8, 8),
+                       np.float32)}], BuildConfig(), _quiet_step)
+    (row,) = rows
+    assert row["against"] == "tensorrt" and row["gate"] and not row["passed"] and row["cosine"] is None
+    assert row["runners"] == ["onnxrt-processed", "tensorrt-engine"]
+    assert "TensorRT is not installed" in row["error"]
+    assert verified(report["verify"] + rows) is False
+
+
+def test_summary_shows_engine_rows_and_errors():
+    from rich.console import Console
+
+    from edgesdk.report import print_summary
+
+    ok = dict(against="tensorrt", gate=True, output="logits", samples=4, max_abs=0.004, mean_abs=0.001,
+              rel_l2=0.002, cosine=0.99999, top1_agreement=1.0, passed=True)
+    bad = dict(ok, output="(engine)", max_abs=None, mean_abs=None, rel_l2=None, cosine=None, top1_agreement=None,
+               passed=False, error="the engine could not be run: RuntimeError: boom")
+    console = Console(width=80, record=True, color_system=None)
+    print_summary({"verify": [ok, bad], "layers": []}, console)
+    text = console.export_text()
+    assert "Verification (ONNX Runtime and TensorRT" in text
+    assert any(ln.split()[:3] == ["TensorRT", "logits", "4"] and ln.split()[-1] == "PASS" for ln in text.splitlines())
+    assert any(ln.split()[:2] == ["TensorRT", "(engine)"] and ln.split()[-1] == "FAIL" and " - " in ln
+               for ln in text.splitlines()), text
+    assert "verification against TensorRT failed: the engine could not be run: RuntimeError: boom" in " ".join(
+        text.split())
+    assert "TensorRT engine:" not in text  # no engine record given: no engine line
+
+
+@pytest.mark.trt
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernels", ["bitmap", "vitbit"])
+def test_build_verifies_its_engine(kernels, tmp_path):
+    """Where TensorRT is installed (never here): the engine is compared with ONNX Runtime and gates the build."""
+    report = build(DIGITS, BuildConfig(device="host", output=tmp_path / "o", calibration=CALIB, kernels=kernels))
+    assert report["engine"]["built"], report["engine"]["reason"]
+    rows = [r for r in report["verify"] if r["against"] == "tensorrt"]
+    assert [r["output"] for r in rows] == ["logits"] and rows[0]["runners"] == ["onnxrt-processed", "tensorrt-engine"]
+    assert all(r["passed"] for r in rows) and report["verified"] is True, rows
+    assert [r["against"] for r in check_build(tmp_path / "o")][-1] == "tensorrt"

@@ -180,6 +180,10 @@ def demo(model_path: Path, work: Path, kernels: str, atol: float, rtol: float, m
     if not record(f"demo kernels={kernels}: build", report["engine"]["built"], reason=report["engine"]["reason"],
                   plugin_ops=",".join(ops) or "none"):
         return
+    engine_rows = [r for r in report["verify"] if r.get("against") == "tensorrt"]
+    record(f"demo kernels={kernels}: edgesdk build verified its engine against ONNX Runtime",
+           bool(engine_rows) and all(r["passed"] for r in engine_rows),
+           **{f"{r['output']}_{k}": r.get(k) for r in engine_rows for k in ("mean_abs", "cosine", "error")})
     with Engine(out, backend="onnxruntime") as cpu:
         feeds = [random_inputs(cpu.inputs, batch=b, seed=s) for s, b in ((1, 1), (2, 2), (3, 1))]
         refs = [cpu.infer(f) for f in feeds]
