@@ -115,7 +115,7 @@ def print_summary(report: dict, console: Console | None = None) -> None:
         for c in ("n", "max\nabs", "mean\nabs", "rel\nl2", "cosine", "top1", "result"):
             num_column(t, c)
         for v in report["verify"]:
-            top1 = "-" if v.get("top1_agreement") is None else f"{v['top1_agreement']:.4f}"
+            top1 = _num(v.get("top1_agreement"), ".4f")
             against = _AGAINST.get(v.get("against"), "original")
             result = "[green]PASS[/]" if v["passed"] else "[red]FAIL[/]"
             if not v.get("gate", True):
