@@ -240,8 +240,10 @@ def check(
 
 def engine_absence(build_dir: Path) -> str:
     """Why ``check`` did not run a build folder's engine."""
-    if not (build_dir / "model.plan").is_file():
-        return "the folder has no model.plan: it was built without TensorRT"
+    from edgesdk.runtime import PLAN_NAME
+
+    if not (build_dir / PLAN_NAME).is_file():
+        return f"the folder has no {PLAN_NAME}: it was built without TensorRT"
     return "TensorRT is not installed here"
 
 

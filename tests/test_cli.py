@@ -65,6 +65,7 @@ def test_build_with_yaml_config_and_flag_override_then_check(tmp_path):
     assert "Verification" in r.output and "PASS" in r.output and "blocks.0.qkv" in r.output
     r = runner.invoke(app, ["check", str(out)])
     assert r.exit_code == 0 and "PASS" in r.output, r.output
+    assert "not run by check (the folder has no model.plan" in " ".join(r.output.split()), r.output
     r = runner.invoke(app, ["check", str(out), "--min-cosine", "1.0", "--atol", "0", "--rtol", "0"])
     assert r.exit_code == 2 and "FAIL" in r.output
 
