@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from edgesdk.onnx_io import _umask
-from edgesdk.tables import Fit, Ident, compact_table, grouped_notes, key_column, natural_width, num_column, text_column
+from edgesdk.tables import Fit, Grid, Ident, compact_table, grouped_notes, key_column, natural_width, num_column, text_column
 
 REPORT_NAME = "report.json"
 
@@ -47,16 +47,22 @@ def _timed(r: dict) -> str:
     return f"measured: {ours:.1f} µs vs dense {m['dense_us']:.1f} µs ({m['dense_us'] / ours:.2f}×)"
 
 
-def _layers_grid(layers: list[dict], title: str, notes: bool) -> Table:
-    t = compact_table(title)
-    key_column(t, "layer", [r["name"] for r in layers])
-    for c in ("K×N", "int8", "sparsity", "kernel", "MB\ndense", "MB\npacked"):  # the op kind: `edgesdk inspect`
-        num_column(t, c, justify="left" if c == "kernel" else "center" if c == "int8" else "right")
+def _layers_grid(layers: list[dict], title: str, notes: bool) -> Grid:
+    """INT8 state and sparsity, where every layer shares them, may move above the table (``Grid``); the shape,
+    kernel and sizes stay in it."""
+    t = Grid(title)
+    t.key("layer")
+    t.num("K×N", shared=False)  # the op kind: `edgesdk inspect`
+    t.num("int8", justify="center")
+    t.num("sparsity")
+    t.num("kernel", justify="left", shared=False)
+    t.num("MB\ndense", shared=False)
+    t.num("MB\npacked", shared=False)
     if notes:
-        text_column(t, "note")
+        t.text("note", shared=False)
     for r in layers:
         k, n = r["shape"]
-        cells = [Ident(r["name"]), f"{k}×{n}", "yes" if r["quantized"] else "no", f"{r['sparsity']:.2f}",
+        cells = [r["name"], f"{k}×{n}", "yes" if r["quantized"] else "no", f"{r['sparsity']:.2f}",
                  r["kernel"], _mb(r.get("bytes_dense")), _mb(r.get("bytes_packed"))]
         t.add_row(*cells, *([_note(r)] if notes else []))
     return t
@@ -67,7 +73,9 @@ def _note(r: dict) -> str:
 
 
 class LayersView:
-    """The layers table; its notes go in a last column where they fit unwrapped, else as lines below it."""
+    """The layers table; its notes go in a last column where the whole table fits unwrapped, else as lines below
+    it (grouped where layers share one), and then the values every layer shares move above it where it is still
+    too wide."""
 
     def __init__(self, layers: list[dict], title: str = "Linear layers"):
         self.layers, self.title = layers, title
@@ -75,10 +83,10 @@ class LayersView:
     def __rich_console__(self, console: Console, options: ConsoleOptions):
         with_notes = _layers_grid(self.layers, self.title, notes=True)
         noted = [r for r in self.layers if _note(r)]
-        if not noted or natural_width(console, options, with_notes)[1] <= options.max_width:
-            yield Fit(with_notes)
+        if not noted or natural_width(console, options, with_notes.table(title=self.title))[1] <= options.max_width:
+            yield _layers_grid(self.layers, self.title, notes=bool(noted))
             return
-        yield Fit(_layers_grid(self.layers, self.title, notes=False))
+        yield _layers_grid(self.layers, self.title, notes=False)
         for line in grouped_notes([(r["name"], _note(r)) for r in noted], every=len(self.layers)):
             yield Padding(Text(line), (0, 0, 0, 2))
 

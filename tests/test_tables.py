@@ -77,6 +77,29 @@ def test_build_summary_at_80_columns_keeps_names_whole_where_they_fit():
     assert any(ln.startswith("model.layers.0.self_attn.q_proj ") for ln in lines)
 
 
+def test_build_summary_llm_names_at_80_columns():
+    """Llama-style names (32 characters): the INT8 state every layer shares is said once above the table, so the
+    names stay whole; sparsity differs between layers, so it stays a column."""
+    layers = [dict(name=f"model.layers.{i}.{p}", kind="MatMul", shape=(k, n), quantized=True, sparsity=s,
+                   kernel="bitmap", bytes_dense=2 * k * n, bytes_packed=k * n)
+              for i in (0, 15) for p, (k, n), s in (("self_attn.q_proj", (2048, 2048), 0.5),
+                                                    ("self_attn.k_proj", (2048, 512), 0.3),
+                                                    ("mlp.down_proj", (8192, 2048), 0.7))]
+    layers[1]["reason"] = NOTE
+    lines = render(80, {"layers": layers})
+    assert max(map(len, lines)) <= 80 and not any("…" in ln for ln in lines), "\n".join(lines)
+    for r in layers:
+        assert any(ln.startswith(r["name"] + " ") for ln in lines), "\n".join(lines)
+    assert any(ln.strip() == "every row: int8 yes" for ln in lines), "\n".join(lines)
+    assert any(re.match(r"layer\s+K×N\s+sparsity\s+kernel\s", ln) for ln in lines), "\n".join(lines)
+    assert any(re.search(r"\s2048×512\s+0\.30\s+bitmap\s+2\.10\s+1\.05$", ln) for ln in lines), "\n".join(lines)
+    assert f"model.layers.0.self_attn.k_proj: {NOTE}" in flat(lines)
+    # a wide terminal keeps every column and the note beside its row
+    lines = render(200, {"layers": layers})
+    assert not any("every row" in ln for ln in lines) and any(ln.rstrip().endswith(NOTE) for ln in lines)
+    assert any(re.match(r"layer\s+K×N\s+int8\s+sparsity", ln) for ln in lines), "\n".join(lines)
+
+
 def test_build_summary_wide_terminal_keeps_notes_in_the_table():
     lines = render(220)
     assert any(ln.startswith("lm.head_proj ") and ln.rstrip().endswith(NOTE) for ln in lines), "\n".join(lines)
