@@ -42,9 +42,9 @@ from typing import Any, Mapping, NamedTuple
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.trt.engine import PLAN_NAME  # the one definition: the build writes it
 
 BACKENDS = ("tensorrt", "onnxruntime")
-PLAN_NAME = "model.plan"
 MANIFEST_NAME = "manifest.json"
 ONNX_NAMES = ("model.onnx",)
 
