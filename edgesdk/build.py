@@ -46,12 +46,27 @@ def default_output(model_path: Path) -> Path:
     return Path("out") / Path(model_path).stem
 
 
-def check_output(out: Path, force: bool) -> None:
-    """Refuse an existing folder without ``force`` and an unwritable destination, before any work."""
+def check_output(out: Path, force: bool, inputs: tuple = (), marker: tuple[str, ...] = (REPORT_NAME, MANIFEST_NAME),
+                 what: str = "an edgesdk build folder") -> None:
+    """Refuse, before any work, an existing folder without ``force``, and with it any folder that is not one this
+    tool wrote (no ``marker`` files; an empty one is fine), one holding an input (``inputs``: the model, the
+    calibration file) or the current directory; and an unwritable destination."""
     if out.exists() and not force:
         raise EdgeSDKError(f"output folder {out} already exists.", "pass --force to replace it, or choose another -o.")
     if out.exists() and not out.is_dir():
         raise EdgeSDKError(f"output path {out} exists and is not a folder.", "choose another -o.")
+    if out.exists():
+        real, cwd = out.resolve(), Path.cwd().resolve()
+        if real == cwd or real in cwd.parents or real == Path.home().resolve():
+            raise EdgeSDKError(f"--force would delete {out} ({real}), which holds the current directory or is home.",
+                               "choose an -o of its own, e.g. -o out/NAME.")
+        for i in inputs:
+            if i and Path(i).exists() and real in Path(i).resolve().parents:
+                raise EdgeSDKError(f"--force would delete {out}, which holds the input {i}.",
+                                   "choose another -o, or move the input out of it first.")
+        if any(out.iterdir()) and not all((out / m).is_file() for m in marker):
+            raise EdgeSDKError(f"{out} is not {what} (no {'/'.join(marker)}): --force replaces only those.",
+                               "choose another -o, or empty or remove that folder yourself.")
     anc = out.parent.resolve()
     while not anc.exists():
         anc = anc.parent
@@ -124,71 +139,73 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
     model_path = Path(model_path)
     out = Path(config.output) if config.output else default_output(model_path)
     device = get_profile(config.device)
-    check_output(out, config.force)
-
-    with step("Load and check the model"):
-        model = load_model(model_path)
-        check_not_qoperator(model, str(model_path))
-        specs = input_specs(model, config.shape_hints)
-        linears = find_linears(model)
-        if not linears:
-            raise EdgeSDKError(f"{model_path} has no linear layers (MatMul/Gemm with a constant weight).",
-                               "edgesdk accelerates transformer linears; deploy this model with TensorRT directly.")
-        state = quant_state(model)
-        model_sha = sha256_file(model_path)
-
-    with step("Read calibration data"):
-        calib, check_feeds = split_feeds(model, specs, config)
-
-    notes = ["model already in Q/DQ form: used as is"] if state == "qdq" else []
-    quantized, skipped = quantize_step(model, linears, state, calib, config, step)
-
-    if config.kernels == "none" and config.sparsity == 0:
-        processed, layers = quantized, plain_layers(quantized, "kernels=none", skipped)
-    else:
-        rewrite_model = _rewrite_fn()
-        with step(f"Rewrite linears (kernels={config.kernels}, sparsity={config.sparsity})"):
-            processed, layers = rewrite_model(quantized, config, calib, device)
-
-    verify_rows = []
-    if config.verify:
-        pruned_ref = None
-        if config.sparsity > 0 and config.kernels != "none":
-            with step("Prune a dense reference with the same masks (for the verification)"):
-                pruned_ref = pruned_reference(quantized, calib, config, device)
-        verify_rows = verify_all(model, processed, pruned_ref, check_feeds, config, step)
-
-    created = [p for p in [out.parent, *out.parent.parents] if not p.exists()]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    os.chmod(tmp, 0o777 & ~_umask())
+    check_output(out, config.force, inputs=(model_path, config.calibration))
+    if config.calibration and Path(config.calibration).exists():  # recorded absolute: `check` runs from anywhere
+        config = config.model_copy(update={"calibration": str(Path(config.calibration).resolve())})
+    created, tmp = _make_tmp(out)  # before any work: a destination that cannot be written fails at once
     try:
-        with step("Write the build folder"):
-            onnx_path = save_model(processed, tmp / MODEL_NAME)
-        with step("Build the TensorRT engine"):
-            engine = engine_step(onnx_path, tmp, device, config)
-        if config.verify and engine.get("built"):
-            verify_rows = verify_rows + engine_rows(Path(engine["plan"]), processed, check_feeds, config, step)
-        report = {
-            "edgesdk_report": 1,
-            "device": device.model_dump(),
-            "model": {"path": str(model_path), "sha256": model_sha, "opset": opset(model), "quant_state": state,
-                      **io_info(model), "shapes": {k: v[0] for k, v in specs.items()}},
-            "processed_model": MODEL_NAME,
-            "config": config.model_dump(mode="json"),
-            "notes": notes,
-            "layers": layers,
-            "verify": verify_rows,
-            "verified": verified(verify_rows),
-            "engine": {k: v for k, v in engine.items() if k != "plan"} | {
-                "plan": Path(engine["plan"]).name if engine.get("plan") else None},
-            "output": str(out),
-            "seconds": round(time.time() - t0, 2),
-        }
-        write_json(tmp / REPORT_NAME, report)
-        extra = {"calibration": config.calibration} if config.calibration and Path(config.calibration).is_file() else {}
-        write_json(tmp / MANIFEST_NAME, make_manifest(tmp, model_path, model_sha, device, engine, extra))
-        _move_into_place(tmp, out)
+        with step("Load and check the model"):
+            model = load_model(model_path)
+            check_not_qoperator(model, str(model_path))
+            specs = input_specs(model, config.shape_hints)
+            linears = find_linears(model)
+            if not linears:
+                raise EdgeSDKError(f"{model_path} has no linear layers (MatMul/Gemm with a constant weight).",
+                                   "edgesdk accelerates transformer linears; deploy this model with TensorRT directly.")
+            state = quant_state(model)
+            model_sha = sha256_file(model_path)
+
+        with step("Read calibration data"):
+            calib, check_feeds = split_feeds(model, specs, config)
+
+        notes = ["model already in Q/DQ form: used as is"] if state == "qdq" else []
+        quantized, skipped = quantize_step(model, linears, state, calib, config, step)
+
+        if config.kernels == "none" and config.sparsity == 0:
+            processed, layers = quantized, plain_layers(quantized, "kernels=none", skipped)
+        else:
+            rewrite_model = _rewrite_fn()
+            with step(f"Rewrite linears (kernels={config.kernels}, sparsity={config.sparsity})"):
+                processed, layers = rewrite_model(quantized, config, calib, device)
+
+        verify_rows = []
+        if config.verify:
+            pruned_ref = None
+            if config.sparsity > 0 and config.kernels != "none":
+                with step("Prune a dense reference with the same masks (for the verification)"):
+                    pruned_ref = pruned_reference(quantized, calib, config, device)
+            verify_rows = verify_all(model, processed, pruned_ref, check_feeds, config, step)
+
+        try:
+            with step("Write the build folder"):
+                onnx_path = save_model(processed, tmp / MODEL_NAME)
+            with step("Build the TensorRT engine"):
+                engine = engine_step(onnx_path, tmp, device, config)
+            if config.verify and engine.get("built"):
+                verify_rows = verify_rows + engine_rows(Path(engine["plan"]), processed, check_feeds, config, step)
+            report = {
+                "edgesdk_report": 1,
+                "device": device.model_dump(),
+                "model": {"path": str(model_path.resolve()), "sha256": model_sha, "opset": opset(model), "quant_state": state,
+                          **io_info(model), "shapes": {k: v[0] for k, v in specs.items()}},
+                "processed_model": MODEL_NAME,
+                "config": config.model_dump(mode="json"),
+                "notes": notes,
+                "layers": layers,
+                "verify": verify_rows,
+                "verified": verified(verify_rows),
+                "engine": {k: v for k, v in engine.items() if k != "plan"} | {
+                    "plan": Path(engine["plan"]).name if engine.get("plan") else None},
+                "output": str(out),
+                "seconds": round(time.time() - t0, 2),
+            }
+            write_json(tmp / REPORT_NAME, report)
+            extra = {"calibration": config.calibration} if config.calibration and Path(config.calibration).is_file() else {}
+            write_json(tmp / MANIFEST_NAME, make_manifest(tmp, model_path.resolve(), model_sha, device, engine, extra))
+            _move_into_place(tmp, out)
+        except OSError as e:
+            raise EdgeSDKError(f"could not write the build folder {out}: {e}",
+                               "free disk space, or choose an -o on another disk.") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         for p in created:  # deepest first; only folders this build made and left empty
@@ -196,6 +213,23 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
                 p.rmdir()
         raise
     return report
+
+
+def _make_tmp(out: Path) -> tuple[list[Path], Path]:
+    """The hidden temp folder beside ``out`` that becomes it at the end, and the parents made for it (to remove
+    again if the build fails)."""
+    created = [p for p in [out.parent, *out.parent.parents] if not p.exists()]
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        os.chmod(tmp, 0o777 & ~_umask())
+    except OSError as e:
+        for p in created:
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise EdgeSDKError(f"output folder {out} cannot be created ({e}).",
+                           "choose an -o inside a folder you can write to.") from None
+    return created, tmp
 
 
 def _move_into_place(tmp: Path, out: Path) -> None:
@@ -215,13 +249,14 @@ def _move_into_place(tmp: Path, out: Path) -> None:
 
 
 def check_build(build_dir: Path | str, model_path: Path | str | None = None, overrides: dict | None = None,
-                step: StepFn | None = None) -> list[dict]:
+                step: StepFn | None = None, calibration: Path | str | None = None) -> list[dict]:
     """Re-verify a build folder: sha256 of its files against the manifest, then the verification again.
 
     Args:
         build_dir: Folder written by :func:`build`.
         model_path: The original model, when it is no longer at the path recorded in the report.
         overrides: ``atol``/``rtol``/``min_cosine`` replacing the build's (None values ignored).
+        calibration: The calibration file, when it is no longer at the path recorded in the report.
 
     Returns:
         The verification rows (as in ``report.json``'s ``verify``).
@@ -241,7 +276,11 @@ def check_build(build_dir: Path | str, model_path: Path | str | None = None, ove
         report, manifest = json.loads(rpath.read_text()), json.loads(mpath.read_text())
     except json.JSONDecodeError as e:
         raise EdgeSDKError(f"{build_dir}: report/manifest is not valid JSON ({e}).", "rebuild the folder.") from None
-    for name, digest in manifest.get("files", {}).items():
+    files = manifest.get("files")
+    if not isinstance(files, dict) or REPORT_NAME not in files or report.get("processed_model", MODEL_NAME) not in files:
+        raise EdgeSDKError(f"{mpath} does not list the folder's files and their sha256 (it was edited or is not "
+                           "edgesdk's).", "rebuild with `edgesdk build ... --force`.")
+    for name, digest in files.items():
         p = build_dir / name
         if not p.is_file() or sha256_file(p) != digest:
             raise EdgeSDKError(f"{p} is missing or changed since the build (sha256 differs from {MANIFEST_NAME}).",
@@ -254,6 +293,10 @@ def check_build(build_dir: Path | str, model_path: Path | str | None = None, ove
                            "pass the original with --model, or rebuild.")
     config = BuildConfig.model_validate({**report["config"], **{k: v for k, v in (overrides or {}).items()
                                                                if v is not None}})
+    if calibration is not None or config.calibration:
+        config = config.model_copy(update={"calibration": _check_calibration(
+            Path(calibration) if calibration is not None else Path(config.calibration),
+            (manifest.get("inputs") or {}).get("calibration"))})
     step = step or _quiet_step
     with step("Load the original and the processed model"):
         original = load_model(src)
@@ -270,6 +313,18 @@ def check_build(build_dir: Path | str, model_path: Path | str | None = None, ove
     if plan and importlib.util.find_spec("tensorrt") is not None:
         rows += engine_rows(build_dir / plan, processed, check_feeds, config, step)
     return rows
+
+
+def _check_calibration(path: Path, recorded: dict | None) -> str:
+    """The build's calibration source, present and (for a file, whose sha256 the manifest keeps) unchanged: the
+    same samples give the same quantization, masks and verification inputs."""
+    if not path.exists():
+        raise EdgeSDKError(f"the calibration source {path} of this build is not there any more.",
+                           "pass its new path with --calibration.")
+    if recorded and path.is_file() and sha256_file(path) != recorded.get("sha256"):
+        raise EdgeSDKError(f"{path} is not the calibration file this folder was built with (sha256 differs).",
+                           "pass the original with --calibration, or rebuild.")
+    return str(path)
 
 
 def quantize_step(model, linears, state: str, calib, config: BuildConfig, step: StepFn):

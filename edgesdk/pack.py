@@ -102,7 +102,8 @@ def pack_model(model_path: Path | str, out_dir: Path | str, config=None, calibra
     if config is None:
         config = BuildConfig(kernels="bitmap", prune="magnitude")
     model_path, out = Path(model_path), Path(out_dir)
-    check_output(out, bool(getattr(config, "force", False)))
+    check_output(out, bool(getattr(config, "force", False)), inputs=(model_path, getattr(config, "calibration", None)),
+                 marker=(INDEX,), what="a folder `edgesdk pack` wrote")
     model = load_model(model_path)
     formats = _formats()
     skipped: list[dict] = []
@@ -162,7 +163,8 @@ def pack_model(model_path: Path | str, out_dir: Path | str, config=None, calibra
         raise
     return {"output": str(out), "layers": len(layers), "skipped": len(skipped),
             "bytes_packed": sum(e["bytes_packed"] for e in layers),
-            "bytes_dense": sum(e["bytes_dense"] or 0 for e in layers)}
+            "bytes_dense": None if any(e["bytes_dense"] is None for e in layers)  # a rewritten model: not known
+            else sum(e["bytes_dense"] for e in layers)}
 
 
 def _layer_names(nodes: list[onnx.NodeProto], rows: dict) -> list[str]:

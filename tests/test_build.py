@@ -40,7 +40,7 @@ def test_build_folder_contents(built):
 def test_report_contract(built):
     out, r = built
     assert r["device"]["name"] == "orin" and r["device"]["compute_capability"] == "8.7"
-    assert r["model"]["sha256"] == sha256_file(DIGITS) and r["model"]["path"] == str(DIGITS)
+    assert r["model"]["sha256"] == sha256_file(DIGITS) and r["model"]["path"] == str(DIGITS.resolve())
     assert r["model"]["inputs"] == [{"name": "x", "dtype": "float", "shape": ["batch", 1, 8, 8]}]
     assert r["model"]["outputs"][0]["name"] == "logits"
     assert len(r["layers"]) == 9  # 2 blocks × (qkv, proj, fc1, fc2) + head
@@ -203,3 +203,84 @@ def test_build_verifies_its_engine(kernels, tmp_path):
     assert [r["output"] for r in rows] == ["logits"] and rows[0]["runners"] == ["onnxrt-processed", "tensorrt-engine"]
     assert all(r["passed"] for r in rows) and report["verified"] is True, rows
     assert [r["against"] for r in check_build(tmp_path / "o")][-1] == "tensorrt"
+
+
+def test_force_replaces_only_build_folders(tmp_path, monkeypatch):
+    """--force never deletes a folder this tool did not write, one holding an input, or the current directory."""
+    cfg = BuildConfig(kernels="none", quantize="none", verify=False, calibration_count=1, force=True)
+    mine = tmp_path / "m"
+    mine.mkdir()
+    model = mine / "digits_vit.onnx"
+    model.write_bytes(DIGITS.read_bytes())
+    (mine / "notes.txt").write_text("important")
+    with pytest.raises(EdgeSDKError, match="holds the input"):
+        build(model, cfg.model_copy(update={"output": mine}))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("important")
+    with pytest.raises(EdgeSDKError, match="not an edgesdk build folder"):
+        build(DIGITS, cfg.model_copy(update={"output": other}))
+    monkeypatch.chdir(other)
+    for out in (Path("."), Path("..")):
+        with pytest.raises(EdgeSDKError, match="current directory"):
+            build(DIGITS, cfg.model_copy(update={"output": out}))
+    assert sorted(p.name for p in mine.iterdir()) == ["digits_vit.onnx", "notes.txt"]
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    build(DIGITS, cfg.model_copy(update={"output": empty}))  # an empty folder is nobody's work
+    assert (empty / "report.json").is_file()
+
+
+def test_unwritable_destinations_fail_before_the_pipeline_and_leave_nothing(tmp_path, monkeypatch):
+    import edgesdk.build as B
+
+    cfg = BuildConfig(kernels="none", quantize="none", verify=False, calibration_count=1)
+    loaded = []
+    monkeypatch.setattr(B, "load_model", lambda p: loaded.append(p))
+
+    def no_tmp(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(B.tempfile, "mkdtemp", no_tmp)
+    with pytest.raises(EdgeSDKError, match="cannot be created .*Permission denied"):
+        build(DIGITS, cfg.model_copy(update={"output": tmp_path / "new" / "deeper" / "o"}))
+    assert not loaded and list(tmp_path.iterdir()) == []  # no work done, the parents it made removed
+    monkeypatch.undo()
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(B, "write_json", full)
+    with pytest.raises(EdgeSDKError, match="could not write the build folder .*No space left"):
+        build(DIGITS, cfg.model_copy(update={"output": tmp_path / "a" / "o"}))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_runs_from_any_directory_and_follows_moved_inputs(tmp_path, monkeypatch):
+    """The report records absolute paths; a moved model or calibration file is passed to check, and must be the
+    same bytes; a manifest without its file list is refused."""
+    import shutil
+
+    calib = tmp_path / "calib.npz"
+    shutil.copy(CALIB, calib)
+    monkeypatch.chdir(tmp_path)
+    out = Path("out") / "d"
+    build(DIGITS, BuildConfig(output=out, calibration=Path("calib.npz"), kernels="none", calibration_count=8,
+                              verify_count=2))
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["calibration"] == str(calib.resolve())
+    monkeypatch.chdir(ROOT)
+    assert check_build(tmp_path / out)[0]["passed"]
+    moved = tmp_path / "moved.npz"
+    calib.rename(moved)
+    with pytest.raises(EdgeSDKError, match="calibration source .* not there any more"):
+        check_build(tmp_path / out)
+    assert check_build(tmp_path / out, calibration=moved)[0]["passed"]
+    np.savez(calib, x=np.ones((10, 1, 8, 8), np.float32))
+    with pytest.raises(EdgeSDKError, match="not the calibration file this folder was built with"):
+        check_build(tmp_path / out, calibration=calib)
+    man = tmp_path / out / "manifest.json"
+    man.write_text("{}")
+    with pytest.raises(EdgeSDKError, match="does not list the folder's files"):
+        check_build(tmp_path / out, calibration=moved)
