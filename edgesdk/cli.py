@@ -71,36 +71,36 @@ def _exclude(values: list[str] | None):
 
 @app.command()
 def build(
-    model: Annotated[Path, typer.Argument(help="ONNX model: float, or already Q/DQ-quantized.")],
-    device: Annotated[Optional[str], typer.Option("--device", "-d", help="Target profile (`edgesdk devices`). [default: orin]")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Build folder to write. [default: out/MODEL_NAME]")] = None,
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help="ONNX model: float, or already Q/DQ-quantized.")],
+    device: Annotated[Optional[str], typer.Option("--device", "-d", help="Target profile (`edgesdk devices`). \\[default: orin]")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Build folder to write. \\[default: out/MODEL_NAME]")] = None,
     force: Annotated[Optional[bool], typer.Option("--force", help="Replace an existing build folder.")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML file of build options (keys as below, with _ or -); flags override it.")] = None,
-    quantize: Annotated[Optional[str], typer.Option("--quantize", "-q", help="int8 (symmetric Q/DQ on linear layers) | none. [default: int8]")] = None,
-    calibration: Annotated[Optional[Path], typer.Option("--calibration", help=".npz/.npy, folder of .npy/.npz/images, or .txt of token ids. [default: seeded random data]")] = None,
-    calibration_count: Annotated[Optional[int], typer.Option("--calibration-count", help="Calibration samples. [default: 16]")] = None,
-    calibrate_method: Annotated[Optional[str], typer.Option("--calibrate-method", help="minmax | percentile activation ranges. [default: minmax]")] = None,
-    smooth_quant: Annotated[Optional[float], typer.Option("--smooth-quant", help="SmoothQuant alpha in (0, 1), e.g. 0.5 for LLMs: move activation outliers into the weights before INT8. [default: off]")] = None,
+    quantize: Annotated[Optional[str], typer.Option("--quantize", "-q", help="int8 (symmetric Q/DQ on linear layers) | none. \\[default: int8]")] = None,
+    calibration: Annotated[Optional[Path], typer.Option("--calibration", help=".npz/.npy, folder of .npy/.npz/images, or .txt of token ids. \\[default: seeded random data]")] = None,
+    calibration_count: Annotated[Optional[int], typer.Option("--calibration-count", help="Calibration samples. \\[default: 16]")] = None,
+    calibrate_method: Annotated[Optional[str], typer.Option("--calibrate-method", help="minmax | percentile activation ranges. \\[default: minmax]")] = None,
+    smooth_quant: Annotated[Optional[float], typer.Option("--smooth-quant", help="SmoothQuant alpha in (0, 1), e.g. 0.75 for SmolLM2: move activation outliers into the weights before INT8. \\[default: off]")] = None,
     shape: Annotated[Optional[list[str]], typer.Option("--shape", help="Shape of an input with dynamic dims, NAME:1x3x224x224 (repeatable).")] = None,
-    sparsity: Annotated[Optional[float], typer.Option("--sparsity", help="Fraction of weights to prune in rewritten layers. [default: 0]")] = None,
-    prune: Annotated[Optional[str], typer.Option("--prune", help="magnitude | wanda. [default: wanda]")] = None,
-    sparsity_scope: Annotated[Optional[str], typer.Option("--sparsity-scope", help="layer (each layer at --sparsity) | global (one threshold over all rewritten layers). [default: layer]")] = None,
-    kernels: Annotated[Optional[str], typer.Option("--kernels", help="auto | bitmap | vitbit | none (plain ONNX ops). [default: auto]")] = None,
-    measure: Annotated[Optional[str], typer.Option("--measure", help="auto | on | off: with --kernels auto, time each plugin candidate (bitmap or VitBit) against the dense layer on this GPU and keep dense where it is faster (auto: only when this GPU is the target device). [default: auto]")] = None,
-    vitbit_input: Annotated[Optional[str], typer.Option("--vitbit-input", help="int8 | float: EdgeVitBitGemm reads the int8 output of the layer's QuantizeLinear (kept, so TensorRT can fuse it into the producer) or the float activation (quantized inside the plugin). [default: int8]")] = None,
+    sparsity: Annotated[Optional[float], typer.Option("--sparsity", help="Fraction of weights to prune in rewritten layers. \\[default: 0]")] = None,
+    prune: Annotated[Optional[str], typer.Option("--prune", help="magnitude | wanda. \\[default: wanda]")] = None,
+    sparsity_scope: Annotated[Optional[str], typer.Option("--sparsity-scope", help="layer (each layer at --sparsity) | global (one threshold over all rewritten layers). \\[default: layer]")] = None,
+    kernels: Annotated[Optional[str], typer.Option("--kernels", help="auto | bitmap | vitbit | none (plain ONNX ops). \\[default: auto]")] = None,
+    measure: Annotated[Optional[str], typer.Option("--measure", help="auto | on | off: with --kernels auto, time each plugin candidate (bitmap or VitBit) against the dense layer on this GPU and keep dense where it is faster (auto: only when this GPU is the target device). \\[default: auto]")] = None,
+    vitbit_input: Annotated[Optional[str], typer.Option("--vitbit-input", help="int8 | float: EdgeVitBitGemm reads the int8 output of the layer's QuantizeLinear (kept, so TensorRT can fuse it into the producer) or the float activation (quantized inside the plugin). \\[default: int8]")] = None,
     exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Regex on layer names to leave alone (repeatable).")] = None,
     include_lm_head: Annotated[Optional[bool], typer.Option("--include-lm-head", help="Also quantize/rewrite an LLM's output head.")] = None,
-    atol: Annotated[Optional[float], typer.Option("--atol", help="Verification: mean absolute error bound. [default: 0.1]")] = None,
-    rtol: Annotated[Optional[float], typer.Option("--rtol", help="Verification: mean relative error bound. [default: 0.1]")] = None,
-    min_cosine: Annotated[Optional[float], typer.Option("--min-cosine", help="Verification: lowest cosine similarity per output. [default: 0.99]")] = None,
-    verify: Annotated[Optional[bool], typer.Option("--verify/--no-verify", help="Compare processed vs original on ONNX Runtime. [default: verify]")] = None,
-    verify_count: Annotated[Optional[int], typer.Option("--verify-count", help="Samples for the verification. [default: 4]")] = None,
-    workspace_mb: Annotated[Optional[int], typer.Option("--workspace-mb", help="TensorRT workspace. [default: the device profile's]")] = None,
-    builder_optimization_level: Annotated[Optional[int], typer.Option("--builder-optimization-level", help="TensorRT builder optimization level 0-5 (as trtexec). [default: 3]")] = None,
-    timing_cache: Annotated[Optional[Path], typer.Option("--timing-cache-file", help="TensorRT timing cache, reused across builds (as trtexec). [default: ~/.cache/edgesdk/trt/timing-<trt>-sm<XY>.cache]")] = None,
-    dla_core: Annotated[Optional[int], typer.Option("--use-dla-core", help="Build for this DLA core, GPU fallback on (as trtexec --useDLACore --allowGPUFallback). [default: GPU only]")] = None,
-    max_batch: Annotated[Optional[int], typer.Option("--max-batch", help="Largest batch of the TensorRT optimization profile when the batch dim is dynamic. [default: 8]")] = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed of random inputs. [default: 0]")] = None,
+    atol: Annotated[Optional[float], typer.Option("--atol", help="Verification: mean absolute error bound. \\[default: 0.1]")] = None,
+    rtol: Annotated[Optional[float], typer.Option("--rtol", help="Verification: mean relative error bound. \\[default: 0.1]")] = None,
+    min_cosine: Annotated[Optional[float], typer.Option("--min-cosine", help="Verification: lowest cosine similarity per output. \\[default: 0.99]")] = None,
+    verify: Annotated[Optional[bool], typer.Option("--verify/--no-verify", help="Compare processed vs original on ONNX Runtime. \\[default: verify]")] = None,
+    verify_count: Annotated[Optional[int], typer.Option("--verify-count", help="Samples for the verification. \\[default: 4]")] = None,
+    workspace_mb: Annotated[Optional[int], typer.Option("--workspace-mb", help="TensorRT workspace. \\[default: the device profile's]")] = None,
+    builder_optimization_level: Annotated[Optional[int], typer.Option("--builder-optimization-level", help="TensorRT builder optimization level 0-5 (as trtexec). \\[default: 3]")] = None,
+    timing_cache: Annotated[Optional[Path], typer.Option("--timing-cache-file", help="TensorRT timing cache, reused across builds (as trtexec). \\[default: ~/.cache/edgesdk/trt/timing-<trt>-sm<XY>.cache]")] = None,
+    dla_core: Annotated[Optional[int], typer.Option("--use-dla-core", help="Build for this DLA core, GPU fallback on (as trtexec --useDLACore --allowGPUFallback). \\[default: GPU only]")] = None,
+    max_batch: Annotated[Optional[int], typer.Option("--max-batch", help="Largest batch of the TensorRT optimization profile when the batch dim is dynamic. \\[default: 8]")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed of random inputs. \\[default: 0]")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No progress bars or summary.")] = False,
 ):
     """Quantize, rewrite and verify MODEL for a device; write OUT/ with model.onnx, report.json, manifest.json.
@@ -138,7 +138,7 @@ def build(
 
 @app.command("inspect")
 def inspect_cmd(
-    model: Annotated[Path, typer.Argument(help="ONNX model to inspect.")],
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help="ONNX model to inspect.")],
     exclude: Annotated[Optional[list[str]], typer.Option("--exclude", help="Regex on layer names (as for build).")] = None,
     include_lm_head: Annotated[bool, typer.Option("--include-lm-head", help="As for build.")] = False,
     device: Annotated[str, typer.Option("--device", "-d", help="Target profile for the kernel preview (as for build).")] = "orin",
@@ -214,8 +214,9 @@ def inspect_cmd(
 
 @app.command()
 def check(
-    build_dir: Annotated[Path, typer.Argument(help="Build folder written by `edgesdk build`.")],
+    build_dir: Annotated[Path, typer.Argument(metavar="OUT", help="Build folder written by `edgesdk build`.")],
     model: Annotated[Optional[Path], typer.Option("--model", help="Original ONNX, if it moved since the build.")] = None,
+    calibration: Annotated[Optional[Path], typer.Option("--calibration", help="The build's calibration data, if it moved since the build.")] = None,
     atol: Annotated[Optional[float], typer.Option("--atol", help="Override the build's atol.")] = None,
     rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the build's rtol.")] = None,
     min_cosine: Annotated[Optional[float], typer.Option("--min-cosine", help="Override the build's min cosine.")] = None,
@@ -228,7 +229,8 @@ def check(
     try:
         progress, step = progress_steps()
         with progress:
-            rows = check_build(build_dir, model, {"atol": atol, "rtol": rtol, "min_cosine": min_cosine}, step)
+            rows = check_build(build_dir, model, {"atol": atol, "rtol": rtol, "min_cosine": min_cosine}, step,
+                               calibration=calibration)
     except EdgeSDKError as e:
         fail(e)
     print_summary({"verify": rows, "layers": []}, console)
@@ -277,19 +279,31 @@ def devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 @app.command()
 def pack(
-    model: Annotated[Path, typer.Argument(help="ONNX model.")],
+    model: Annotated[Path, typer.Argument(metavar="MODEL", help="ONNX model: float, Q/DQ, or a build's model.onnx.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the packed weights.")],
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="YAML build options.")] = None,
-    device: Annotated[Optional[str], typer.Option("--device", "-d", help="Target profile.")] = None,
-    sparsity: Annotated[Optional[float], typer.Option("--sparsity", help="Fraction of weights to prune.")] = None,
-    kernels: Annotated[Optional[str], typer.Option("--kernels", help="auto | bitmap | vitbit.")] = None,
-    force: Annotated[Optional[bool], typer.Option("--force", help="Replace an existing folder.")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", "-d", help="Target profile. \\[default: orin]")] = None,
+    sparsity: Annotated[Optional[float], typer.Option("--sparsity", help="Fraction of weights to prune. \\[default: 0]")] = None,
+    kernels: Annotated[Optional[str], typer.Option("--kernels", help="bitmap | vitbit (needs a Q/DQ model) | auto. \\[default: bitmap]")] = None,
+    prune: Annotated[Optional[str], typer.Option("--prune", help="magnitude | wanda (needs --calibration). \\[default: magnitude]")] = None,
+    calibration: Annotated[Optional[Path], typer.Option("--calibration", help="Samples for --prune wanda, as for build.")] = None,
+    force: Annotated[Optional[bool], typer.Option("--force", help="Replace a folder `edgesdk pack` wrote.")] = None,
 ):
-    """Pack MODEL's linear weights into the plugin formats without building (see `edgesdk.pack`)."""
+    """Pack MODEL's linear weights into the plugin formats without building (see `edgesdk.pack`).
+
+    \b
+    Examples:
+      edgesdk pack models/digits_vit.onnx -o out/digits_pack --sparsity 0.5
+      edgesdk pack out/digits/model.onnx -o out/digits_pack --force
+    """
     from edgesdk.config import load_config
 
     try:
-        cfg = load_config(config, dict(device=device, sparsity=sparsity, kernels=kernels, force=force, output=output))
+        # pack's own defaults (bitmap kernels, magnitude pruning: a float model packs without calibration data)
+        # under the YAML file, the flags over both
+        cfg = load_config(config, dict(device=device, sparsity=sparsity, kernels=kernels, prune=prune,
+                                       calibration=calibration, force=force, output=output),
+                          defaults=dict(kernels="bitmap", prune="magnitude"))
         try:
             pack_mod = importlib.import_module("edgesdk.pack")
         except ImportError as e:
@@ -297,8 +311,10 @@ def pack(
         result = pack_mod.pack_model(model, output, cfg)
     except EdgeSDKError as e:
         fail(e)
-    if result is not None:
-        console.print(result)
+    mb = "-" if result["bytes_dense"] is None else f"{result['bytes_dense'] / 1e6:.2f}"
+    console.print(Text(f"Packed {result['layers']} linears into {result['output']} "
+                       f"({result['skipped']} left alone; {result['output']}/index.json lists each): "
+                       f"{result['bytes_packed'] / 1e6:.2f} MB packed, dense {mb} MB."))
 
 
 def _register_extensions() -> None:
@@ -316,12 +332,24 @@ _register_extensions()
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point. A command line click cannot parse is bad input like any other: exit 1 (click's
+    own code for it, 2, means "verification failed" here)."""
+    from typer import rich_utils
+
+    # click's base of usage errors (typer vendors click from 0.2x on, so it is found through a public subclass)
+    click_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
     try:
-        app()
+        rc = app(standalone_mode=False)
+    except click_error as e:  # usage errors: unknown option, bad value, missing argument
+        rich_utils.rich_format_error(e)
+        sys.exit(1)
+    except typer.Abort:
+        err_console.print("Aborted.")
+        sys.exit(1)
     except EdgeSDKError as e:  # raised outside a command's own handler
         err_console.print(f"error: {escape(str(e))}")
         sys.exit(1)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":

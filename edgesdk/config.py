@@ -15,10 +15,12 @@ from edgesdk.errors import EdgeSDKError
 
 
 def parse_shape(spec: str) -> tuple[str, list[int]]:
-    """``"input:1x3x224x224"`` → ``("input", [1, 3, 224, 224])`` (the name may itself contain ``:``)."""
-    name, sep, dims = spec.rpartition(":")
+    """``"input:1x3x224x224"`` (or ``"input=1x3x224x224"``, the form ``edgesdk bench`` shows) → ``("input", [1, 3,
+    224, 224])``; split at the last ``:`` or ``=``, so the name may itself contain either."""
+    cut = max(spec.rfind(":"), spec.rfind("="))
+    name, dims = spec[:cut], spec[cut + 1:]
     try:
-        if not sep or not name:
+        if cut <= 0:
             raise ValueError
         shape = [int(d) for d in dims.lower().split("x")]
         if any(d <= 0 for d in shape):
@@ -124,14 +126,33 @@ class BuildConfig(BaseModel):
         return v
 
 
-def _explain(err: ValidationError, source: str) -> EdgeSDKError:
-    lines = [f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {e['msg']}" for e in err.errors()]
-    return EdgeSDKError(f"invalid build options in {source}: " + "; ".join(lines),
-                        "fix the named keys (`edgesdk build --help` lists every option and its values).")
+# The YAML file may use the flags' names (``--use-dla-core``, ``--timing-cache-file``, ``--shape``) as well as the
+# option names of :class:`BuildConfig`.
+FLAG_KEYS = {"use_dla_core": "dla_core", "timing_cache_file": "timing_cache", "shape": "shape_hints"}
+# Paths in a YAML file are relative to that file (as in docker compose), not to where the command runs.
+PATH_KEYS = ("calibration", "output", "timing_cache")
 
 
-def load_config(path: Path | None = None, overrides: dict | None = None) -> BuildConfig:
-    """A :class:`BuildConfig` from a YAML file (optional) with ``overrides`` (flags; None values ignored) on top.
+def _explain(err: ValidationError, source) -> EdgeSDKError:
+    import difflib
+
+    lines = []
+    for e in err.errors():
+        key = str(e["loc"][0]) if e["loc"] else ""
+        where = source(key)
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(key, [*BuildConfig.model_fields, *FLAG_KEYS], n=1)
+            msg = "unknown option" + (f" (did you mean {close[0]!r}?)" if close else "")
+        lines.append(f"{'.'.join(str(x) for x in e['loc']) or '(top)'}: {msg} ({where})")
+    return EdgeSDKError("invalid build options: " + "; ".join(lines),
+                        "fix the named keys (`edgesdk build --help` lists every option and its values; a YAML file "
+                        "takes the same names, with _ or -).")
+
+
+def load_config(path: Path | None = None, overrides: dict | None = None, defaults: dict | None = None) -> BuildConfig:
+    """A :class:`BuildConfig` from ``defaults`` (a command's own), a YAML file (optional) over them and ``overrides``
+    (flags; None values ignored) on top.
 
     Raises:
         EdgeSDKError: unreadable/invalid YAML, unknown keys, or bad values.
@@ -150,9 +171,23 @@ def load_config(path: Path | None = None, overrides: dict | None = None) -> Buil
         if not isinstance(data, dict):
             raise EdgeSDKError(f"config file {path} must hold a mapping of option: value.",
                                "write e.g. `device: orin` / `quantize: int8`, one per line.")
+        bad = [k for k in data if not isinstance(k, str)]
+        if bad:
+            raise EdgeSDKError(f"config file {path}: key {bad[0]!r} is not an option name.",
+                               "write option names as in `edgesdk build --help`, e.g. `calibration_count: 32`.")
         data = {k.replace("-", "_"): v for k, v in data.items()}
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        data = {FLAG_KEYS.get(k, k): v for k, v in data.items()}
+        for k in PATH_KEYS:
+            if isinstance(data.get(k), str) and data[k] and not Path(data[k]).expanduser().is_absolute():
+                data[k] = str(path.parent / data[k])
+    from_file = set(data)
+    flags = {k: v for k, v in (overrides or {}).items() if v is not None}
+    data = {**(defaults or {}), **data, **flags}
+
+    def source(key: str) -> str:
+        return "flag" if key in flags else f"in {path}" if key in from_file else "default"
+
     try:
         return BuildConfig.model_validate(data)
     except ValidationError as e:
-        raise _explain(e, str(path) if path and not overrides else "--config/flags") from None
+        raise _explain(e, source) from None

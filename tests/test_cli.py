@@ -113,3 +113,80 @@ def test_error_messages_print_paths_verbatim(tmp_path):
     missing = tmp_path / "model[bold]v2.onnx"
     r = runner.invoke(app, ["build", str(missing)])
     assert r.exit_code == 1 and f"{missing} does not exist" in r.output, r.output
+
+
+def _edgesdk(*args, cwd=ROOT):
+    """The console script's entry point (``main``), as a user runs it."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", "from edgesdk.cli import main; main()", *args], cwd=cwd,
+                          capture_output=True, text=True)
+
+
+def test_usage_errors_exit_1_and_verification_failures_keep_2(tmp_path):
+    """Exit 2 means "folder written, verification failed": a command line that cannot be parsed is bad input (1)."""
+    for args in (["build", str(DIGITS), "--sparsity", "abc"], ["build", str(DIGITS), "--bogus"], ["build"],
+                 ["no-such-command"], []):
+        r = _edgesdk(*args)
+        assert r.returncode == 1, (args, r.returncode, r.stderr)
+        assert "Traceback" not in r.stderr
+    r = _edgesdk("build", str(DIGITS), "--sparsity", "abc")
+    assert "Invalid value for '--sparsity'" in " ".join(r.stderr.replace("│", " ").split())
+    assert "Usage: " in r.stderr and "build [OPTIONS]" in r.stderr
+    assert _edgesdk("devices", "--help").returncode == 0 and _edgesdk("devices").returncode == 0
+    r = _edgesdk("build", str(DIGITS), "-o", str(tmp_path / "b"), "--kernels", "none", "--quantize", "none",
+                 "--atol", "0", "--rtol", "0", "--min-cosine", "1", "--verify-count", "1", "--calibration-count", "1",
+                 "--seed", "1", "--quiet")
+    # float in, float out: exact, so a zero tolerance passes; with the INT8 default it would fail
+    assert r.returncode == 0, r.stderr
+    r = _edgesdk("check", str(tmp_path / "b"), "--min-cosine", "1.01")
+    assert r.returncode == 1 and "min_cosine" in r.stderr  # a bad override is bad input
+    r = _edgesdk("build", str(DIGITS), "-o", str(tmp_path / "q"), "--kernels", "none", "--atol", "0", "--rtol", "0",
+                 "--min-cosine", "1", "--verify-count", "1", "--calibration-count", "1", "--quiet")
+    assert r.returncode == 2 and (tmp_path / "q" / "report.json").is_file(), r.stderr
+
+
+def test_build_help_shows_the_defaults():
+    out = " ".join(runner.invoke(app, ["build", "--help"], terminal_width=200).output.replace("│", " ").split())
+    for text in ("[default: orin]", "[default: 16]", "[default: wanda]", "[default: 0.99]", "e.g. 0.75 for SmolLM2"):
+        assert text in out, text
+
+
+def test_yaml_takes_flag_names_and_paths_relative_to_itself(tmp_path, monkeypatch):
+    d = tmp_path / "proj"
+    (d / "data").mkdir(parents=True)
+    (d / "data" / "c.npz").write_bytes(CALIB.read_bytes())
+    cfg = d / "build.yaml"
+    cfg.write_text("use-dla-core: 0\ntiming-cache-file: cache/t.cache\nshape: ['x:1x1x8x8']\n"
+                   "calibration: data/c.npz\noutput: out/b\n")
+    monkeypatch.chdir(tmp_path)
+    c = load_config(cfg)
+    assert c.dla_core == 0 and c.shape_hints == {"x": [1, 1, 8, 8]}
+    assert c.calibration == d / "data" / "c.npz" and c.timing_cache == d / "cache" / "t.cache"
+    assert c.output == d / "out" / "b"
+    assert load_config(cfg, {"calibration": Path("flag.npz")}).calibration == Path("flag.npz")  # flags: as typed
+    cfg.write_text("calibraton: data/c.npz\n")
+    with pytest.raises(EdgeSDKError, match=rf"calibraton: unknown option \(did you mean 'calibration'\?\) \(in "
+                                           rf"{cfg}\)"):
+        load_config(cfg)
+    with pytest.raises(EdgeSDKError, match=r"sparsity: .* \(flag\)"):
+        load_config(None, {"sparsity": 2.0})
+    cfg.write_text("1: 2\n")
+    with pytest.raises(EdgeSDKError, match="key 1 is not an option name"):
+        load_config(cfg)
+
+
+def test_shape_hints_take_either_separator():
+    assert parse_shape("x=2x1x8x8") == ("x", [2, 1, 8, 8]) == parse_shape("x:2x1x8x8")
+    assert parse_shape("a:b=3") == ("a:b", [3])
+
+
+def test_pack_on_the_demo_with_its_defaults(tmp_path):
+    r = runner.invoke(app, ["pack", str(DIGITS), "-o", str(tmp_path / "p")], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    index = json.loads((tmp_path / "p" / "index.json").read_text())
+    assert index["options"]["kernels"] == "bitmap" and index["options"]["prune"] == "magnitude"
+    assert len(index["layers"]) == 9 and "Packed 9 linears" in r.output and "{" not in r.output
+    r = runner.invoke(app, ["pack", str(DIGITS), "-o", str(tmp_path / "v"), "--kernels", "vitbit"])
+    assert r.exit_code == 1 and "Q/DQ" in r.output
