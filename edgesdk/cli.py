@@ -132,8 +132,7 @@ def build(
     if not quiet:
         print_summary(report, console)
     if report["verified"] is False:
-        err_console.print("[bold red]verification failed[/]: see the table above and report.json (`verify`).")
-        raise typer.Exit(2)
+        verification_failed(report["verify"], build_dir=report["output"])
 
 
 @app.command("inspect")
@@ -237,7 +236,21 @@ def check(
     if not any(r.get("against") == "tensorrt" for r in rows):
         console.print(Text("TensorRT engine: not run by check (" + engine_absence(build_dir) + ")"))
     if verified(rows) is False:
-        raise typer.Exit(2)
+        verification_failed(rows)
+
+
+def verification_failed(rows: list[dict], build_dir: str | None = None):
+    """Say which gating comparison failed and why (on stderr, even with --quiet), then exit 2."""
+    for v in rows:
+        if not v["passed"] and v.get("gate", True):
+            against = {"pruned_reference": "pruned dense", "tensorrt": "TensorRT"}.get(v.get("against"), "original")
+            err_console.print(Text(f"FAIL {v['output']} (processed vs {against}): "
+                                   f"{v.get('why') or v.get('error') or 'see report.json'}"), soft_wrap=True)
+    kept = f"the folder {build_dir} is written; " if build_dir else ""
+    err_console.print(Text("verification failed: " + kept + "if this error is acceptable for the model (e.g. LLM "
+                           "logits of ±20), loosen --atol/--rtol/--min-cosine; else keep sensitive layers float "
+                           "(--exclude), try --smooth-quant, or lower --sparsity."), soft_wrap=True)
+    raise typer.Exit(2)
 
 
 def engine_absence(build_dir: Path) -> str:

@@ -6,7 +6,9 @@ through their reference ops) under Polygraphy's ``Comparator``; pass/fail per ou
 ``SimpleCompareFunc`` (mean absolute error ≤ atol, or mean relative error ≤ rtol) together with
 a cosine-similarity floor. The figures reported per output: ``max_abs``, ``rel_l2``
 (‖a−b‖₂/‖a‖₂), ``cosine`` and, for outputs that look like class scores (float, last dim ≥ 2),
-``top1_agreement`` (fraction of rows whose argmax over the last axis agrees).
+``top1_agreement`` (fraction of rows whose argmax over the last axis agrees), and Polygraphy's own mean absolute
+and relative errors of the worst sample (``worst_mean_abs``, ``worst_mean_rel``: what ``atol``/``rtol`` are held
+against); a failing row says ``why``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def verify(original: onnx.ModelProto, processed: onnx.ModelProto, feeds: list[di
 
     Returns:
         One dict per output: ``output, runners, samples, max_abs, mean_abs, rel_l2, cosine,
-        top1_agreement (or None), atol, rtol, min_cosine, passed``.
+        top1_agreement (or None), worst_mean_abs, worst_mean_rel, atol, rtol, min_cosine, passed`` and, where it
+        failed, ``why``.
     """
     from polygraphy.backend.onnxrt import OnnxrtRunner
 
@@ -74,9 +77,12 @@ def compare(runners: list, feeds: list[dict[str, np.ndarray]], config) -> list[d
     if not hasattr(accuracy, "values"):  # polygraphy >= 0.53: AccuracyResults, one AccuracyResult per compare func
         accuracy = accuracy[0]
     verdicts: dict[str, bool] = {}
+    worst: dict[str, list[float]] = {}  # Polygraphy's mean abs / rel error of the worst sample (what the tolerances see)
     for iteration in next(iter(accuracy.values())):
         for name, res in iteration.items():
             verdicts[name] = verdicts.get(name, True) and bool(res)
+            got = [float(getattr(res, f, np.nan)) for f in ("mean_absdiff", "mean_reldiff")]
+            worst[name] = [np.nanmax([a, b]) for a, b in zip(worst.get(name, got), got)]
 
     (_, ref_iters), (_, out_iters) = results[0], results[1]
     rows = []
@@ -91,10 +97,28 @@ def compare(runners: list, feeds: list[dict[str, np.ndarray]], config) -> list[d
             rb = np.concatenate([np.asarray(it[name]).reshape(-1, last.shape[-1]).argmax(-1) for it in out_iters])
             top1 = float(np.mean(ra == rb))
         passed = verdicts.get(name, False) and m["cosine"] >= config.min_cosine
-        rows.append({"output": name, "runners": [r.name for r in runners], "samples": len(feeds), **m,
-                     "top1_agreement": top1, "atol": config.atol, "rtol": config.rtol,
-                     "min_cosine": config.min_cosine, "passed": bool(passed)})
+        w_abs, w_rel = (None if not np.isfinite(x) else float(x) for x in worst.get(name, [np.nan, np.nan]))
+        row = {"output": name, "runners": [r.name for r in runners], "samples": len(feeds), **m,
+               "top1_agreement": top1, "worst_mean_abs": w_abs, "worst_mean_rel": w_rel, "atol": config.atol,
+               "rtol": config.rtol, "min_cosine": config.min_cosine, "passed": bool(passed)}
+        if not passed:
+            row["why"] = why(row, verdicts.get(name, False))
+        rows.append(row)
     return rows
+
+
+def why(row: dict, within_tolerance: bool) -> str:
+    """The failed criteria of a row, with the figures and the flags that set them."""
+    def g(v):
+        return "-" if v is None else format(v, ".3g")
+
+    out = []
+    if not within_tolerance:
+        out.append(f"mean abs error {g(row['worst_mean_abs'])} > --atol {g(row['atol'])} and mean rel error "
+                   f"{g(row['worst_mean_rel'])} > --rtol {g(row['rtol'])} (worst sample)")
+    if row["cosine"] < row["min_cosine"]:
+        out.append(f"cosine {row['cosine']:.5f} < --min-cosine {g(row['min_cosine'])}")
+    return "; ".join(out)
 
 
 def metrics(ref: np.ndarray, out: np.ndarray) -> dict:
