@@ -61,7 +61,7 @@ def load_model(path: Path | str) -> onnx.ModelProto:
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, onnx.checker.ValidationError) as e:  # onnx >= 1.17 checks the path
             raise EdgeSDKError(f"{path}: its external weight data cannot be read ({e}).",
                                "keep the .onnx file next to its external data file(s).") from None
     check_opset(model, str(path))

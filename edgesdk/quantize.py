@@ -43,7 +43,14 @@ def select_layers(model: onnx.ModelProto, linears: list[LinearInfo], exclude: li
         i.type.tensor_type.elem_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) for i in model.graph.input
     )
     outputs = {o.name for o in model.graph.output}
-    pats = [re.compile(p) for p in exclude]
+    pats = []
+    for p in exclude:
+        try:
+            pats.append(re.compile(p))
+        except re.error as e:
+            raise EdgeSDKError(f"--exclude {p!r} is not a valid regular expression ({e}).",
+                               "quote it for the shell and escape regex characters, e.g. --exclude 'blocks\\.0\\.'"
+                               ) from None
     chosen, skipped = [], {}
     for li in linears:
         hit = next((p.pattern for p in pats if p.search(li.name)), None)

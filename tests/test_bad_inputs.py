@@ -140,3 +140,17 @@ def test_bad_options(tmp_path):
     (tmp_path / "c.yaml").write_text("devise: orin\n")
     assert "devise" in _run(["build", str(DIGITS), "-o", str(tmp_path / "o"), "--config", str(tmp_path / "c.yaml")],
                             tmp_path)
+
+
+def test_missing_external_data(tmp_path):
+    m = onnx.load(str(DIGITS))
+    onnx.save(m, str(tmp_path / "ext.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="ext.onnx.data", size_threshold=0)
+    (tmp_path / "ext.onnx.data").rename(tmp_path / "elsewhere.data")
+    text = _run(["build", str(tmp_path / "ext.onnx"), "-o", str(tmp_path / "out")], tmp_path)
+    assert "external weight data cannot be read" in text and "next to its external data" in text
+
+
+def test_bad_exclude_regex_in_inspect(tmp_path):
+    text = _run(["inspect", str(DIGITS), "--exclude", "["], tmp_path)
+    assert "--exclude '[' is not a valid regular expression" in text
