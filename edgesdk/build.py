@@ -139,6 +139,11 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
     model_path = Path(model_path)
     out = Path(config.output) if config.output else default_output(model_path)
     device = get_profile(config.device)
+    if config.dla_core is not None and config.dla_core >= device.dla_cores:
+        raise EdgeSDKError(f"--use-dla-core {config.dla_core}: {device.name} has {device.dla_cores} DLA core(s)"
+                           f"{'' if device.dla_cores == 0 else f' (0 to {device.dla_cores - 1})'}.",
+                           "leave --use-dla-core out to build for the GPU" + (
+                               "" if device.dla_cores == 0 else f", or pass 0 to {device.dla_cores - 1}") + ".")
     check_output(out, config.force, inputs=(model_path, config.calibration))
     if config.calibration and Path(config.calibration).exists():  # recorded absolute: `check` runs from anywhere
         config = config.model_copy(update={"calibration": str(Path(config.calibration).resolve())})
@@ -147,6 +152,9 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
         with step("Load and check the model"):
             model = load_model(model_path)
             check_not_qoperator(model, str(model_path))
+            if any(n.domain == "edgesdk" for n in model.graph.node):
+                raise EdgeSDKError(f"{model_path} is already an edgesdk build (it has edgesdk plugin nodes).",
+                                   "build the original model; `edgesdk check` re-verifies a build folder.")
             specs = input_specs(model, config.shape_hints)
             linears = find_linears(model)
             if not linears:
@@ -159,6 +167,12 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
             calib, check_feeds = split_feeds(model, specs, config)
 
         notes = ["model already in Q/DQ form: used as is"] if state == "qdq" else []
+        if config.verify and any(v is c for v in check_feeds for c in calib):  # split_feeds reused the same feeds
+            notes.append(f"verification inputs are calibration samples: {config.calibration} holds no more than the "
+                         f"{len(calib)} used to calibrate; give it {config.calibration_count + config.verify_count} "
+                         "or more samples (or lower --calibration-count) to verify on held-out data")
+        if not config.verify:
+            notes.append("verification skipped (--no-verify)")
         quantized, skipped = quantize_step(model, linears, state, calib, config, step)
 
         if config.kernels == "none" and config.sparsity == 0:

@@ -53,7 +53,7 @@ def load_feeds(source: Path | None, specs: Specs, count: int, seed: int = 0, mod
     if source.is_dir():
         files = sorted(p for p in source.iterdir() if p.is_file())
         images = [p for p in files if p.suffix.lower() in IMAGE_SUFFIXES]
-        arrays = [p for p in files if p.suffix in (".npy", ".npz")]
+        arrays = [p for p in files if p.suffix.lower() in (".npy", ".npz")]
         if images:
             return _split(_images(images[: count * max(1, _batch(specs))], specs, image_mean, image_std), specs, count,
                           str(source))
@@ -65,9 +65,9 @@ def load_feeds(source: Path | None, specs: Specs, count: int, seed: int = 0, mod
             for k, v in _read_arrays(p, specs).items():
                 data.setdefault(k, []).append(v if v.shape[1:] == tuple(specs[k][0][1:]) else v[None])
         return _split({k: np.concatenate(v) for k, v in data.items()}, specs, count, str(source))
-    if source.suffix in (".npy", ".npz"):
+    if source.suffix.lower() in (".npy", ".npz"):
         return _split(_read_arrays(source, specs), specs, count, str(source))
-    if source.suffix == ".txt":
+    if source.suffix.lower() == ".txt":
         return _tokens(source, specs, count)
     raise EdgeSDKError(f"calibration source {source} has an unknown type ({source.suffix or 'no suffix'}).",
                        "use .npz, .npy, .txt (token ids) or a folder of .npy/.npz/images.")

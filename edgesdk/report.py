@@ -115,6 +115,8 @@ def print_summary(report: dict, console: Console | None = None) -> None:
         console.print(layers_table(layers))
     for note in sorted({r["choice"] for r in layers if r.get("choice")}):
         console.print(Text(f"Kernel choice (--kernels auto): {note}"))
+    for note in report.get("notes", []):
+        console.print(Text(f"Note: {note}"))
     if report.get("verify"):
         engines = " and TensorRT" if any(v.get("against") == "tensorrt" for v in report["verify"]) else ""
         t = compact_table(f"Verification (ONNX Runtime{engines}, Polygraphy; n samples)")

@@ -154,3 +154,18 @@ def test_missing_external_data(tmp_path):
 def test_bad_exclude_regex_in_inspect(tmp_path):
     text = _run(["inspect", str(DIGITS), "--exclude", "["], tmp_path)
     assert "--exclude '[' is not a valid regular expression" in text
+
+
+def test_dla_core_the_device_does_not_have(tmp_path):
+    text = _run(["build", str(DIGITS), "-o", str(tmp_path / "o"), "--device", "orin-nano-4", "--use-dla-core", "0"],
+                tmp_path)
+    assert "orin-nano-4 has 0 DLA core(s)" in text and "leave --use-dla-core out" in text
+    text = _run(["build", str(DIGITS), "-o", str(tmp_path / "o"), "--use-dla-core", "2"], tmp_path)
+    assert "orin has 2 DLA core(s) (0 to 1)" in text and "pass 0 to 1" in text
+
+
+def test_a_build_output_is_not_built_again(tmp_path):
+    out = tmp_path / "b"
+    assert CliRunner().invoke(app, ["build", str(DIGITS), "-o", str(out), "--quiet", "--no-verify"]).exit_code == 0
+    text = _run(["build", str(out / "model.onnx"), "-o", str(tmp_path / "again")], tmp_path)
+    assert "already an edgesdk build" in text and "build the original model" in text

@@ -284,3 +284,19 @@ def test_check_runs_from_any_directory_and_follows_moved_inputs(tmp_path, monkey
     man.write_text("{}")
     with pytest.raises(EdgeSDKError, match="does not list the folder's files"):
         check_build(tmp_path / out, calibration=moved)
+
+
+def test_notes_say_when_verification_reuses_calibration_or_is_skipped(tmp_path):
+    few = tmp_path / "few.NPZ"  # upper-case suffixes are read too
+    with np.load(CALIB) as d:
+        arrays = {k: d[k][:3] for k in d.files}
+    with open(few, "wb") as f:
+        np.savez(f, **arrays)
+    r = build(DIGITS, BuildConfig(output=tmp_path / "a", calibration=few, kernels="none", verify_count=2))
+    (note,) = r["notes"]
+    assert note.startswith(f"verification inputs are calibration samples: {few} holds no more than the 3")
+    r = build(DIGITS, BuildConfig(output=tmp_path / "b", calibration=CALIB, kernels="none", calibration_count=8,
+                                  verify_count=2))
+    assert r["notes"] == []  # 8 + 2 of the file's samples: held out
+    r = build(DIGITS, BuildConfig(output=tmp_path / "c", kernels="none", verify=False))
+    assert r["notes"] == ["verification skipped (--no-verify)"] and r["verify"] == []

@@ -177,3 +177,8 @@ def test_inspect_llm_names_at_80_columns(tmp_path):
     r = runner.invoke(app, ["inspect", str(tmp_path / "llm.onnx")], env={"COLUMNS": "200"})
     assert r.exit_code == 0 and "every row" not in r.output, r.output
     assert any(re.match(r"layer\s+op\s+K×N\s+weight\s+bias\s+int8", ln) for ln in r.output.splitlines()), r.output
+
+
+def test_build_summary_prints_the_report_notes():
+    lines = render(80, {**REPORT, "notes": ["verification skipped (--no-verify)"]})
+    assert "Note: verification skipped (--no-verify)" in lines
