@@ -282,6 +282,8 @@ def check_build(build_dir: Path | str, model_path: Path | str | None = None, ove
     import json
 
     build_dir = Path(build_dir)
+    if not build_dir.is_dir():
+        raise EdgeSDKError(f"build folder {build_dir} does not exist.", "pass the folder `edgesdk build -o` wrote.")
     rpath, mpath = build_dir / REPORT_NAME, build_dir / MANIFEST_NAME
     if not rpath.is_file() or not mpath.is_file():
         raise EdgeSDKError(f"{build_dir} is not an edgesdk build folder (no {REPORT_NAME}/{MANIFEST_NAME}).",

@@ -195,8 +195,13 @@ def inspect_cmd(
     t.num("M")
     t.num(f"kernel\n({kernels})", justify="left", shared=False)
     for li in linears:
-        would = skipped.get(li.name) or ("rewrite (already Q/DQ)" if li.quantized else "quantize + rewrite")
         p = plan.get(li.name)
+        if skipped.get(li.name):
+            would = skipped[li.name]
+        elif p is not None and p["kernel"] == "none":  # stays a plain ONNX op for TensorRT's own kernels
+            would = "keep (Q/DQ)" if li.quantized else "quantize" if quantize == "int8" else "keep"
+        else:
+            would = "rewrite (already Q/DQ)" if li.quantized else "quantize + rewrite"
         kern = "–" if p is None else p["kernel"]
         t.add_row(li.name, li.kind + (" (transA)" if li.trans_a else ""), f"{li.k}×{li.n}",
                   li.weight_layout, "yes" if li.bias else "no", "yes" if li.quantized else "no",

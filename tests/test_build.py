@@ -94,6 +94,8 @@ def test_check_reverifies_and_detects_tampering(built, tmp_path):
         check_build(out, model_path=tmp_path / "missing.onnx")
     with pytest.raises(EdgeSDKError, match="not an edgesdk build folder"):
         check_build(tmp_path)
+    with pytest.raises(EdgeSDKError, match="does not exist"):
+        check_build(tmp_path / "nope")
 
 
 def test_force_replaces_atomically(tmp_path):

@@ -49,6 +49,8 @@ def test_inspect_json_and_table():
     assert (qkv["k"], qkv["n"], qkv["weight_layout"]) == (64, 192, "KN") and qkv["selected"]
     r = runner.invoke(app, ["inspect", str(DIGITS)], terminal_width=200)
     assert r.exit_code == 0 and "blocks.1.fc2" in r.output and "128×64" in r.output
+    head = next(ln for ln in r.output.splitlines() if ln.startswith("head "))
+    assert " quantize " in head and "rewrite" not in head and head.rstrip().endswith("none"), head  # dense: no plugin
 
 
 def test_build_with_yaml_config_and_flag_override_then_check(tmp_path):

@@ -164,7 +164,7 @@ def test_vit_int8_every_linear_to_vitbit_and_auto(vit):
     new, report = rewrite_model_checked(q, cfg(kernels="auto"))
     check_structure(q, new, 8)
     assert [r["kernel"] for r in report] == ["vitbit"] * 8 + ["none"]
-    assert "decode-style (M=1)" in report[-1]["reason"]
+    assert "M=1 row per call (memory-bound" in report[-1]["reason"]
     new, report = rewrite_model_checked(q, cfg(kernels="vitbit"))
     nodes = check_structure(q, new, 9)
     assert [r["kernel"] for r in report] == ["vitbit"] * 9

@@ -103,8 +103,8 @@ def choose(f: LayerFacts, kernels: str, device) -> tuple[str, str | None]:
     if can_vitbit and not decode:
         return "vitbit", None
     if decode and f.sparsity < BITMAP_MIN_SPARSITY:
-        return "none", (f"auto: decode-style (M={f.m}) but sparsity {f.sparsity:.2f} < {BITMAP_MIN_SPARSITY}: "
-                        "the dense kernel reads fewer bytes")
+        return "none", (f"auto: M={f.m} row{'s' if f.m != 1 else ''} per call (memory-bound, as in LLM decode) but "
+                        f"sparsity {f.sparsity:.2f} < {BITMAP_MIN_SPARSITY}: the dense kernel reads fewer bytes")
     if decode:
         return "none", f"auto: M={f.m} is compute-bound on this device: the dense kernel is faster"
     if not (f.int8_weights and f.int8_act):
