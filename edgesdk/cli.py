@@ -279,7 +279,8 @@ def devices(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")]
     except EdgeSDKError as e:
         host_note = e.problem
     if as_json:
-        print(json.dumps({p.name: p.model_dump() for p in profiles} | ({"host": None} if host_note else {}), indent=2))
+        absent = {"host": None, "host_reason": host_note} if host_note else {}  # null says nothing on its own
+        print(json.dumps({p.name: p.model_dump() for p in profiles} | absent, indent=2))
         return
     t = compact_table("Device profiles (--device NAME)")
     key_column(t, "name", [p.name for p in profiles])

@@ -36,6 +36,7 @@ def test_devices_lists_profiles_as_json():
     assert r.exit_code == 0, r.output
     data = json.loads(r.output)
     assert data["orin"]["sm_count"] == 16 and data["orin-nano-4"]["dla_cores"] == 0 and "host" in data
+    assert data["host"] is not None or "no NVIDIA GPU" in data["host_reason"]
 
 
 def test_inspect_json_and_table():
