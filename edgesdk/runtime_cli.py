@@ -3,13 +3,15 @@
 Registered on the main CLI by :func:`register`::
 
     edgesdk run BUILD --input x.npy [--input name=y.npy | --input inputs.npz] [--output out.npz]
-    edgesdk bench BUILD [--batch 8] [--iterations 200] [--cuda-graph] [--json bench.json]
+    edgesdk bench BUILD [--batch 8] [--shape NAME=DxDxD] [--iterations 200] [--cuda-graph] [--json bench.json]
 
-Both take ``--backend tensorrt`` (default) or ``--backend onnxruntime``.
+Both take ``--backend tensorrt`` (default) or ``--backend onnxruntime``. Errors go to stderr as
+``edgesdk build``'s do (problem + fix, exit 1); output files are written atomically.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -35,28 +37,51 @@ GraphOpt = Annotated[bool, typer.Option("--cuda-graph/--no-cuda-graph",
                                         help="TensorRT: replay the engine as a CUDA graph.")]
 
 
+_NPY_MAGIC, _ZIP_MAGIC = b"\x93NUMPY", b"PK"  # how .npy and .npz (zip) files begin
+_SAVE_FIX = "save arrays with numpy: np.save('x.npy', x), or np.savez('inputs.npz', NAME=x, ...) for several inputs"
+
+
+def _read_arrays(p: Path) -> np.ndarray | dict[str, np.ndarray]:
+    """The array of an .npy file or the arrays of an .npz file (never unpickles)."""
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(len(_NPY_MAGIC))
+    except OSError as e:
+        raise EdgeSDKError(f"cannot read input file {p} ({e.strerror or e})", "check that the file is readable") from None
+    if not magic.startswith((_NPY_MAGIC, _ZIP_MAGIC)):
+        raise EdgeSDKError(f"input file {p} is not a NumPy .npy or .npz file", _SAVE_FIX)
+    try:
+        data = np.load(p, allow_pickle=False)
+        if isinstance(data, np.lib.npyio.NpzFile):
+            with data:  # members are read here, so their errors (object arrays, bad zip data) are caught too
+                return {k: data[k] for k in data.files}
+        return data
+    except Exception as e:  # a damaged file fails in many ways (ValueError, EOFError, BadZipFile, zlib.error)
+        raise EdgeSDKError(f"cannot read {p} as .npy/.npz ({e})",
+                           _SAVE_FIX + " (numeric arrays: no dtype=object)") from None
+
+
 def load_inputs(specs: list[str], inputs: list[TensorInfo]) -> dict[str, np.ndarray]:
     """Feeds from ``--input`` values: ``x.npy`` (single-input models), ``name=x.npy``, or ``a.npz``.
 
     Raises:
-        EdgeSDKError: unreadable file, ambiguous or unknown input name.
+        EdgeSDKError: missing or unreadable file, not .npy/.npz, ambiguous or unknown input name,
+            an input that no file gives.
     """
     names = [t.name for t in inputs]
     feeds: dict[str, np.ndarray] = {}
+    source: dict[str, str] = {}  # input name -> where it came from, for the messages
     for spec in specs:
         name, sep, path = spec.partition("=")
-        if not sep:
+        if not sep or Path(spec).is_file():  # a file whose path holds '=' is a file, not NAME=FILE
             name, path = "", spec
         p = Path(path)
         if not p.is_file():
             raise EdgeSDKError(f"input file {p} does not exist", "pass --input NAME=FILE.npy or FILE.npz")
-        try:
-            data = np.load(p, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise EdgeSDKError(f"cannot read {p} as .npy/.npz ({e})", "save inputs with numpy.save") from e
-        if isinstance(data, np.lib.npyio.NpzFile):
-            with data:
-                feeds.update({k: data[k] for k in data.files})
+        data = _read_arrays(p)
+        if isinstance(data, dict):
+            feeds.update(data)
+            source.update({k: f"{p} holds array {k!r}" for k in data})
             continue
         if not name:
             if len(names) != 1:
@@ -64,6 +89,16 @@ def load_inputs(specs: list[str], inputs: list[TensorInfo]) -> dict[str, np.ndar
                                    "pass --input NAME=FILE.npy for each input")
             name = names[0]
         feeds[name] = data
+        source[name] = f"--input {spec} names {name!r}"
+    unknown = [k for k in feeds if k not in names]
+    if unknown:
+        raise EdgeSDKError(f"{source[unknown[0]]}, which is not an input of the model; its inputs are {names}",
+                           f"name the arrays after the inputs: --input {names[0]}=FILE.npy, or np.savez('inputs.npz', "
+                           + ", ".join(f"{n}=..." for n in names) + ")")
+    missing = [n for n in names if n not in feeds]
+    if missing:
+        raise EdgeSDKError(f"no --input gives the model's input {missing[0]!r} (inputs: {names})",
+                           f"add --input {missing[0]}=FILE.npy, or an .npz holding an array named {missing[0]!r}")
     return feeds
 
 
@@ -72,23 +107,65 @@ def random_inputs(inputs: list[TensorInfo], batch: int = 1, shapes: dict[str, tu
     """Seeded random feeds: dynamic leading dims → ``batch``; other dynamic dims from ``shapes``.
 
     Raises:
-        EdgeSDKError: an input has a dynamic dimension that neither rule fixes.
+        EdgeSDKError: an input has a dynamic dimension that neither rule fixes; batch < 1, seed < 0;
+            a ``shapes`` entry that names no input, has another rank, a dim < 1 or changes a fixed dim;
+            inputs too large to allocate.
     """
+    if batch < 1:
+        raise EdgeSDKError(f"batch {batch} is not a size", "use a batch of at least 1")
+    if seed < 0:
+        raise EdgeSDKError(f"seed {seed} is negative", "use a seed >= 0")
+    _check_shapes(inputs, shapes or {}, batch)
     rng = np.random.default_rng(seed)
     feeds = {}
     for t in inputs:
         shape = tuple(shapes[t.name]) if shapes and t.name in shapes else tuple(
             batch if (d < 0 and i == 0) else d for i, d in enumerate(t.shape))
         if any(d < 0 for d in shape):
-            raise EdgeSDKError(f"input {t.name!r} has dynamic dims {t.shape}",
-                               f"pass --shape {t.name}=" + "x".join("N" for _ in t.shape))
-        if t.dtype.kind == "f":
-            feeds[t.name] = rng.standard_normal(shape).astype(t.dtype)
-        elif t.dtype.kind == "b":
-            feeds[t.name] = rng.random(shape) < 0.5
-        else:
-            feeds[t.name] = rng.integers(0, 10, size=shape).astype(t.dtype)
+            raise EdgeSDKError(f"input {t.name!r} has dynamic dims {_dims(t.shape)} (N = any size)",
+                               f"pass --shape {t.name}={_example(t.shape, batch)} with a size for each N")
+        try:
+            if t.dtype.kind == "f":
+                feeds[t.name] = rng.standard_normal(shape).astype(t.dtype)
+            elif t.dtype.kind == "b":
+                feeds[t.name] = rng.random(shape) < 0.5
+            else:
+                feeds[t.name] = rng.integers(0, 10, size=shape).astype(t.dtype)
+        except (MemoryError, ValueError) as e:  # numpy: "Unable to allocate ..." / "array is too big"
+            raise EdgeSDKError(f"random input {t.name!r} of shape {'x'.join(map(str, shape))} does not fit "
+                               f"in memory ({e})", "use a smaller --batch or --shape") from None
     return feeds
+
+
+def _dims(shape: tuple) -> str:
+    """``(-1, 1, 8, 8)`` -> ``"Nx1x8x8"``: a shape as --shape writes it."""
+    return "x".join("N" if d < 0 else str(d) for d in shape)
+
+
+def _example(shape: tuple, batch: int = 1) -> str:
+    """A --shape value for ``shape``: the batch for a dynamic leading dim, N for other dynamic dims."""
+    return "x".join(str(d) if d >= 0 else str(batch) if i == 0 else "N" for i, d in enumerate(shape))
+
+
+def _check_shapes(inputs: list[TensorInfo], shapes: dict[str, tuple], batch: int = 1) -> None:
+    """``--shape`` values must name an input, give one positive size per dim and keep its fixed dims."""
+    by_name = {t.name: t for t in inputs}
+    for name, dims in shapes.items():
+        given = f"--shape {name}={'x'.join(map(str, dims))}"
+        t = by_name.get(name)
+        if t is None:
+            raise EdgeSDKError(f"{given} names no input of the model; its inputs are {list(by_name)}",
+                               "use one of those names")
+        fit = f"give {len(t.shape)} dims and keep the fixed ones, e.g. --shape {name}={_example(t.shape, batch)}"
+        if len(dims) != len(t.shape):
+            raise EdgeSDKError(f"{given} has {len(dims)} dims; input {name!r} has rank {len(t.shape)}, shape "
+                               f"{_dims(t.shape)} (N = any size)", fit)
+        if any(d < 1 for d in dims):
+            raise EdgeSDKError(f"{given}: every dim must be at least 1", fit)
+        for i, (d, want) in enumerate(zip(dims, t.shape)):
+            if want >= 0 and d != want:
+                raise EdgeSDKError(f"{given}: dim {i} of input {name!r} is fixed at {want} (shape {_dims(t.shape)}, "
+                                   "N = any size)", fit)
 
 
 def benchmark(engine: Engine, feeds: dict, warmup: int = 10, iterations: int = 100) -> dict:
@@ -121,16 +198,85 @@ def benchmark(engine: Engine, feeds: dict, warmup: int = 10, iterations: int = 1
 
 
 def _parse_shapes(values: list[str]) -> dict[str, tuple]:
+    """``NAME=DxDxD`` or ``NAME:DxDxD`` (as ``edgesdk build`` takes) -> {NAME: dims}.
+
+    Split on the last '=' or ':': ONNX names may hold either (``input:0`` from TensorFlow), dims never do.
+    """
     out = {}
     for v in values:
-        name, sep, dims = v.partition("=")
+        cut = max(v.rfind("="), v.rfind(":"))
+        name, dims = v[:cut], v[cut + 1:]
         try:
-            out[name] = tuple(int(d) for d in dims.lower().split("x"))
+            shape = tuple(int(d) for d in dims.lower().split("x"))
         except ValueError:
-            sep = ""
-        if not sep or not name:
-            raise EdgeSDKError(f"--shape {v!r} is not NAME=DxDxD", "e.g. --shape pixels=8x1x8x8")
+            shape = ()
+        example = "e.g. --shape x=8x1x8x8 (or x:8x1x8x8, as `edgesdk build` takes)"
+        if cut < 1 or not shape:
+            raise EdgeSDKError(f"--shape {v!r} is not NAME=DxDxD or NAME:DxDxD", example)
+        if any(d < 1 for d in shape):
+            raise EdgeSDKError(f"--shape {v!r}: every dim must be at least 1", example)
+        out[name] = shape
     return out
+
+
+def _at_least(flag: str, value: int, low: int) -> None:
+    if value < low:
+        raise EdgeSDKError(f"{flag} {value} is less than {low}", f"pass {flag} {low} or more")
+
+
+def _check_writable(path: Path, flag: str, default_name: str) -> None:
+    """Refuse, before any work, an output path that cannot be written (as ``edgesdk build -o`` does)."""
+    if path.is_dir():
+        raise EdgeSDKError(f"{flag} {path} is a folder", f"name a file in it, e.g. {flag} {path / default_name}")
+    anc = path.absolute().parent
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir() or not os.access(anc, os.W_OK | os.X_OK):
+        raise EdgeSDKError(f"{flag} {path} cannot be written ({anc} is not a folder you can write to)",
+                           f"choose a {flag} path inside a folder you can write to")
+
+
+def _write_atomic(path: Path, flag: str, write) -> None:
+    """``write(binary_file)`` into a temporary file beside ``path``, then rename it into place.
+
+    Missing parent folders are created. Nothing half-written is left behind: on any failure
+    (or Ctrl-C) the temporary file is removed and ``path`` keeps its old content, if any.
+    """
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise EdgeSDKError(f"cannot write {path} ({e.strerror or e})",
+                           f"choose a {flag} path inside a folder you can write to, with free space") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# ONNX, ONNX Runtime and protobuf raise their own exception types (a model file that is not ONNX, a
+# kernel that fails on the given inputs); the runtime passes them through, the CLI names them.
+_FOREIGN_MODULES = ("onnx", "onnxruntime", "onnxruntime_extensions", "google.protobuf")
+
+
+@contextlib.contextmanager
+def _foreign_errors(problem: str, fix: str):
+    try:
+        yield
+    except EdgeSDKError:
+        raise
+    except Exception as e:
+        module = type(e).__module__
+        if not any(module == m or module.startswith(m + ".") for m in _FOREIGN_MODULES):
+            raise
+        detail = " ".join(str(e).split()) or type(e).__name__
+        raise EdgeSDKError(f"{problem} ({type(e).__name__}: {detail})", fix) from None
+
+
+def _open_engine(build: Path, backend: str, cuda_graph: bool) -> Engine:
+    with _foreign_errors(f"cannot load the model of {build}", "rebuild the folder with `edgesdk build`"):
+        return Engine(build, backend=backend, cuda_graph=cuda_graph)
 
 
 # the runtime's messages name Engine's arguments; on the command line the same choices are flags
@@ -145,10 +291,10 @@ def cli_words(text: str) -> str:
 
 
 def _fail(e: EdgeSDKError):
-    console.print(Text.assemble(("error:", "red"), " ", cli_words(e.problem)))
-    if e.fix:
-        console.print(Text.assemble("  ", ("fix:", "bold"), " ", cli_words(e.fix)))
-    raise typer.Exit(1)
+    """Print to stderr and exit 1, exactly as ``edgesdk build`` does (``edgesdk.cli.fail``)."""
+    from edgesdk.cli import fail  # here, not at the top: edgesdk.cli imports this module to register it
+
+    fail(EdgeSDKError(cli_words(e.problem), cli_words(e.fix) if e.fix else None))
 
 
 def run(build: BuildArg,
@@ -157,8 +303,18 @@ def run(build: BuildArg,
         backend: BackendOpt = "tensorrt", cuda_graph: GraphOpt = False) -> None:
     """Run a build once on the given inputs and summarize (or save) the outputs."""
     try:
-        with Engine(build, backend=backend, cuda_graph=cuda_graph) as engine:
-            outs = engine.infer(load_inputs(input, engine.inputs))
+        if output is not None:
+            # np.savez's rule: add .npz unless the name has it (res.v2 -> res.v2.npz, not res.npz)
+            output = output if output.suffix == ".npz" or output.is_dir() else output.with_name(output.name + ".npz")
+            _check_writable(output, "--output", "outputs.npz")
+        with _open_engine(build, backend, cuda_graph) as engine:
+            feeds = load_inputs(input, engine.inputs)
+            shapes = ", ".join(f"{k} {'x'.join(map(str, np.shape(v)))}" for k, v in feeds.items())
+            with _foreign_errors(f"the {backend} backend failed on inputs {shapes}",
+                                 "check the inputs' shapes and values against `edgesdk inspect` of the model"):
+                outs = engine.infer(feeds)
+        if output is not None:
+            _write_atomic(output, "--output", lambda f: np.savez(f, **outs))
     except EdgeSDKError as e:
         _fail(e)
     table = compact_table()
@@ -173,25 +329,30 @@ def run(build: BuildArg,
         table.add_row(Ident(name), str(tuple(y.shape)), str(y.dtype), *stats, arg)
     console.print(Fit(table))
     if output is not None:
-        output = output if output.suffix == ".npz" else output.with_suffix(".npz")
-        tmp = output.with_name(f".{output.stem}.tmp{os.getpid()}.npz")
-        np.savez(tmp, **outs)
-        os.replace(tmp, output)
         console.print(Text(f"saved {output}"))
 
 
 def bench(build: BuildArg, backend: BackendOpt = "tensorrt", cuda_graph: GraphOpt = False,
           batch: Annotated[int, typer.Option(help="Size of a dynamic leading (batch) dim.")] = 1,
-          shape: Annotated[Optional[list[str]], typer.Option(help="NAME=DxDxD for inputs with other dynamic dims.")] = None,
+          shape: Annotated[Optional[list[str]], typer.Option(help="NAME=DxDxD (or NAME:DxDxD) for inputs with other dynamic dims.")] = None,
           warmup: Annotated[int, typer.Option(help="Untimed runs first.")] = 10,
           iterations: Annotated[int, typer.Option(help="Timed runs.")] = 100,
           json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the results here.")] = None,
           seed: int = 0) -> None:
     """Latency percentiles (p50/p90/p99) and throughput of a build on random inputs."""
     try:
-        with Engine(build, backend=backend, cuda_graph=cuda_graph) as engine:
-            feeds = random_inputs(engine.inputs, batch, _parse_shapes(shape or []), seed)
-            res = benchmark(engine, feeds, warmup, iterations)
+        for flag, value, low in (("--batch", batch, 1), ("--iterations", iterations, 1), ("--warmup", warmup, 0),
+                                 ("--seed", seed, 0)):
+            _at_least(flag, value, low)
+        shapes = _parse_shapes(shape or [])
+        if json_path is not None:
+            _check_writable(json_path, "--json", "bench.json")
+        with _open_engine(build, backend, cuda_graph) as engine:
+            feeds = random_inputs(engine.inputs, batch, shapes, seed)
+            sizes = ", ".join(f"{k} {'x'.join(map(str, v.shape))}" for k, v in feeds.items())
+            with _foreign_errors(f"the {backend} backend failed on random inputs {sizes}",
+                                 "check --batch and --shape against `edgesdk inspect` of the model"):
+                res = benchmark(engine, feeds, warmup, iterations)
     except EdgeSDKError as e:
         _fail(e)
     res.update(build=str(build), backend=backend, cuda_graph=cuda_graph,
@@ -205,9 +366,10 @@ def bench(build: BuildArg, backend: BackendOpt = "tensorrt", cuda_graph: GraphOp
                   f"{thr['inferences_per_s']:.1f}", f"{thr['samples_per_s']:.1f}")
     console.print(table)
     if json_path is not None:
-        tmp = json_path.with_name(f".{json_path.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(res, indent=2))
-        os.replace(tmp, json_path)
+        try:
+            _write_atomic(json_path, "--json", lambda f: f.write(json.dumps(res, indent=2).encode()))
+        except EdgeSDKError as e:
+            _fail(e)
 
 
 def register(app: typer.Typer) -> None:
