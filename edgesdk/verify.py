@@ -3,7 +3,7 @@ and, where a TensorRT engine was built, the engine vs ONNX Runtime on the proces
 
 The ONNX Runtime sides run in :func:`edgesdk.ort.make_session` (CPU, ``ORT_DISABLE_ALL``, plugin nodes
 through their reference ops) under Polygraphy's ``Comparator``; pass/fail per output comes from
-``SimpleCompareFunc`` (mean absolute error ≤ atol, or mean relative error ≤ rtol) together with
+``SimpleCompareFunc``/``CompareFunc.simple`` (mean absolute error ≤ atol, or mean relative error ≤ rtol) together with
 a cosine-similarity floor. The figures reported per output: ``max_abs``, ``rel_l2``
 (‖a−b‖₂/‖a‖₂), ``cosine`` and, for outputs that look like class scores (float, last dim ≥ 2),
 ``top1_agreement`` (fraction of rows whose argmax over the last axis agrees), and Polygraphy's own mean absolute
@@ -65,14 +65,27 @@ def verify_engine(plan: bytes, processed: onnx.ModelProto, feeds: list[dict[str,
                     TrtRunner(EngineFromBytes(plan), name=ENGINE)], feeds, config)
 
 
+def simple_compare_func(atol: float, rtol: float, check_error_stat: str = "mean"):
+    """Polygraphy's simple comparison: ``SimpleCompareFunc`` (PyPI's 0.53) or ``CompareFunc.simple`` (0.49, the
+    version in TensorRT's own repository, ``tools/Polygraphy``, and the oldest pyproject.toml allows; same arguments
+    and results)."""
+    try:
+        from polygraphy.comparator import SimpleCompareFunc
+    except ImportError:
+        from polygraphy.comparator import CompareFunc
+
+        return CompareFunc.simple(atol=atol, rtol=rtol, check_error_stat=check_error_stat)
+    return SimpleCompareFunc(atol=atol, rtol=rtol, check_error_stat=check_error_stat)
+
+
 def compare(runners: list, feeds: list[dict[str, np.ndarray]], config) -> list[dict]:
     """Run two Polygraphy runners (reference first) on ``feeds`` and compare them, one row per output."""
-    from polygraphy.comparator import Comparator, SimpleCompareFunc
+    from polygraphy.comparator import Comparator
     from polygraphy.logger import G_LOGGER
 
     G_LOGGER.module_severity = G_LOGGER.CRITICAL  # our own table reports the results
     results = Comparator.run(runners, data_loader=feeds)
-    compare_func = SimpleCompareFunc(atol=config.atol, rtol=config.rtol, check_error_stat="mean")
+    compare_func = simple_compare_func(config.atol, config.rtol, "mean")
     accuracy = Comparator.compare_accuracy(results, compare_func=compare_func)
     if not hasattr(accuracy, "values"):  # polygraphy >= 0.53: AccuracyResults, one AccuracyResult per compare func
         accuracy = accuracy[0]

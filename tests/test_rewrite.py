@@ -111,12 +111,14 @@ def check_plugin_nodes(model, feeds):
 def polygraphy_compare(orig, new, feeds, atol, rtol):
     """Polygraphy Comparator: ORT on the original vs ORT (with plugin ops) on the rewritten model."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
-    from polygraphy.comparator import Comparator, SimpleCompareFunc
+    from polygraphy.comparator import Comparator
+
+    from edgesdk.verify import simple_compare_func
 
     runners = [OnnxrtRunner(lambda: make_session(orig), name="original"),
                OnnxrtRunner(lambda: make_session(new), name="rewritten")]
     results = Comparator.run(runners, data_loader=feeds)
-    return bool(Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol)))
+    return bool(Comparator.compare_accuracy(results, compare_func=simple_compare_func(atol, rtol, "elemwise")))
 
 
 # --------------------------------------------------------------------------------------------- models

@@ -164,14 +164,14 @@ def demo(model_path: Path, work: Path, kernels: str, atol: float, rtol: float, m
     """3: the demo model built by edgesdk, TensorRT vs ONNX Runtime (Polygraphy) and via edgesdk.Engine."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
-    from polygraphy.comparator import Comparator, SimpleCompareFunc
+    from polygraphy.comparator import Comparator
 
     from edgesdk.build import build
     from edgesdk.config import BuildConfig
     from edgesdk.ort import make_session
     from edgesdk.runtime import Engine
     from edgesdk.runtime_cli import random_inputs
-    from edgesdk.verify import metrics
+    from edgesdk.verify import metrics, simple_compare_func
 
     out = work / f"demo-{kernels}"
     report = build(model_path, BuildConfig(device="host", output=out, kernels=kernels, sparsity=0.5,
@@ -190,8 +190,7 @@ def demo(model_path: Path, work: Path, kernels: str, atol: float, rtol: float, m
     runners = [TrtRunner(EngineFromBytes((out / "model.plan").read_bytes()), name="trt"),
                OnnxrtRunner(lambda: make_session(out / "model.onnx"), name="onnxrt")]
     results = Comparator.run(runners, data_loader=feeds)
-    acc = Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol,
-                                                                              check_error_stat="mean"))
+    acc = Comparator.compare_accuracy(results, compare_func=simple_compare_func(atol, rtol, "mean"))
     record(f"demo kernels={kernels}: polygraphy --trt --onnxrt (mean err atol={atol} rtol={rtol})", bool(acc))
     for graph in (False, True):
         with Engine(out, cuda_graph=graph) as gpu:
