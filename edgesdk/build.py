@@ -90,7 +90,8 @@ def plain_layers(model: onnx.ModelProto, reason: str, skipped: dict[str, str] | 
         rows.append({"name": li.name, "kind": li.kind, "shape": [li.k, li.n], "quantized": li.quantized,
                      "sparsity": 0.0, "kernel": "none",
                      "bytes_dense": li.n * li.k + 4 * li.n if li.quantized else 2 * li.n * li.k,
-                     "bytes_packed": None, "reason": (skipped or {}).get(li.name, reason)})
+                     "bytes_packed": None, "reason": (skipped or {}).get(li.name, reason), "measured": None,
+                     "choice": None})
     return rows
 
 

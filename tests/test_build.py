@@ -17,7 +17,8 @@ from edgesdk.onnx_io import sha256_file
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "models" / "digits_vit.onnx"
 CALIB = ROOT / "calibration" / "digits.npz"
-LAYER_KEYS = {"name", "kind", "shape", "quantized", "sparsity", "kernel", "bytes_dense", "bytes_packed", "reason"}
+LAYER_KEYS = {"name", "kind", "shape", "quantized", "sparsity", "kernel", "bytes_dense", "bytes_packed", "reason",
+              "measured", "choice"}
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +135,7 @@ def test_exclude_keeps_layers_float(tmp_path):
 def test_default_kernels_use_the_rewrite(tmp_path):
     """kernels=auto hands the Q/DQ model to edgesdk.rewrite.rewrite_model and reports its layer facts."""
     r = build(DIGITS, BuildConfig(output=tmp_path / "a", calibration=CALIB, verify_count=4))
-    assert len(r["layers"]) == 9 and all(set(row) >= LAYER_KEYS for row in r["layers"])
+    assert len(r["layers"]) == 9 and all(set(row) == LAYER_KEYS for row in r["layers"])
     assert r["verified"] is True
     np.testing.assert_equal(r["config"]["kernels"], "auto")
 

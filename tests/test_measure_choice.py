@@ -133,7 +133,7 @@ def test_rewrite_measures_each_shape_once_and_not_when_forced():
     # --kernels bitmap forces the plugin: nothing is timed
     measure, calls = shape_measurer(slower_k=64)
     _, rows = rewrite_model(model, cfg(kernels="bitmap"), None, ORIN, measurer=measure)
-    assert not calls and all(r["kernel"] == "bitmap" and "measured" not in r for r in rows)
+    assert not calls and all(r["kernel"] == "bitmap" and r["measured"] is None for r in rows)
 
 
 def test_rewrite_without_gpu_keeps_static_rule_and_says_so(monkeypatch):

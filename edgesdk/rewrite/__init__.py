@@ -451,7 +451,7 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
         x_scale = _act_scale(ix, li)
         row = {"name": li.name, "kind": li.kind, "shape": [li.k, li.n], "quantized": li.quantized,
                "sparsity": 0.0, "kernel": "none", "bytes_dense": _bytes_dense(li, q is not None),
-               "bytes_packed": None, "reason": None}
+               "bytes_packed": None, "reason": None, "measured": None, "choice": None}  # one key set for every row
         report.append(row)
         if li.name not in chosen_names:
             row["reason"] = skipped.get(li.name, "not selected")
