@@ -61,7 +61,7 @@ def check_output(out: Path, force: bool, inputs: tuple = (), marker: tuple[str, 
             raise EdgeSDKError(f"--force would delete {out} ({real}), which holds the current directory or is home.",
                                "choose an -o of its own, e.g. -o out/NAME.")
         for i in inputs:
-            if i and Path(i).exists() and real in Path(i).resolve().parents:
+            if i and Path(i).exists() and (real == Path(i).resolve() or real in Path(i).resolve().parents):
                 raise EdgeSDKError(f"--force would delete {out}, which holds the input {i}.",
                                    "choose another -o, or move the input out of it first.")
         if any(out.iterdir()) and not all((out / m).is_file() for m in marker):
