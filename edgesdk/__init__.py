@@ -13,3 +13,10 @@ def __getattr__(name):
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'edgesdk' has no attribute {name!r}")
+
+
+__all__ = ["EdgeSDKError", "Engine", "__version__"]
+
+
+def __dir__():  # tab completion lists the lazy names too
+    return sorted(set(globals()) | set(_LAZY))

@@ -5,7 +5,7 @@ Example::
     import numpy as np, edgesdk
 
     with edgesdk.Engine("build/digits") as engine:            # TensorRT (the default)
-        y = engine.infer({"pixels": np.zeros((1, 1, 8, 8), np.float32)})
+        y = engine.infer({"x": np.zeros((1, 1, 8, 8), np.float32)})["logits"]
 
     cpu = edgesdk.Engine("build/digits", backend="onnxruntime")  # ONNX Runtime on the CPU
 
@@ -20,6 +20,8 @@ Backends:
     * ``"onnxruntime"``: the build folder's rewritten ONNX model through
       :func:`edgesdk.ort.make_session` (CPU, plugin nodes through their numpy reference ops). Only
       when asked: asking for TensorRT where it is missing raises, it never falls back silently.
+      Opened from a build folder, it holds inputs to the optimization profile the build gave TensorRT
+      (batch 1 .. ``--max-batch``; :attr:`Engine.profile`), so what runs on the CPU runs on the Jetson.
 
 Thread safety: one ``Engine`` may be shared by threads; :meth:`Engine.infer` calls are serialized
 by a lock (one context, one stream, one set of buffers). For parallel inference create one
@@ -33,6 +35,7 @@ The TensorRT backend has never run where it was written (no TensorRT there);
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import threading
@@ -54,10 +57,11 @@ _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tenso
 
 
 class TensorInfo(NamedTuple):
-    """An input or output: name, shape (``-1`` for a dynamic dimension) and numpy dtype."""
+    """An input or output: name, shape (``-1`` for a dynamic dimension; None where the model does not say even
+    the rank) and numpy dtype."""
 
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[int, ...] | None
     dtype: np.dtype
 
 
@@ -75,6 +79,9 @@ def find_build(path: str | Path) -> BuildFolder:
     Raises:
         EdgeSDKError: the path does not exist or holds none of them.
     """
+    if not isinstance(path, (str, Path)):
+        raise EdgeSDKError(f"the path is a {type(path).__name__}, not a str or Path",
+                           "pass a build folder written by `edgesdk build` or a .plan file")
     p = Path(path)
     if not p.exists():
         raise EdgeSDKError(f"{p} does not exist", "pass a build folder written by `edgesdk build` or a .plan file")
@@ -93,6 +100,10 @@ def find_build(path: str | Path) -> BuildFolder:
     plan = p / PLAN_NAME
     onnx = _find_onnx(p)
     if not plan.is_file() and onnx is None:
+        several = sorted(q.name for q in p.glob("*.onnx"))
+        if len(several) > 1:
+            raise EdgeSDKError(f"{p} holds several ONNX models ({', '.join(several)}) and no {ONNX_NAMES[0]}",
+                               "pass the .onnx file to run")
         raise EdgeSDKError(f"{p} holds neither {PLAN_NAME} nor an ONNX model",
                            "pass the output folder of `edgesdk build`")
     return BuildFolder(plan if plan.is_file() else None, onnx, manifest)
@@ -117,6 +128,12 @@ class Engine:
             while shapes and addresses stay the same. Default False.
         threads (int | None): ONNX Runtime only: intra-op threads (default: ORT's choice).
 
+    Attributes:
+        inputs, outputs (tuple[TensorInfo, ...]): Names, shapes (-1: dynamic) and dtypes.
+        profile (dict | None): For a build folder, input name -> (min, opt, max) shape of the optimization profile
+            the build gave TensorRT (batch 1 .. ``--max-batch``); :meth:`infer` refuses shapes outside it with
+            either backend, so that what runs on the CPU runs on the Jetson. None for a bare .onnx/.plan file.
+
     Raises:
         EdgeSDKError: unknown backend, missing files, TensorRT missing, or a plan built for
             another TensorRT version or GPU (the message says to rebuild).
@@ -124,13 +141,18 @@ class Engine:
 
     def __init__(self, path: str | Path, backend: str = "tensorrt", *, cuda_graph: bool = False,
                  threads: int | None = None):
+        self._lock = threading.Lock()
+        self._closed, self._impl = True, None  # open only once a backend is up: close() at GC after a failure is a no-op
+        if not isinstance(path, (str, Path)):
+            raise EdgeSDKError(f"the path is a {type(path).__name__}, not a str or Path",
+                               "pass a build folder written by `edgesdk build` or a .plan file")
         if backend not in BACKENDS:
             raise EdgeSDKError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise EdgeSDKError(f"threads={threads!r} is not a thread count", "pass an int >= 1, or None for ORT's choice")
         self.backend = backend
         self.path = Path(path)
-        self._lock = threading.Lock()
-        self._closed = False
-        self._impl: _OrtBackend | _TrtBackend | None = None
+        self.profile: dict[str, tuple[tuple, tuple, tuple]] | None = None
         build = find_build(path)
         if backend == "onnxruntime":
             if build.onnx is None:
@@ -139,14 +161,22 @@ class Engine:
             if cuda_graph:
                 raise EdgeSDKError("cuda_graph=True needs the TensorRT backend", "drop cuda_graph")
             self._impl = _OrtBackend(build.onnx, threads)
+            self.profile = _build_profile(build.onnx, self._impl.inputs)
         else:
+            if build.plan is None and self.path.suffix == ".onnx":
+                beside = self.path.parent / PLAN_NAME
+                raise EdgeSDKError(f"{path} is an ONNX model; the TensorRT backend runs a plan",
+                                   f"pass the build folder or {beside}" if beside.is_file() else
+                                   "pass a build folder with a model.plan, or use Engine(path, backend='onnxruntime')")
             if build.plan is None:
                 raise EdgeSDKError(f"no {PLAN_NAME} in {path}: the build ran without TensorRT",
                                    "run `edgesdk build` on a machine with TensorRT (the Jetson), or "
                                    "use Engine(path, backend='onnxruntime')")
             self._impl = _TrtBackend(build.plan, build.manifest, cuda_graph)
-        self.inputs: list[TensorInfo] = self._impl.inputs
-        self.outputs: list[TensorInfo] = self._impl.outputs
+            self.profile = _build_profile(build.plan, self._impl.inputs)
+        self.inputs: tuple[TensorInfo, ...] = tuple(self._impl.inputs)
+        self.outputs: tuple[TensorInfo, ...] = tuple(self._impl.outputs)
+        self._closed = False
 
     def infer(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run once. ``feeds`` maps every input name to a numpy array or a device array.
@@ -160,7 +190,12 @@ class Engine:
         with self._lock:
             if self._closed:
                 raise EdgeSDKError("this Engine is closed", "create a new Engine")
+            if not isinstance(feeds, Mapping):
+                raise EdgeSDKError(f"infer takes a dict of input name -> array, not a {type(feeds).__name__}",
+                                   "feed {" + ", ".join(f"{t.name!r}: array" for t in self.inputs) + "}")
             _check_names(self.inputs, feeds)
+            if self.profile:
+                _check_profile(self.profile, feeds)
             return self._impl.infer(feeds)
 
     def close(self) -> None:
@@ -186,7 +221,7 @@ class Engine:
             pass
 
     def __repr__(self) -> str:
-        ins = ", ".join(f"{t.name}{list(t.shape)}:{t.dtype}" for t in self.inputs)
+        ins = ", ".join(f"{t.name}{list(t.shape) if t.shape is not None else '[?]'}:{t.dtype}" for t in self.inputs)
         return f"Engine({str(self.path)!r}, backend={self.backend!r}, inputs=[{ins}])"
 
 
@@ -198,10 +233,44 @@ def _check_names(inputs: list[TensorInfo], feeds: Mapping[str, Any]) -> None:
                            f"feed exactly {sorted(want)}")
 
 
+def _build_profile(model_path: Path, inputs) -> dict | None:
+    """The optimization profile ``edgesdk build`` gave TensorRT for the build folder of ``model_path`` (its plan or
+    its processed ONNX model; from its report.json), or None for any other file."""
+    from edgesdk.report import REPORT_NAME
+    from edgesdk.trt.engine import profile_shapes
+
+    try:
+        report = json.loads((model_path.parent / REPORT_NAME).read_text())
+        config = report.get("config") or {}
+    except (OSError, ValueError, AttributeError):
+        return None  # not a build folder (or a damaged report): ONNX Runtime takes any shape
+    if model_path.name not in (report.get("processed_model", ONNX_NAMES[0]), PLAN_NAME):
+        return None
+    shapes = {t.name: t.shape for t in inputs if t.shape is not None}
+    try:
+        return profile_shapes(shapes, config.get("shape_hints") or {}, int(config.get("max_batch") or 8))
+    except EdgeSDKError:
+        return None
+
+
+def _check_profile(profile: dict, feeds: Mapping[str, Any]) -> None:
+    for name, (lo, _, hi) in profile.items():
+        a = feeds[name]
+        shape = tuple(int(d) for d in (a.__cuda_array_interface__["shape"] if hasattr(
+            a, "__cuda_array_interface__") and not isinstance(a, np.ndarray) else np.shape(a)))
+        if len(shape) == len(lo) and any(d < l or d > h for d, l, h in zip(shape, lo, hi)):
+            raise EdgeSDKError(f"input {name!r} shape {shape} is outside the build's optimization profile "
+                               f"{tuple(lo)} .. {tuple(hi)} (TensorRT would refuse it on the Jetson)",
+                               f"split the batch, or rebuild with --max-batch {shape[0]}" if shape[0] > hi[0]
+                               else "feed a shape inside the profile")
+
+
 def _check_array(t: TensorInfo, shape: tuple, dtype: np.dtype) -> None:
     if np.dtype(dtype) != t.dtype:
         raise EdgeSDKError(f"input {t.name!r} is {np.dtype(dtype)}, the model takes {t.dtype}",
-                           f"convert it first, e.g. x.astype(np.{t.dtype.name})")
+                           f"convert it first, e.g. {t.name}.astype(np.{t.dtype.type.__name__})")
+    if t.shape is None:  # the model does not say its rank
+        return
     if len(shape) != len(t.shape) or any(d >= 0 and d != s for d, s in zip(t.shape, shape)):
         raise EdgeSDKError(f"input {t.name!r} has shape {tuple(shape)}, the model takes {t.shape} "
                            "(-1 = any size)", "reshape the input")
@@ -243,6 +312,22 @@ def _contiguous_ptr(name: str, iface: dict) -> int:
     return int(iface["data"][0])
 
 
+@contextlib.contextmanager
+def _foreign_errors(problem: str, fix: str):
+    """ONNX, ONNX Runtime and protobuf raise their own exception types (a file that is not ONNX, a kernel that
+    fails on the given inputs): as EdgeSDKError, with the library's words."""
+    try:
+        yield
+    except EdgeSDKError:
+        raise
+    except Exception as e:
+        module = type(e).__module__ or ""
+        if not module.startswith(("onnx", "onnxruntime", "google.protobuf")):
+            raise
+        detail = " ".join(str(e).split()) or type(e).__name__
+        raise EdgeSDKError(f"{problem} ({type(e).__name__}: {detail})", fix) from None
+
+
 # ------------------------------------------------------------------------------------------------
 # ONNX Runtime
 # ------------------------------------------------------------------------------------------------
@@ -252,7 +337,9 @@ class _OrtBackend:
     def __init__(self, onnx_path: Path, threads: int | None):
         from edgesdk.ort import make_session
 
-        self.session = make_session(onnx_path, threads=threads)
+        with _foreign_errors(f"ONNX Runtime cannot load {onnx_path}",
+                             "rebuild the folder with `edgesdk build` (or re-export the .onnx)"):
+            self.session = make_session(onnx_path, threads=threads)
         self.inputs = [self._info(i) for i in self.session.get_inputs()]
         self.outputs = [self._info(o) for o in self.session.get_outputs()]
 
@@ -261,12 +348,17 @@ class _OrtBackend:
         if arg.type not in _ORT_TYPES:
             raise EdgeSDKError(f"tensor {arg.name!r} has type {arg.type}, which edgesdk does not feed",
                                "export the model with float, int or bool inputs and outputs")
-        shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or ()))
+        if not arg.shape:  # ORT gives [] both for a scalar and for a tensor of unknown rank: ORT checks the rank
+            return TensorInfo(arg.name, None, np.dtype(_ORT_TYPES[arg.type]))
+        shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in arg.shape)
         return TensorInfo(arg.name, shape, np.dtype(_ORT_TYPES[arg.type]))
 
     def infer(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         host = {t.name: _host_array(t, feeds[t.name]) for t in self.inputs}
-        outs = self.session.run([o.name for o in self.outputs], host)
+        shapes = ", ".join(f"{k} {'x'.join(map(str, v.shape))}" for k, v in host.items())
+        with _foreign_errors(f"ONNX Runtime failed on inputs {shapes}",
+                             "check the inputs' shapes and values against Engine.inputs (and Engine.profile)"):
+            outs = self.session.run([o.name for o in self.outputs], host)
         return {o.name: np.asarray(v) for o, v in zip(self.outputs, outs)}
 
     def close(self) -> None:

@@ -120,7 +120,7 @@ def random_inputs(inputs: list[TensorInfo], batch: int = 1, shapes: dict[str, tu
     feeds = {}
     for t in inputs:
         shape = tuple(shapes[t.name]) if shapes and t.name in shapes else tuple(
-            batch if (d < 0 and i == 0) else d for i, d in enumerate(t.shape))
+            batch if (d < 0 and i == 0) else d for i, d in enumerate(t.shape or ()))  # None: rank unknown, a scalar
         if any(d < 0 for d in shape):
             raise EdgeSDKError(f"input {t.name!r} has dynamic dims {_dims(t.shape)} (N = any size)",
                                f"pass --shape {t.name}={_example(t.shape, batch)} with a size for each N")
@@ -156,6 +156,10 @@ def _check_shapes(inputs: list[TensorInfo], shapes: dict[str, tuple], batch: int
         if t is None:
             raise EdgeSDKError(f"{given} names no input of the model; its inputs are {list(by_name)}",
                                "use one of those names")
+        if t.shape is None:  # the model does not give the rank: any shape (ONNX Runtime checks it)
+            if any(d < 1 for d in dims):
+                raise EdgeSDKError(f"{given}: every dim must be at least 1", "give positive sizes")
+            continue
         fit = f"give {len(t.shape)} dims and keep the fixed ones, e.g. --shape {name}={_example(t.shape, batch)}"
         if len(dims) != len(t.shape):
             raise EdgeSDKError(f"{given} has {len(dims)} dims; input {name!r} has rank {len(t.shape)}, shape "

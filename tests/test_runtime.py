@@ -174,7 +174,12 @@ def test_onnxruntime_backend_on_the_bundled_demo(kernels, tmp_path):
                                             test_size=0.25, random_state=0, stratify=digits.target)
     with Engine(tmp_path / "demo", backend="onnxruntime") as eng:
         assert [t.name for t in eng.inputs] == ["x"] and eng.inputs[0].shape == (-1, 1, 8, 8)
-        logits = eng.infer({"x": x_test})["logits"]
+        # the build's TensorRT profile (batch 1 .. 8) holds on the CPU too: what runs here runs on the Jetson
+        assert eng.profile == {"x": ((1, 1, 8, 8), (1, 1, 8, 8), (8, 1, 8, 8))}
+        with pytest.raises(EdgeSDKError, match=r"outside the build's optimization profile") as e:
+            eng.infer({"x": x_test})
+        assert f"--max-batch {len(x_test)}" in e.value.fix
+        logits = np.concatenate([eng.infer({"x": x_test[i:i + 8]})["logits"] for i in range(0, len(x_test), 8)])
         with pytest.raises(EdgeSDKError, match="no model.plan"):
             Engine(tmp_path / "demo")  # the TensorRT backend is never chosen silently
     # plan checks against the manifest the build wrote
@@ -195,3 +200,64 @@ def test_onnxruntime_backend_on_the_bundled_demo(kernels, tmp_path):
     agree = np.mean(logits.argmax(1) == ref.argmax(1))
     top1 = np.mean(logits.argmax(1) == y_test)
     assert agree >= 0.98 and top1 >= 0.9, (agree, top1)  # measured: 1.0 and 0.924 (= float model)
+
+
+def test_api_misuse_gets_problem_and_fix(build_dir, tmp_path):
+    """What a first-time caller gets wrong: feeds not a dict, bad arguments, an .onnx for the TensorRT backend,
+    a damaged model, ONNX Runtime failing; every one an EdgeSDKError naming the fix."""
+    x = RNG.standard_normal((2, 13)).astype(np.float32)
+    with Engine(build_dir, backend="onnxruntime") as eng:
+        assert eng.profile is None  # no report.json: not a build folder, any batch
+        for bad in (x, [x], None):
+            with pytest.raises(EdgeSDKError, match="infer takes a dict") as e:
+                eng.infer(bad)
+            assert e.value.fix == "feed {'x': array}"
+        with pytest.raises(EdgeSDKError, match=r"x\.astype\(np\.float32\)"):  # the input's name, a real numpy name
+            eng.infer({"x": x.astype(np.float64)})
+        assert isinstance(eng.inputs, tuple) and isinstance(eng.outputs, tuple)  # not the backend's own lists
+    assert "Engine" in dir(edgesdk) and "Engine" in edgesdk.__all__  # tab completion
+    for threads in ("4", 2.5, 0, True):
+        with pytest.raises(EdgeSDKError, match="not a thread count"):
+            Engine(build_dir, backend="onnxruntime", threads=threads)
+    with pytest.raises(EdgeSDKError, match="not a str or Path"):
+        Engine(None)
+    (build_dir / "model.plan").write_bytes(b"\0" * 64)
+    with pytest.raises(EdgeSDKError, match="is an ONNX model; the TensorRT backend runs a plan") as e:
+        Engine(build_dir / "model.onnx")
+    assert str(build_dir / "model.plan") in e.value.fix
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "model.onnx").write_text("not onnx")
+    with pytest.raises(EdgeSDKError, match="ONNX Runtime cannot load .*DecodeError"):
+        Engine(bad, backend="onnxruntime")
+    two = tmp_path / "two"
+    two.mkdir()
+    for n in ("a.onnx", "b.onnx"):
+        (two / n).write_bytes((build_dir / "model.onnx").read_bytes())
+    with pytest.raises(EdgeSDKError, match=r"several ONNX models \(a.onnx, b.onnx\)"):
+        Engine(two, backend="onnxruntime")
+
+
+def test_onnx_runtime_failures_are_edgesdk_errors(tmp_path):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 13])
+    g = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["y"])], "g", [x],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, -1])],
+                          [numpy_helper.from_array(np.array([2, -1], np.int64), "s")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), tmp_path / "r.onnx")
+    with Engine(tmp_path / "r.onnx", backend="onnxruntime") as eng:
+        assert eng.infer({"x": np.ones((2, 13), np.float32)})["y"].shape == (2, 13)
+        with pytest.raises(EdgeSDKError, match=r"ONNX Runtime failed on inputs x 3x13 \(.*\)") as e:
+            eng.infer({"x": np.ones((3, 13), np.float32)})  # 39 values cannot be 2 rows
+        assert "Engine.inputs" in e.value.fix
+
+
+def test_unknown_rank_inputs_are_fed_as_given(tmp_path):
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, None)  # no shape at all
+    g = helper.make_graph([helper.make_node("Relu", ["a"], ["b"])], "g", [a],
+                          [helper.make_tensor_value_info("b", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), tmp_path / "u.onnx")
+    with Engine(tmp_path / "u.onnx", backend="onnxruntime") as eng:
+        assert eng.inputs[0].shape is None
+        x = RNG.standard_normal((2, 3)).astype(np.float32)
+        np.testing.assert_array_equal(eng.infer({"a": x})["b"], np.maximum(x, 0))
+        assert "a[?]" in repr(eng)

@@ -212,12 +212,18 @@ def test_run_input_path_holding_equals_sign(demo, tmp_path):
 def test_model_that_is_not_onnx_is_exit_1(tmp_path, x_npy):
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "model.onnx").write_text("not onnx")  # was google.protobuf DecodeError
-    assert_fails(invoke("run", tmp_path / "b", *ORT, "-i", x_npy), f"cannot load the model of {tmp_path / 'b'}",
+    assert_fails(invoke("run", tmp_path / "b", *ORT, "-i", x_npy), f"cannot load {tmp_path / 'b' / 'model.onnx'}",
                  "DecodeError", "edgesdk build")
-    assert_fails(invoke("bench", tmp_path / "b", *ORT), "cannot load the model")
+    assert_fails(invoke("bench", tmp_path / "b", *ORT), "cannot load")
 
 
 def test_runtime_failure_on_the_inputs_is_exit_1(demo, tmp_path):
     np.save(tmp_path / "empty.npy", np.zeros((0, 1, 8, 8), np.float32))  # ONNX Runtime's Reshape fails on it
+    # a build folder holds inputs to the profile its TensorRT engine has (batch 1 .. --max-batch)
     assert_fails(invoke("run", demo, *ORT, "-i", tmp_path / "empty.npy"),
-                 "the onnxruntime backend failed on inputs x 0x1x8x8", "edgesdk inspect")
+                 "outside the build's optimization profile (1, 1, 8, 8) .. (8, 1, 8, 8)")
+    # a bare .onnx has no profile: ONNX Runtime's own failure, in one message
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "m.onnx").write_bytes((Path(demo) / "model.onnx").read_bytes())
+    assert_fails(invoke("run", tmp_path / "bare" / "m.onnx", *ORT, "-i", tmp_path / "empty.npy"),
+                 "ONNX Runtime failed on inputs x 0x1x8x8", "Engine.inputs")
