@@ -38,6 +38,19 @@ REPORT = {
 }
 
 
+def invoke_at(width: int, args: list[str]):
+    """The CLI on a terminal ``width`` columns wide. The CLI's consoles are made at import, where rich reads
+    COLUMNS once if it is set (pytest-xdist sets it), so the width is given to them, not through the environment."""
+    import edgesdk.cli as cli
+
+    saved = cli.console.width, cli.err_console.width
+    cli.console.width = cli.err_console.width = width
+    try:
+        return runner.invoke(app, args, env={"COLUMNS": str(width)})
+    finally:
+        cli.console.width, cli.err_console.width = saved
+
+
 def render(width: int, report=REPORT) -> list[str]:
     console = Console(width=width, record=True, color_system=None)
     print_summary(report, console)
@@ -107,14 +120,14 @@ def test_build_summary_wide_terminal_keeps_notes_in_the_table():
 
 
 def test_devices_and_inspect_at_80_columns():
-    r = runner.invoke(app, ["devices"], env={"COLUMNS": "80"})
+    r = invoke_at(80, ["devices"])
     assert r.exit_code == 0, r.output
     table = [ln for ln in r.output.splitlines() if not ln.startswith("host:")]  # the host note wraps as text
     assert max(map(len, table)) <= 80 and "…" not in r.output, r.output
     starts = {ln.split(" ")[0] for ln in table}
     assert {name for name in PROFILES} <= starts, r.output  # every name, whole, at the start of its row
     assert any(re.search(r"\s204\.8\s.*\s85\.2\s", ln) for ln in table)
-    r = runner.invoke(app, ["inspect", str(DIGITS), "--exclude", "head"], env={"COLUMNS": "80"})
+    r = invoke_at(80, ["inspect", str(DIGITS), "--exclude", "head"])
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert max(map(len, lines)) <= 80 and "…" not in r.output, r.output
@@ -162,7 +175,7 @@ def _llm_like(path: Path, layers: int = 3) -> list[str]:
 
 def test_inspect_llm_names_at_80_columns(tmp_path):
     names = _llm_like(tmp_path / "llm.onnx")
-    r = runner.invoke(app, ["inspect", str(tmp_path / "llm.onnx")], env={"COLUMNS": "80"})
+    r = invoke_at(80, ["inspect", str(tmp_path / "llm.onnx")])
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert max(map(len, lines)) <= 80 and "…" not in r.output, r.output
@@ -174,7 +187,7 @@ def test_inspect_llm_names_at_80_columns(tmp_path):
     # one note for the 12 layers that share it, not 12
     assert flat(lines).count("no plugin kernel") == 1 and "every layer: no plugin kernel: auto:" in flat(lines)
     # a wide terminal keeps every column
-    r = runner.invoke(app, ["inspect", str(tmp_path / "llm.onnx")], env={"COLUMNS": "200"})
+    r = invoke_at(200, ["inspect", str(tmp_path / "llm.onnx")])
     assert r.exit_code == 0 and "every row" not in r.output, r.output
     assert any(re.match(r"layer\s+op\s+K×N\s+weight\s+bias\s+int8", ln) for ln in r.output.splitlines()), r.output
 
