@@ -168,7 +168,11 @@ def inspect_cmd(
     except EdgeSDKError as e:
         fail(e)
     state = quant_state(m)
-    info = {"model": str(model), "opset": opset(m), "quant_state": state, **io_info(m),
+    plugins: dict[str, int] = {}
+    for n in m.graph.node:
+        if n.domain == "edgesdk":
+            plugins[n.op_type] = plugins.get(n.op_type, 0) + 1
+    info = {"model": str(model), "opset": opset(m), "quant_state": state, **io_info(m), "plugin_nodes": plugins,
             "preview": {"device": device, "quantize": quantize, "sparsity": sparsity, "kernels": kernels},
             "linears": [{**li.to_dict(), "selected": li.name not in skipped, "reason": skipped.get(li.name),
                          **({"rows_per_call": plan[li.name]["rows_per_call"], "kernel": plan[li.name]["kernel"],
@@ -178,6 +182,10 @@ def inspect_cmd(
         print(json.dumps(info, indent=2))
         return
     console.print(f"[bold]{escape(str(model))}[/]: opset {info['opset']}, {state}, {len(linears)} linear layers")
+    if plugins:  # a build's output: its rewritten linears are plugin nodes, not MatMul/Gemm
+        said = ", ".join(f"{k} {v}" for k, v in sorted(plugins.items()))
+        console.print(Text(f"an edgesdk build: plugin nodes {said} (their layers: the build's report.json); "
+                           "inspect the original model to preview a build"), soft_wrap=True)
     io = compact_table("Inputs / outputs")
     rows = [(kind[:-1], t["name"], t["dtype"], str(t["shape"])) for kind in ("inputs", "outputs") for t in info[kind]]
     num_column(io, "", justify="left")

@@ -1,5 +1,6 @@
 """Every bad input of issue 2 gets one clear message (problem + fix), exit code != 0, and nothing left behind."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -169,3 +170,7 @@ def test_a_build_output_is_not_built_again(tmp_path):
     assert CliRunner().invoke(app, ["build", str(DIGITS), "-o", str(out), "--quiet", "--no-verify"]).exit_code == 0
     text = _run(["build", str(out / "model.onnx"), "-o", str(tmp_path / "again")], tmp_path)
     assert "already an edgesdk build" in text and "build the original model" in text
+    r = CliRunner().invoke(app, ["inspect", str(out / "model.onnx")])
+    assert r.exit_code == 0 and "an edgesdk build: plugin nodes EdgeVitBitGemm 8" in " ".join(r.output.split())
+    r = CliRunner().invoke(app, ["inspect", str(out / "model.onnx"), "--json"])
+    assert json.loads(r.output)["plugin_nodes"] == {"EdgeVitBitGemm": 8}
