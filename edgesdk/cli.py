@@ -97,7 +97,7 @@ def build(
     verify_count: Annotated[Optional[int], typer.Option("--verify-count", help="Samples for the verification. \\[default: 4]")] = None,
     workspace_mb: Annotated[Optional[int], typer.Option("--workspace-mb", help="TensorRT workspace. \\[default: the device profile's]")] = None,
     builder_optimization_level: Annotated[Optional[int], typer.Option("--builder-optimization-level", help="TensorRT builder optimization level 0-5 (as trtexec). \\[default: 3]")] = None,
-    timing_cache: Annotated[Optional[Path], typer.Option("--timing-cache-file", help="TensorRT timing cache, reused across builds (as trtexec). \\[default: ~/.cache/edgesdk/trt/timing-<trt>-sm<XY>.cache]")] = None,
+    timing_cache: Annotated[Optional[Path], typer.Option("--timing-cache-file", help="TensorRT timing cache, reused across builds (as trtexec). \\[default: ~/.cache/edgesdk/trt/timing-<trt>-sm<XY>-<SMs>sm-edgesdk<version>.cache]")] = None,
     dla_core: Annotated[Optional[int], typer.Option("--use-dla-core", help="Build for this DLA core, GPU fallback on (as trtexec --useDLACore --allowGPUFallback). \\[default: GPU only]")] = None,
     max_batch: Annotated[Optional[int], typer.Option("--max-batch", help="Largest batch of the TensorRT optimization profile when the batch dim is dynamic. \\[default: 8]")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Seed of random inputs. \\[default: 0]")] = None,

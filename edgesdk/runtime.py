@@ -172,7 +172,7 @@ class Engine:
                 raise EdgeSDKError(f"no {PLAN_NAME} in {path}: the build ran without TensorRT",
                                    "run `edgesdk build` on a machine with TensorRT (the Jetson), or "
                                    "use Engine(path, backend='onnxruntime')")
-            self._impl = _TrtBackend(build.plan, build.manifest, cuda_graph)
+            self._impl = _TrtBackend(build.plan, build.manifest, cuda_graph, _built_dla_core(build.plan))
             self.profile = _build_profile(build.plan, self._impl.inputs)
         self.inputs: tuple[TensorInfo, ...] = tuple(self._impl.inputs)
         self.outputs: tuple[TensorInfo, ...] = tuple(self._impl.outputs)
@@ -251,6 +251,17 @@ def _build_profile(model_path: Path, inputs) -> dict | None:
         return profile_shapes(shapes, config.get("shape_hints") or {}, int(config.get("max_batch") or 8))
     except EdgeSDKError:
         return None
+
+
+def _built_dla_core(plan: Path) -> int | None:
+    """The DLA core the build put the engine on (report.json ``engine.details.dla_core``), or None."""
+    from edgesdk.report import REPORT_NAME
+
+    try:
+        core = json.loads((plan.parent / REPORT_NAME).read_text())["engine"]["details"]["dla_core"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return int(core) if isinstance(core, int) else None
 
 
 def _check_profile(profile: dict, feeds: Mapping[str, Any]) -> None:
@@ -405,7 +416,7 @@ class _Buffer:
 
 
 class _TrtBackend:
-    def __init__(self, plan: Path, manifest: dict | None, cuda_graph: bool):
+    def __init__(self, plan: Path, manifest: dict | None, cuda_graph: bool, dla_core: int | None = None):
         from edgesdk.trt.engine import check_plan_compatible, engine_record
 
         record = engine_record(manifest) if manifest else None
@@ -426,24 +437,36 @@ class _TrtBackend:
         self.cu_ctx = check(cu.cuCtxGetCurrent())
         self.logger = trt.Logger(trt.Logger.WARNING)
         self.runtime = trt.Runtime(self.logger)
+        if dla_core is not None:  # an engine built for a DLA core runs on that core (IRuntime::setDLACore)
+            self.runtime.DLA_core = int(dla_core)
         self.engine = self.runtime.deserialize_cuda_engine(plan.read_bytes())
         if self.engine is None:
             raise EdgeSDKError(f"TensorRT {trt.__version__} could not load {plan} (see its log above)",
                                "rebuild the engine on this machine with `edgesdk build`: plans are tied "
                                "to one TensorRT version and one GPU kind")
         self.context = self.engine.create_execution_context()
+        if self.context is None:
+            raise EdgeSDKError(f"TensorRT could not create an execution context for {plan} (see its log above; "
+                               "often too little free GPU memory)", "free GPU memory (other engines, processes) "
+                               "and retry, or rebuild with a smaller --workspace-mb")
+        self.inputs, self.outputs = [], []
+        for i in range(self.engine.num_io_tensors):
+            name = self.engine.get_tensor_name(i)
+            try:
+                dtype = np.dtype(trt.nptype(self.engine.get_tensor_dtype(name)))
+            except TypeError:  # bf16, fp8, int4: no numpy type
+                raise EdgeSDKError(f"the engine's tensor {name!r} is {self.engine.get_tensor_dtype(name)}, which "
+                                   "numpy cannot hold", "export the model with fp32/fp16/int inputs and outputs"
+                                   ) from None
+            info = TensorInfo(name, tuple(int(d) for d in self.engine.get_tensor_shape(name)), dtype)
+            is_input = self.engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
+            (self.inputs if is_input else self.outputs).append(info)
+        # CUDA objects after the checks that refuse a plan, so that a refusal leaks none
         self.stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING))
         self.event = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING))
         dev = check(cu.cuCtxGetDevice())
         self.mapped = bool(check(cu.cuDeviceGetAttribute(
             cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_INTEGRATED, dev)))
-        self.inputs, self.outputs = [], []
-        for i in range(self.engine.num_io_tensors):
-            name = self.engine.get_tensor_name(i)
-            info = TensorInfo(name, tuple(int(d) for d in self.engine.get_tensor_shape(name)),
-                              np.dtype(trt.nptype(self.engine.get_tensor_dtype(name))))
-            is_input = self.engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
-            (self.inputs if is_input else self.outputs).append(info)
         self.buffers = {t.name: _Buffer(cu, self.mapped) for t in (*self.inputs, *self.outputs)}
         self.cuda_graph = cuda_graph
         self.graph_exec, self.graph_key = None, None
@@ -516,10 +539,12 @@ class _TrtBackend:
             mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
             check(cu.cuStreamBeginCapture(stream, mode))
             ok = self.context.execute_async_v3(int(stream))
-            graph = check(cu.cuStreamEndCapture(stream))
-            if not ok:
-                check(cu.cuGraphDestroy(graph))
-                raise EdgeSDKError("TensorRT could not be captured in a CUDA graph",
+            err, graph = cu.cuStreamEndCapture(stream)  # not check(): an invalidated capture is this message
+            if not ok or int(err) != 0:
+                if int(err) == 0:
+                    check(cu.cuGraphDestroy(graph))
+                raise EdgeSDKError("TensorRT could not be captured in a CUDA graph"
+                                   + (f" (CUDA error {int(err)} at the end of the capture)" if int(err) else ""),
                                    "use Engine(..., cuda_graph=False)")
             self.graph_exec = check(cu.cuGraphInstantiate(graph, 0))
             check(cu.cuGraphDestroy(graph))

@@ -47,7 +47,9 @@ def test_plan_compatibility():
     E.check_plan_compatible({"tensorrt": "10.3.0.26", "compute_capability": "sm_87"}, HERE)  # same 10.3.0
     cases = [({"tensorrt": "10.16.1", "compute_capability": "8.7"}, "TensorRT 10.16.1; this machine has 10.3.0.30"),
              ({"tensorrt": "10.3.0", "compute_capability": "9.0"}, "compute capability 9.0; this GPU is 8.7"),
-             ({"tensorrt": "absent", "compute_capability": None}, "no TensorRT engine")]
+             ({"tensorrt": "absent", "compute_capability": None}, "no TensorRT engine"),
+             ({"tensorrt": "10.3.0.30", "compute_capability": "8.7", "built": False, "reason": "boom"},
+              "says the engine build failed")]
     for rec, msg in cases:
         with pytest.raises(EdgeSDKError, match=msg.replace(".", r"\.")) as e:
             E.check_plan_compatible(rec, HERE)
@@ -75,9 +77,12 @@ def test_refuses_to_build_for_another_gpu():
 
 def test_timing_cache_default_is_per_version_and_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path))
-    p = E.default_timing_cache("10.3.0", "8.7")
-    assert p == tmp_path / "trt" / "timing-10.3.0-sm87.cache"
-    assert E.default_timing_cache("10.16.1", "8.7") != p
+    from edgesdk import __version__
+
+    p = E.default_timing_cache("10.3.0", "8.7", 16)
+    assert p == tmp_path / "trt" / f"timing-10.3.0-sm87-16sm-edgesdk{__version__}.cache"
+    # another TensorRT, another Orin module (same sm_87, other SM count): other files
+    assert len({p, E.default_timing_cache("10.16.1", "8.7", 16), E.default_timing_cache("10.3.0", "8.7", 8)}) == 3
 
 
 def test_atomic_write_leaves_no_temp(tmp_path):

@@ -303,3 +303,32 @@ def test_plugin_classes_define_every_required_method():
     assert {ast.unparse(b) for b in plugin.bases} == {"trt.IPluginV3", "trt.IPluginV3OneCore",
                                                       "trt.IPluginV3OneBuild", "trt.IPluginV3OneRuntime"}
     assert [ast.unparse(b) for b in creator.bases] == ["trt.IPluginCreatorV3One"]
+
+
+def test_registry_lookup_lists_creators_instead_of_asking_for_missing_ones():
+    """TensorRT logs an API-usage error for every get_creator miss, so registration looks in all_creators;
+    only a registry without that listing is asked (edgesdk/trt/registry.py)."""
+    from edgesdk.trt.registry import _registered
+
+    class C:
+        def __init__(self, name, version=L.PLUGIN_VERSION, ns=L.PLUGIN_NAMESPACE):
+            self.name, self.plugin_version, self.plugin_namespace = name, version, ns
+
+    class Listing:
+        all_creators = [C("EdgeBitmapLinear"), C("EdgeVitBitGemm", ns="other"), C("EdgeVitBitGemm", version="2")]
+
+        def get_creator(self, *a):
+            raise AssertionError("get_creator must not be called where all_creators lists the creators")
+
+    assert _registered(Listing(), "EdgeBitmapLinear") and not _registered(Listing(), "EdgeVitBitGemm")
+
+    class Asking:
+        asked: list = []
+
+        def get_creator(self, *a):
+            self.asked.append(a)
+            return None
+
+    r = Asking()
+    assert not _registered(r, "EdgeBitmapLinear") and r.asked == [("EdgeBitmapLinear", L.PLUGIN_VERSION,
+                                                                     L.PLUGIN_NAMESPACE)]

@@ -76,8 +76,8 @@ def gpu_info() -> dict:
         v = int(check(_driver().cuDriverGetVersion()))
         info["cuda"] = f"{v // 1000}.{(v % 1000) // 10}"
         info["compute_capability"] = normalize_cc(current_arch())
-    except Exception:  # no driver, no cuda-python: report nothing rather than guess
-        pass
+    except Exception as e:  # no driver, no cuda-python: report nothing rather than guess, but say why
+        info["gpu_error"] = f"{type(e).__name__}: {e}"
     return info
 
 
@@ -94,10 +94,15 @@ def _atomic_write(path: Path, data: bytes | memoryview) -> None:
     os.replace(tmp, path)
 
 
-def default_timing_cache(trt_version: str, cc: str | None) -> Path:
+def default_timing_cache(trt_version: str, cc: str | None, sm_count: int | None = None) -> Path:
+    """One cache per TensorRT version, GPU kind (compute capability and SM count: AGX Orin, Orin NX and Orin Nano
+    are all sm_87) and edgesdk version (whose plugins' tactics the cache times)."""
+    from edgesdk import __version__
+
     root = Path(os.environ.get("EDGESDK_CACHE", Path.home() / ".cache" / "edgesdk"))
     sm = (cc or "unknown").replace(".", "")
-    return root / "trt" / f"timing-{trt_version}-sm{sm}.cache"
+    sms = f"-{sm_count}sm" if sm_count else ""
+    return root / "trt" / f"timing-{trt_version}-sm{sm}{sms}-edgesdk{__version__}.cache"
 
 
 def build_engine(onnx_path: Path, out_dir: Path, device: Any, config: Any) -> dict:
@@ -126,7 +131,9 @@ def build_engine(onnx_path: Path, out_dir: Path, device: Any, config: Any) -> di
                             "(JetPack 6.1+/7.2) or any machine with TensorRT >= 10.3.")
         return result
     if info["compute_capability"] is None:
-        result["reason"] = "TensorRT is installed but no CUDA GPU answers, so no engine was built."
+        why = f" ({info['gpu_error']})" if info.get("gpu_error") else ""
+        result["reason"] = (f"TensorRT is installed but no CUDA GPU answers{why}, so no engine was built. On "
+                            "JetPack 6 install cuda-python 12.x (`pip install 'cuda-python>=12.6,<13'`).")
         return result
     mismatch = target_mismatch(device, info["compute_capability"])
     if mismatch:
@@ -140,6 +147,7 @@ def build_engine(onnx_path: Path, out_dir: Path, device: Any, config: Any) -> di
     except Exception as e:  # a TensorRT/bindings/plugin error: report it, keep the verified ONNX build
         result["reason"] = (f"TensorRT failed while building the engine: {type(e).__name__}: {e}. "
                             "Run tools/trt_smoke.py to test each plugin on its own and report its log.")
+        (Path(out_dir) / PLAN_NAME).unlink(missing_ok=True)  # a failed build ships no plan
         return result
     result.update(built=True, plan=str(Path(out_dir) / PLAN_NAME), details=details)
     return result
@@ -177,10 +185,20 @@ def _build(trt, onnx_path: Path, out_dir: Path, device, config, info: dict) -> d
     cfg.builder_optimization_level = 3 if level is None else int(level)
 
     cache_path = getattr(config, "timing_cache", None)
-    cache_path = Path(cache_path) if cache_path else default_timing_cache(trt.__version__,
-                                                                          info["compute_capability"])
-    cache = cfg.create_timing_cache(cache_path.read_bytes() if cache_path.exists() else b"")
-    cfg.set_timing_cache(cache, ignore_mismatch=False)
+    cache_path = Path(cache_path) if cache_path else default_timing_cache(
+        trt.__version__, info["compute_capability"], _sm_count())
+    try:
+        data = cache_path.read_bytes() if cache_path.exists() else b""
+    except OSError as e:
+        data = b""
+        notes.append(f"timing cache {cache_path} unreadable ({e}): started a fresh one")
+    cache = cfg.create_timing_cache(data)
+    # set_timing_cache returns False for a cache of another device (all Orin modules are sm_87) and
+    # create_timing_cache None for a damaged file: either way, time the tactics again from an empty cache
+    if cache is None or not cfg.set_timing_cache(cache, ignore_mismatch=False):
+        notes.append(f"timing cache {cache_path} was not usable here (another GPU or a damaged file): "
+                     "started a fresh one, which replaces it")
+        cfg.set_timing_cache(cfg.create_timing_cache(b""), ignore_mismatch=False)
 
     dla_core = getattr(config, "dla_core", None)
     used_dla = None
@@ -203,12 +221,26 @@ def _build(trt, onnx_path: Path, out_dir: Path, device, config, info: dict) -> d
         raise EdgeSDKError(f"TensorRT could not build an engine for {onnx_path.name} (see the "
                            "TensorRT log above)",
                            "run tools/trt_smoke.py to test each plugin on its own, then report the log")
+    timing = cfg.get_timing_cache()  # None if no cache is set
+    try:  # a cache that cannot be saved costs the next build its tactic timing, nothing else
+        if timing is not None:
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            _atomic_write(cache_path, memoryview(timing.serialize()))
+    except OSError as e:
+        notes.append(f"timing cache not saved to {cache_path} ({e}): the next build times the tactics again")
     out_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out_dir / PLAN_NAME, memoryview(plan))
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(cache_path, memoryview(cfg.get_timing_cache().serialize()))
+    _atomic_write(out_dir / PLAN_NAME, memoryview(plan))  # last: the plan exists only for a build that finished
     return {"build_s": round(time.perf_counter() - t0, 2), "timing_cache": str(cache_path),
             "workspace_mb": workspace_mb, "dla_core": used_dla, "notes": notes}
+
+
+def _sm_count() -> int | None:
+    try:
+        from edgesdk.kernels._cuda import device_facts
+
+        return int(device_facts()["sm_count"])
+    except Exception:  # the cache name is then per compute capability only
+        return None
 
 
 def _profile(builder, network, config):
@@ -287,6 +319,9 @@ def check_plan_compatible(recorded: dict, current: dict | None = None) -> None:
     if built_trt in ("absent", "None"):
         raise EdgeSDKError("this build folder has no TensorRT engine (it was built without TensorRT)",
                            rebuild)
+    if recorded.get("built") is False:  # TensorRT was there but the build failed: a plan here was never verified
+        raise EdgeSDKError(f"the manifest says the engine build failed ({recorded.get('reason') or 'no reason'}), "
+                           "so the plan beside it is not one edgesdk built and verified", rebuild)
     if here_trt == "absent":
         raise EdgeSDKError(f"the plan needs TensorRT {built_trt}, which is not installed here",
                            "install TensorRT (JetPack ships it) or use backend='onnxruntime'")

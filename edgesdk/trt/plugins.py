@@ -77,6 +77,8 @@ def plugin_classes(op: str):
             c = Plugin()
             c.__dict__.update(self.__dict__)
             c.attrs = dict(self.attrs)
+            # properties of the C++ object, not entries of __dict__: the update above does not carry them
+            c.timing_cache_id = self.timing_cache_id
             c._fields = []
             return c
 

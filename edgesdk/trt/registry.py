@@ -43,11 +43,20 @@ def register_plugins(registry=None) -> list[str]:
             _, creator_cls = plugin_classes(op)
             creator = creator_cls()
             key = f"{_logic.PLUGIN_NAMESPACE}::{creator.name}"
-            present = registry.get_creator(creator.name, _logic.PLUGIN_VERSION, _logic.PLUGIN_NAMESPACE)
-            if present is None:
+            if key not in _creators and not _registered(registry, creator.name):
                 if not registry.register_creator(creator, _logic.PLUGIN_NAMESPACE):
                     raise EdgeSDKError(f"TensorRT refused to register the plugin creator {key}",
                                        "check the TensorRT log; another creator may use the same name")
                 _creators[key] = creator
             names.append(key)
     return names
+
+
+def _registered(registry, name: str) -> bool:
+    """Whether ``registry`` holds a creator of ``name`` in edgesdk's namespace and version, found by listing
+    ``all_creators``: ``get_creator`` logs an API-usage error for every name it does not find."""
+    listed = getattr(registry, "all_creators", None)
+    if listed is None:  # a registry without the listing: ask, at the price of that log line
+        return registry.get_creator(name, _logic.PLUGIN_VERSION, _logic.PLUGIN_NAMESPACE) is not None
+    return any(getattr(c, "name", None) == name and str(getattr(c, "plugin_version", "")) == _logic.PLUGIN_VERSION
+               and getattr(c, "plugin_namespace", None) == _logic.PLUGIN_NAMESPACE for c in listed)
