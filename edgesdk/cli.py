@@ -344,6 +344,68 @@ def pack(
                        f"{result['bytes_packed'] / 1e6:.2f} MB packed, dense {mb} MB."))
 
 
+@app.command("kernels")
+def kernels_cmd(
+    arch: Annotated[Optional[str], typer.Option("--arch", help="sm_87 (Orin) | sm_90 | 8.7 ... \\[default: this machine's GPU]")] = None,
+    op: Annotated[Optional[list[str]], typer.Option("--op", help="bitmap_linear | vitbit_gemm | sparse_kv (repeatable). \\[default: all]")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+):
+    """Compile the plugin kernels into the cache (EDGESDK_CACHE, else ~/.cache/edgesdk) ahead of their first use.
+
+    A first build or inference otherwise compiles them on the spot (tens of seconds per source); run this once on
+    the Jetson, or with --arch sm_87 while building a container image (nvcc or cuda-python's NVRTC needed, no GPU).
+    """
+    import time
+
+    from edgesdk.kernels import _cuda, bitmap_linear, sparse_kv, vitbit_gemm
+    from edgesdk.trt.engine import normalize_cc
+
+    try:
+        if arch is None:
+            if not _cuda.gpu_available():
+                raise EdgeSDKError("no GPU here to take the architecture from.",
+                                   "pass --arch sm_87 for Jetson Orin (or the GPU's sm_XY).")
+            arch = _cuda.current_arch()
+        else:
+            try:
+                cc = normalize_cc(arch)
+            except EdgeSDKError:
+                cc = None
+            if cc is None:
+                raise EdgeSDKError(f"--arch {arch!r} is not a compute capability.", "write e.g. --arch sm_87 or 8.7.")
+            arch = "sm_" + cc.replace(".", "")
+        mods = {"bitmap_linear": bitmap_linear, "vitbit_gemm": vitbit_gemm, "sparse_kv": sparse_kv}
+        unknown = sorted(set(op or ()) - set(mods))
+        if unknown:
+            raise EdgeSDKError(f"--op {unknown[0]!r} is not an operator.", f"use one of {', '.join(mods)}.")
+        rows = []
+        for mod in [mods[o] for o in (op or mods)]:
+            src = _cuda.PLUGINS_DIR / mod.SOURCE
+            path = _cuda.cubin_path(src, arch)
+            cached = path.exists()
+            t0 = time.perf_counter()
+            try:
+                data = _cuda.compile_cubin(src, arch)
+            except (ImportError, RuntimeError, OSError) as e:
+                raise EdgeSDKError(f"compiling {mod.SOURCE} for {arch} failed: {str(e).strip()[:600]}",
+                                   "install the CUDA toolkit (nvcc) or cuda-python (NVRTC) matching the driver"
+                                   ) from None
+            rows.append({"source": mod.SOURCE, "arch": arch, "state": "cached" if cached else "compiled",
+                         "seconds": round(time.perf_counter() - t0, 2), "bytes": len(data), "cubin": str(path)})
+    except EdgeSDKError as e:
+        fail(e)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    t = compact_table(f"Plugin kernels for {arch} (cache: {rows[0]['cubin'].rsplit('/', 1)[0]})")
+    key_column(t, "source", [r["source"] for r in rows])
+    for c in ("state", "s", "KB"):
+        num_column(t, c, justify="left" if c == "state" else "right")
+    for r in rows:
+        t.add_row(Ident(r["source"]), r["state"], f"{r['seconds']:.1f}", f"{r['bytes'] / 1024:.0f}")
+    console.print(Fit(t, keys=(0,)))
+
+
 def _register_extensions() -> None:
     for name in EXTENSIONS:
         try:

@@ -198,3 +198,27 @@ def test_pack_on_the_demo_with_its_defaults(tmp_path):
     assert len(index["layers"]) == 9 and "Packed 9 linears" in r.output and "{" not in r.output
     r = runner.invoke(app, ["pack", str(DIGITS), "-o", str(tmp_path / "v"), "--kernels", "vitbit"])
     assert r.exit_code == 1 and "Q/DQ" in r.output
+
+
+def test_kernels_compiles_into_the_cache_the_launchers_read(tmp_path, monkeypatch):
+    """`edgesdk kernels --arch sm_87` fills the cubin cache without a GPU; the second run finds it; the file is the
+    one the launcher's get_kernel would load (same key)."""
+    import shutil
+
+    from edgesdk.kernels import _cuda, sparse_kv
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc (or NVRTC) to compile; CI has nvcc")
+    monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path))
+    r = runner.invoke(app, ["kernels", "--arch", "8.7", "--op", "sparse_kv", "--json"])
+    assert r.exit_code == 0, r.output
+    (row,) = json.loads(r.output)
+    want = _cuda.cubin_path(_cuda.PLUGINS_DIR / sparse_kv.SOURCE, "sm_87")
+    assert row["state"] == "compiled" and row["arch"] == "sm_87" and row["cubin"] == str(want)
+    assert want.is_file() and want.stat().st_size == row["bytes"] > 100_000
+    (row,) = json.loads(runner.invoke(app, ["kernels", "--arch", "sm_87", "--op", "sparse_kv", "--json"]).output)
+    assert row["state"] == "cached"
+    for args, words in ((["--arch", "foo"], "not a compute capability"), (["--arch", "8.7", "--op", "gemm"],
+                                                                           "not an operator")):
+        r = runner.invoke(app, ["kernels", *args])
+        assert r.exit_code == 1 and words in r.output, r.output

@@ -117,8 +117,9 @@ def _cache_dir() -> Path:
     return d
 
 
-def compile_cubin(source_path: Path, arch: str, options: Sequence[str] = ()) -> bytes:
-    """Compile one ``.cu`` file to a cubin for ``arch`` (cached on disk)."""
+def cubin_path(source_path: Path, arch: str, options: Sequence[str] = ()) -> Path:
+    """Where :func:`compile_cubin` keeps the cubin of ``source_path`` for ``arch`` (its key covers the source, the
+    headers beside it and in ``plugins/common``, the arch and the options)."""
     source_path = Path(source_path)
     src = source_path.read_bytes()
     # Headers next to the source take part in the key.
@@ -126,7 +127,14 @@ def compile_cubin(source_path: Path, arch: str, options: Sequence[str] = ()) -> 
     common = sorted(PLUGINS_DIR.glob("common/*.cuh"))
     hdrs += b"".join(p.read_bytes() for p in common)
     key = hashlib.sha256(src + hdrs + arch.encode() + "\0".join(options).encode()).hexdigest()[:32]
-    cached = _cache_dir() / f"{source_path.stem}-{arch}-{key}.cubin"
+    return _cache_dir() / f"{source_path.stem}-{arch}-{key}.cubin"
+
+
+def compile_cubin(source_path: Path, arch: str, options: Sequence[str] = ()) -> bytes:
+    """Compile one ``.cu`` file to a cubin for ``arch`` (cached on disk)."""
+    source_path = Path(source_path)
+    src = source_path.read_bytes()
+    cached = cubin_path(source_path, arch, options)
     if cached.exists():
         return cached.read_bytes()
     inc = [f"-I{source_path.parent}", f"-I{PLUGINS_DIR}"]
