@@ -16,7 +16,7 @@ CALIB = ROOT / "calibration" / "digits.npz"
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("cmd", ["build", "inspect", "check", "devices", "pack"])
+@pytest.mark.parametrize("cmd", ["build", "inspect", "check", "devices", "pack", "kernels"])
 def test_help_teaches(cmd):
     r = runner.invoke(app, [cmd, "--help"])
     assert r.exit_code == 0, r.output
