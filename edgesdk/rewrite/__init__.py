@@ -230,13 +230,16 @@ def _feeds(calibration) -> list[dict[str, np.ndarray]]:
     return [dict(c) for c in calibration]
 
 
-def input_norms(model: onnx.ModelProto, tensors: Sequence[str], calibration) -> dict[str, np.ndarray]:
+def input_norms(model: onnx.ModelProto, tensors: Sequence[str], calibration,
+                transposed: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
     """``||X[:, k]||_2`` of each named tensor over all calibration feeds (ONNX Runtime, CPU).
 
     Args:
         model: The model the tensors belong to (standard ops only).
         tensors: Activation tensor names (a linear's input).
         calibration: One feed dict or a list of them (graph input name → array).
+        transposed: Tensors a layer reads transposed (Gemm ``transA=1``: A is ``[K, M]``), whose norms are over
+            their first axis; their results are keyed ``"<name>:T"``.
 
     Raises:
         EdgeSDKError: No calibration data, or ONNX Runtime cannot run the model on it.
@@ -266,6 +269,8 @@ def input_norms(model: onnx.ModelProto, tensors: Sequence[str], calibration) -> 
         for t in wanted:
             a = activation_norms(outs[t]) ** 2
             sq[t] = sq.get(t, 0) + a
+            if t in transposed:
+                sq[t + ":T"] = sq.get(t + ":T", 0) + activation_norms(np.asarray(outs[t]).T) ** 2
     return {t: np.sqrt(v) for t, v in sq.items()}
 
 
@@ -424,8 +429,9 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
         norms = None
         if method == "wanda":
             x_of = {li.name: ix.nodes[li.node].input[0] for li in chosen}
-            by_tensor = input_norms(model, list(x_of.values()), calibration)
-            norms = {name: by_tensor[t] for name, t in x_of.items()}
+            trans = frozenset(x_of[li.name] for li in chosen if li.trans_a)  # Gemm transA: X is A^T
+            by_tensor = input_norms(model, list(x_of.values()), calibration, trans)
+            norms = {li.name: by_tensor[x_of[li.name] + (":T" if li.trans_a else "")] for li in chosen}
         pruned, st = prune(dense, sparsity, method, norms, scope=scope)
         stats = {s.name: s for s in st}
         for name, w in pruned.items():
@@ -489,7 +495,8 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
         row["kernel"], row["reason"] = kernel, reason
         if packed is None:
             if li.name in stats and row["sparsity"] > 0:
-                _write_back(model, ix, li, w, qw[li.name][0], taken, new_inits)
+                _write_back(model, ix, li, w, qw[li.name][0], taken, new_inits,
+                            lambda nodes, at=node_pos[li.node]: new_nodes.setdefault(at, []).extend(nodes))
             continue
         row["bytes_packed"] = int(packed.nbytes)
         x_in = (ix.nodes[li.act_q].output[0] if x_q else li.input) if kernel == "vitbit" else x_tensor
@@ -587,22 +594,60 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
-def _write_back(model, ix: GraphIndex, li: LinearInfo, w: np.ndarray, q, taken: set[str], new_inits: list) -> None:
-    """Give a layer that keeps its nodes its pruned weights (a new initializer: W may be shared)."""
+def _write_back(model, ix: GraphIndex, li: LinearInfo, w: np.ndarray, q, taken: set[str], new_inits: list,
+                insert) -> None:
+    """Give a layer that keeps its nodes its pruned weights: a new initializer (W may be shared), in which a pruned
+    weight is stored as the weight's zero point (0 after dequantization, whatever the zero point), read through a
+    private copy of the DequantizeLinear/Transpose chain where that chain also feeds other nodes (another layer,
+    with its own mask, or a non-linear op, which must keep the unpruned weight). ``insert(nodes)`` places new nodes
+    before the layer's node."""
     stored = ix.array(li.weight)
     if q is not None:
         vals = q.T if li.weight_layout == "KN" else q
     else:
         vals = w.T if li.weight_layout == "KN" else w
-    vals = np.where(vals == 0, 0, stored).astype(stored.dtype)
+    vals = np.where(vals == 0, _stored_zero(ix, li, stored), stored).astype(stored.dtype)
     init = numpy_helper.from_array(np.ascontiguousarray(vals), _unique(f"{li.weight}.pruned", taken))
     new_inits.append(init)
-    reader = li.weight_dq or li.weight_transpose or li.node
-    for node in model.graph.node:
-        if node.name == reader:
-            for i, name in enumerate(node.input):
-                if name == li.weight:
-                    node.input[i] = init.name
+    chain = [ix.nodes[n] for n in (li.weight_dq, li.weight_transpose) if n]  # W -> DQ -> Transpose -> the layer
+    layer = ix.nodes[li.node]
+    nxt = chain[1:] + [layer]
+    shared = any(o in ix.graph_outputs or any(c.name != after.name for c in ix.consumers.get(o, []))
+                 for node, after in zip(chain, nxt) for o in node.output)
+    if not chain or not shared:
+        reader = chain[0] if chain else layer
+        for i, name in enumerate(reader.input):
+            if name == li.weight:
+                reader.input[i] = init.name
+        return
+    copies, prev_in, prev_out = [], li.weight, init.name
+    for node in chain:
+        c = onnx.NodeProto()
+        c.CopyFrom(node)
+        c.name = _unique(f"{node.name}.{li.name}", taken)
+        for i, name in enumerate(c.input):
+            if name == prev_in:
+                c.input[i] = prev_out
+        prev_in, prev_out = node.output[0], _unique(f"{node.output[0]}.{li.name}", taken)
+        c.output[0] = prev_out
+        copies.append(c)
+    for i, name in enumerate(layer.input):
+        if name == prev_in:
+            layer.input[i] = prev_out
+    insert(copies)
+
+
+def _stored_zero(ix: GraphIndex, li: LinearInfo, stored: np.ndarray):
+    """The stored value that dequantizes to 0: the weight's zero point (per tensor or along its axis), else 0."""
+    if not li.weight_zero_point:
+        return 0
+    zp = ix.array(li.weight_zero_point)
+    if zp.size == 1:
+        return zp.reshape(())
+    axis = li.weight_axis % stored.ndim
+    shape = [1] * stored.ndim
+    shape[axis] = zp.size
+    return zp.reshape(shape)
 
 
 def _finish(model: onnx.ModelProto, new_nodes: dict, drop: set[int], new_inits: list, new_vi: list) -> onnx.ModelProto:
