@@ -261,8 +261,9 @@ def verification_failed(rows: list[dict], build_dir: str | None = None):
                                    f"{v.get('why') or v.get('error') or 'see report.json'}"), soft_wrap=True)
     kept = f"the folder {build_dir} is written; " if build_dir else ""
     err_console.print(Text("verification failed: " + kept + "if this error is acceptable for the model (e.g. LLM "
-                           "logits of ±20), loosen --atol/--rtol/--min-cosine; else keep sensitive layers float "
-                           "(--exclude), try --smooth-quant, or lower --sparsity."), soft_wrap=True)
+                           "logits of ±20), loosen --atol/--rtol/--min-cosine; else calibrate on more, real samples "
+                           "(--calibration, --calibration-count), keep sensitive layers float (--exclude), try "
+                           "--smooth-quant, or lower --sparsity."), soft_wrap=True)
     raise typer.Exit(2)
 
 
