@@ -10,7 +10,11 @@ dynamo, HF/optimum, timm) and the Q/DQ form ONNX Runtime's quantizer and ModelOp
   ``QuantizeLinear → DequantizeLinear`` pair (activation scale),
 * X of any rank ≥ 2 (``[..., K]``; 3-D activations of transformers included).
 
-MatMuls whose two operands are both activations (attention scores Q·Kᵀ and P·V) are not linears.
+MatMuls whose two operands are both activations (attention scores Q·Kᵀ and P·V) are not linears, nor are
+MatMuls on an activation of rank < 2 (the plugins need rows), nor Gemms whose C is not a bias ``[N]`` or
+``[1, N]`` (a per-row ``[M, 1]``, full ``[M, N]`` or scalar C). A bias ``Add`` is fused only when its constant
+is ``[N]`` or ``[1, …, 1, N]`` and does not raise the output's rank (else it stays in the graph). Ranks come
+from the graph's inputs, outputs and ``value_info``; where the graph does not give one, it is not checked.
 The rewrite passes (``edgesdk/rewrite``) and ``edgesdk inspect`` both build on this module.
 """
 
@@ -117,6 +121,19 @@ class GraphIndex:
                 # torch.onnx's legacy exporter dedups equal initializers (e.g. all-zero biases) this way
                 self.constants[n.output[0]] = self.constants[n.input[0]]
         self.graph_outputs = {o.name for o in g.output}
+        self.ranks: dict[str, int] = {}  # tensors whose rank the graph states (inputs, outputs, value_info)
+        for vi in list(g.input) + list(g.value_info) + list(g.output):
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+                self.ranks[vi.name] = len(vi.type.tensor_type.shape.dim)
+
+    def rank(self, *tensors: str) -> int | None:
+        """Rank of the first of ``tensors`` the graph states one for (constants included), or None."""
+        for t in tensors:
+            if t in self.constants:
+                return len(self.constants[t].dims)
+            if t in self.ranks:
+                return self.ranks[t]
+        return None
 
     def const(self, name: str) -> onnx.TensorProto | None:
         return self.constants.get(name)
@@ -187,8 +204,16 @@ def _trace_activation(ix: GraphIndex, tensor: str) -> dict:
     return {"input": tensor, "q": None, "dq": None}
 
 
-def _find_bias(ix: GraphIndex, tensor: str, n: int) -> tuple[onnx.NodeProto, str, onnx.NodeProto | None] | None:
-    """An ``Add(tensor, b)`` (either order) with b a constant of N elements broadcast on the last axis."""
+def _is_bias(dims: list[int], n: int, rank: int | None = None) -> bool:
+    """``dims`` is a bias added to every row of a ``[..., N]`` tensor of rank ``rank`` (None: unknown):
+    ``[N]`` or ``[1, …, 1, N]``, and no more dims than that tensor (else it broadcasts to a higher rank)."""
+    return bool(dims) and dims[-1] == n and all(d == 1 for d in dims[:-1]) and (rank is None or len(dims) <= rank)
+
+
+def _find_bias(ix: GraphIndex, tensor: str, n: int,
+               rank: int | None = None) -> tuple[onnx.NodeProto, str, onnx.NodeProto | None] | None:
+    """An ``Add(tensor, b)`` (either order) with b a constant ``[N]`` or ``[1, …, 1, N]`` that keeps
+    ``tensor``'s rank (``rank``, None when unknown)."""
     add = ix.sole_consumer(tensor)
     if add is None or add.op_type != "Add" or len(add.input) != 2:
         return None
@@ -201,8 +226,7 @@ def _find_bias(ix: GraphIndex, tensor: str, n: int) -> tuple[onnx.NodeProto, str
         if dq is None or ix.const(dq.input[0]) is None or ix.const(dq.input[1]) is None:
             return None
         other = dq.input[0]
-    dims = _dims(ix.const(other))
-    if not dims or dims[-1] != n or int(np.prod(dims)) != n:
+    if not _is_bias(_dims(ix.const(other)), n, rank):
         return None
     return add, other, dq
 
@@ -271,6 +295,10 @@ def find_linears(model: onnx.ModelProto) -> list[LinearInfo]:
         k, n = (wdims[1], wdims[0]) if transposed else (wdims[0], wdims[1])
         layout = "NK" if transposed else "KN"
         act = _trace_activation(ix, node.input[0])
+        # MatMul(X, W[K, N]) keeps X's rank (a 1-D X gives a 1-D Y); Gemm's A and Y are 2-D
+        rank = ix.rank(node.input[0], act["input"], node.output[0]) if node.op_type == "MatMul" else 2
+        if rank is not None and rank < 2:
+            continue  # the plugins take X [..., K] of rank >= 2
         info = LinearInfo(
             name="", kind=node.op_type, node=node.name, input=act["input"], output=node.output[0],
             k=int(k), n=int(n), weight=w["weight"], weight_layout=layout, trans_a=trans_a,
@@ -299,11 +327,11 @@ def find_linears(model: onnx.ModelProto) -> list[LinearInfo]:
                 info.bias_dq = cdq.name
                 owned.append(cdq)
                 c = cdq.input[0]
-            if ix.const(c) is None or int(np.prod(_dims(ix.const(c)))) != n:
-                continue  # a Gemm adding an activation or a full matrix is not a plain linear
+            if ix.const(c) is None or not _is_bias(_dims(ix.const(c)), n, 2):
+                continue  # C is an activation, a scalar, per-row [M, 1] or full [M, N]: not a plain linear
             info.bias = c
         elif node.op_type == "MatMul":
-            b = _find_bias(ix, node.output[0], n)
+            b = _find_bias(ix, node.output[0], n, rank)
             if b is not None:
                 add, bias, bdq = b
                 info.bias, info.bias_node, info.output = bias, add.name, add.output[0]
