@@ -101,12 +101,15 @@ def quantize_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], la
 
     if not layers:
         return model
+    source = model
     model = fold_weight_transposes(model, layers)
+    _check_float16_opset(model, layers)
     if smooth:
         model, _ = smooth_activations(model, feeds, layers, smooth)
     if not feeds:
         raise EdgeSDKError("INT8 quantization needs at least one calibration sample.",
                            "pass --calibration DATA or raise --calibration-count.")
+    _flatten_gemm_row_bias(model, layers)
     reader = type("EdgeCalibrationReader", (_Reader, CalibrationDataReader), {})(feeds, progress)
     methods = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile}
     extra = {
@@ -136,10 +139,14 @@ def quantize_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], la
                 calibrate_method=methods[method],
                 extra_options=extra,
             )
+        except Exception as e:  # a bug or limit of onnxruntime.quantization on this graph: no traceback
+            raise _quantize_failed(e, model, layers) from None
         finally:
             root.setLevel(level)
         out = onnx.load(str(dst))
-    out.ir_version = min(out.ir_version, 10)
+        out.ir_version = min(out.ir_version, 10)
+        toposort(out.graph)  # quantize_static can put an If/Loop before the producers of the outer tensors it reads
+        _check_valid(out, source)
     _check_placement(out, {li.node for li in layers})
     return out
 
@@ -315,3 +322,194 @@ def _check_placement(model: onnx.ModelProto, wanted: set[str]) -> None:
         if scale.size not in (1, li.n):
             raise EdgeSDKError(f"linear {li.name!r}: weight scale has {scale.size} values, expected {li.n}.",
                                "report this model; per-channel quantization went wrong.")
+
+
+FLOAT16_TYPES = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
+QDQ_FLOAT16_OPSET = 19  # QuantizeLinear/DequantizeLinear take float16/bfloat16 scales from opset 19
+
+
+def _check_float16_opset(model: onnx.ModelProto, layers: list[LinearInfo]) -> None:
+    """Refuse float16 linears below opset 19: their Q/DQ scales would be float16, which opsets < 19 do not allow."""
+    from edgesdk.onnx_io import opset
+
+    v = opset(model)
+    if v >= QDQ_FLOAT16_OPSET:
+        return
+    inits = {t.name: t.data_type for t in model.graph.initializer}
+    half = [(li.name, FLOAT16_TYPES[inits[li.weight]]) for li in layers
+            if not li.quantized and inits.get(li.weight) in FLOAT16_TYPES]
+    if half:
+        names = ", ".join(repr(n) for n, _ in half[:3]) + (f" and {len(half) - 3} more" if len(half) > 3 else "")
+        dtype, one = half[0][1], len(half) == 1
+        raise EdgeSDKError(
+            f"float16 models need opset >= {QDQ_FLOAT16_OPSET} for INT8 Q/DQ: {'linear' if one else 'linears'} "
+            f"{names} {'has' if one else 'have'} {dtype} weights and the model is at ONNX opset {v} (its Q/DQ "
+            f"scales would be {dtype}, which QuantizeLinear/DequantizeLinear accept only from opset "
+            f"{QDQ_FLOAT16_OPSET}).",
+            f"re-export the model at opset {QDQ_FLOAT16_OPSET} (torch.onnx.export(..., opset_version="
+            f"{QDQ_FLOAT16_OPSET})) or in float32, or build with --quantize none.")
+
+
+def _flatten_gemm_row_bias(model: onnx.ModelProto, layers: list[LinearInfo]) -> None:
+    """Give each quantized Gemm with a constant C of shape ``[1, N]`` the same C as ``[N]`` (in place).
+
+    Gemm broadcasts C unidirectionally to ``[M, N]``, so both mean the same; onnxruntime.quantization's
+    int32-bias scale check fails on the 2-D form. The initializer is reshaped where only these Gemms read it,
+    else a new one is made (other readers keep the original).
+    """
+    from onnx import numpy_helper
+
+    from edgesdk.inspect import GraphIndex
+
+    g = model.graph
+    ix = GraphIndex(model)
+    fix: dict[str, list[onnx.NodeProto]] = {}
+    for li in layers:
+        node = ix.nodes.get(li.node)
+        if li.kind != "Gemm" or li.quantized or node is None or len(node.input) < 3 or not node.input[2]:
+            continue
+        t = ix.const(node.input[2])
+        if t is not None and list(t.dims) == [1, li.n]:
+            fix.setdefault(node.input[2], []).append(node)
+    if not fix:
+        return
+    readers: dict[str, int] = {}
+    for n in g.node:
+        for name in set(n.input) | _subgraph_reads(n):
+            readers[name] = readers.get(name, 0) + 1
+    pinned = {o.name for o in g.output} | {i.name for i in g.input}
+    inits = {t.name: t for t in g.initializer}
+    taken = set(inits) | {o for n in g.node for o in n.output} | {i.name for i in g.input}
+    for c, nodes in fix.items():
+        if c in inits and c not in pinned and readers.get(c, 0) == len(nodes):
+            t = inits[c]
+            n_el = t.dims[1]
+            del t.dims[:]
+            t.dims.append(n_el)
+            continue
+        name = f"{c}_flat"
+        while name in taken:
+            name += "_"
+        taken.add(name)
+        g.initializer.append(numpy_helper.from_array(np.ascontiguousarray(ix.array(c).reshape(-1)), name))
+        for node in nodes:
+            node.input[2] = name
+        if readers.get(c, 0) == len(nodes) and c not in pinned and c in ix.producer:
+            dead = ix.producer[c]  # the Constant node C came from, now unread
+            if dead.op_type == "Constant":
+                g.node.remove(dead)
+
+
+def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
+    """Names the If/Loop/Scan bodies of ``node`` read from the enclosing scopes."""
+    out: set[str] = set()
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            out |= _outer_reads(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            for sub in a.graphs:
+                out |= _outer_reads(sub)
+    return out
+
+
+def _outer_reads(graph: onnx.GraphProto) -> set[str]:
+    """Names ``graph`` (and its nested subgraphs) reads without defining them: outer-scope tensors."""
+    defined = ({i.name for i in graph.input} | {t.name for t in graph.initializer}
+               | {t.values.name for t in graph.sparse_initializer} | {o for n in graph.node for o in n.output})
+    reads: set[str] = set()
+    for n in graph.node:
+        reads |= set(n.input) | _subgraph_reads(n)
+    return reads - defined - {""}
+
+
+def toposort(graph: onnx.GraphProto) -> None:
+    """Sort ``graph``'s nodes topologically in place (subgraphs too), keeping the given order where it is valid.
+
+    A node with If/Loop/Scan bodies depends on the producers of the outer-scope tensors its bodies read.
+    A graph with a cycle is left as it is (onnx.checker then names the problem).
+    """
+    import heapq
+
+    for n in graph.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                toposort(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sub in a.graphs:
+                    toposort(sub)
+    nodes = list(graph.node)
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    users: list[list[int]] = [[] for _ in nodes]
+    indegree = [0] * len(nodes)
+    for i, n in enumerate(nodes):
+        for p in {producer[x] for x in set(n.input) | _subgraph_reads(n) if x in producer} - {i}:
+            users[p].append(i)
+            indegree[i] += 1
+    ready = [i for i, d in enumerate(indegree) if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for j in users[i]:
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                heapq.heappush(ready, j)
+    if len(order) < len(nodes) or order == list(range(len(nodes))):
+        return
+    del graph.node[:]
+    graph.node.extend(nodes[i] for i in order)
+
+
+def _quantize_failed(e: Exception, model: onnx.ModelProto, layers: list[LinearInfo]) -> EdgeSDKError:
+    """An EdgeSDKError for an exception out of quantize_static, naming the linear it was working on if it can."""
+    names: dict[str, str] = {}
+    for li in layers:
+        for key in (li.node, li.weight, li.bias, f"{li.weight}_T" if li.weight_transpose else None):
+            if key:
+                names.setdefault(key, li.name)
+    layer = next((names[k] for k in sorted(names, key=len, reverse=True) if re.search(
+        rf"(?<![\w./:-]){re.escape(k)}(?![\w./:-])", str(e))), None)
+    tb = e.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):  # the innermost frame that holds a layer's node, weight or bias name
+        if layer is not None:
+            break
+        for v in frame.f_locals.values():
+            key = v.name if isinstance(v, (onnx.NodeProto, onnx.TensorProto)) else v if isinstance(v, str) else None
+            if key in names:
+                layer = names[key]
+                break
+    detail = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    if len(detail) > 300:
+        detail = detail[:297] + "..."
+    if layer is not None:
+        return EdgeSDKError(f"onnxruntime.quantization failed on linear {layer!r} ({detail}).",
+                            f"--exclude the layer (--exclude '^{re.escape(layer)}$'), or report this with the model.")
+    return EdgeSDKError(f"onnxruntime.quantization failed on this model ({detail}).",
+                        "--exclude the layer it fails on (see `edgesdk inspect` for the names), or report this with "
+                        "the model.")
+
+
+def _check_valid(model: onnx.ModelProto, source: onnx.ModelProto) -> None:
+    """The quantized model passes onnx.checker, then the full check (types, shapes), each unless the float model
+    fails it too (then the quantization is not what broke it: e.g. graph outputs declared without a shape)."""
+    for full in (False, True):
+        try:
+            onnx.checker.check_model(model, full_check=full)
+        except Exception as e:
+            try:
+                onnx.checker.check_model(source, full_check=full)
+            except Exception:
+                return
+            raise EdgeSDKError(f"INT8 quantization produced an invalid ONNX model: {_short(e)}",
+                               "--exclude the layers concerned, build with --quantize none, or report this with "
+                               "the model.") from None
+
+
+def _short(e: Exception) -> str:
+    s = " ".join(str(e).split())
+    return s if len(s) <= 300 else s[:297] + "..."
