@@ -323,6 +323,9 @@ def _contiguous_ptr(name: str, iface: dict) -> int:
     return int(iface["data"][0])
 
 
+_FOREIGN_MODULES = ("onnx", "onnxruntime", "onnxruntime_extensions", "google.protobuf")
+
+
 @contextlib.contextmanager
 def _foreign_errors(problem: str, fix: str):
     """ONNX, ONNX Runtime and protobuf raise their own exception types (a file that is not ONNX, a kernel that
@@ -333,7 +336,7 @@ def _foreign_errors(problem: str, fix: str):
         raise
     except Exception as e:
         module = type(e).__module__ or ""
-        if not module.startswith(("onnx", "onnxruntime", "google.protobuf")):
+        if not any(module == m or module.startswith(m + ".") for m in _FOREIGN_MODULES):
             raise
         detail = " ".join(str(e).split()) or type(e).__name__
         raise EdgeSDKError(f"{problem} ({type(e).__name__}: {detail})", fix) from None

@@ -11,7 +11,6 @@ Both take ``--backend tensorrt`` (default) or ``--backend onnxruntime``. Errors 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -27,7 +26,7 @@ from rich.text import Text
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.tables import Fit, Ident, compact_table, key_column, num_column, text_column
-from edgesdk.runtime import BACKENDS, Engine, TensorInfo
+from edgesdk.runtime import BACKENDS, Engine, TensorInfo, _foreign_errors
 
 console = Console()
 
@@ -259,25 +258,7 @@ def _write_atomic(path: Path, flag: str, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
-# ONNX, ONNX Runtime and protobuf raise their own exception types (a model file that is not ONNX, a
-# kernel that fails on the given inputs); the runtime passes them through, the CLI names them.
-_FOREIGN_MODULES = ("onnx", "onnxruntime", "onnxruntime_extensions", "google.protobuf")
-
-
-@contextlib.contextmanager
-def _foreign_errors(problem: str, fix: str):
-    try:
-        yield
-    except EdgeSDKError:
-        raise
-    except Exception as e:
-        module = type(e).__module__
-        if not any(module == m or module.startswith(m + ".") for m in _FOREIGN_MODULES):
-            raise
-        detail = " ".join(str(e).split()) or type(e).__name__
-        raise EdgeSDKError(f"{problem} ({type(e).__name__}: {detail})", fix) from None
-
-
+# the runtime names ONNX/ONNX Runtime/protobuf failures itself; the CLI keeps the same net around Engine()
 def _open_engine(build: Path, backend: str, cuda_graph: bool) -> Engine:
     with _foreign_errors(f"cannot load the model of {build}", "rebuild the folder with `edgesdk build`"):
         return Engine(build, backend=backend, cuda_graph=cuda_graph)
