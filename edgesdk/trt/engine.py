@@ -192,7 +192,10 @@ def _build(trt, onnx_path: Path, out_dir: Path, device, config, info: dict) -> d
     except OSError as e:
         data = b""
         notes.append(f"timing cache {cache_path} unreadable ({e}): started a fresh one")
-    cache = cfg.create_timing_cache(data)
+    try:
+        cache = cfg.create_timing_cache(data)
+    except Exception:  # noqa: BLE001 - a damaged file may raise rather than give None
+        cache = None
     # set_timing_cache returns False for a cache of another device (all Orin modules are sm_87) and
     # create_timing_cache None for a damaged file: either way, time the tactics again from an empty cache
     if cache is None or not cfg.set_timing_cache(cache, ignore_mismatch=False):
