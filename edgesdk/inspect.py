@@ -96,6 +96,18 @@ class LinearInfo:
         return asdict(self)
 
 
+def subgraph_inputs(node: onnx.NodeProto) -> set[str]:
+    """Every name the If/Loop/Scan bodies of ``node`` (nested ones too) read: the outer-scope tensors they depend
+    on, plus names their own nodes define (which no outer node produces)."""
+    used: set[str] = set()
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            for n in g.node:
+                used.update(i for i in n.input if i)
+                used |= subgraph_inputs(n)
+    return used
+
+
 class GraphIndex:
     """Lookups over one graph: producers, consumers, constants (initializers and Constant nodes)."""
 

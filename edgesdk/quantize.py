@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.inspect import LinearInfo, find_linears, quant_state
+from edgesdk.inspect import LinearInfo, find_linears, quant_state, subgraph_inputs
 
 QOPERATOR_FIX = (
     "TensorRT only reads explicit QuantizeLinear/DequantizeLinear (Q/DQ) graphs. Quantize the float "
@@ -375,7 +375,7 @@ def _flatten_gemm_row_bias(model: onnx.ModelProto, layers: list[LinearInfo]) -> 
         return
     readers: dict[str, int] = {}
     for n in g.node:
-        for name in set(n.input) | _subgraph_reads(n):
+        for name in set(n.input) | subgraph_inputs(n):
             readers[name] = readers.get(name, 0) + 1
     pinned = {o.name for o in g.output} | {i.name for i in g.input}
     inits = {t.name: t for t in g.initializer}
@@ -400,28 +400,6 @@ def _flatten_gemm_row_bias(model: onnx.ModelProto, layers: list[LinearInfo]) -> 
                 g.node.remove(dead)
 
 
-def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
-    """Names the If/Loop/Scan bodies of ``node`` read from the enclosing scopes."""
-    out: set[str] = set()
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            out |= _outer_reads(a.g)
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            for sub in a.graphs:
-                out |= _outer_reads(sub)
-    return out
-
-
-def _outer_reads(graph: onnx.GraphProto) -> set[str]:
-    """Names ``graph`` (and its nested subgraphs) reads without defining them: outer-scope tensors."""
-    defined = ({i.name for i in graph.input} | {t.name for t in graph.initializer}
-               | {t.values.name for t in graph.sparse_initializer} | {o for n in graph.node for o in n.output})
-    reads: set[str] = set()
-    for n in graph.node:
-        reads |= set(n.input) | _subgraph_reads(n)
-    return reads - defined - {""}
-
-
 def toposort(graph: onnx.GraphProto) -> None:
     """Sort ``graph``'s nodes topologically in place (subgraphs too), keeping the given order where it is valid.
 
@@ -442,7 +420,7 @@ def toposort(graph: onnx.GraphProto) -> None:
     users: list[list[int]] = [[] for _ in nodes]
     indegree = [0] * len(nodes)
     for i, n in enumerate(nodes):
-        for p in {producer[x] for x in set(n.input) | _subgraph_reads(n) if x in producer} - {i}:
+        for p in {producer[x] for x in set(n.input) | subgraph_inputs(n) if x in producer} - {i}:
             users[p].append(i)
             indegree[i] += 1
     ready = [i for i, d in enumerate(indegree) if d == 0]

@@ -161,7 +161,7 @@ class Engine:
             if cuda_graph:
                 raise EdgeSDKError("cuda_graph=True needs the TensorRT backend", "drop cuda_graph")
             self._impl = _OrtBackend(build.onnx, threads)
-            self.profile = _build_profile(build.onnx, self._impl.inputs)
+            self.profile = _build_profile(_build_report(build.onnx), self._impl.inputs)
         else:
             if build.plan is None and self.path.suffix == ".onnx":
                 beside = self.path.parent / PLAN_NAME
@@ -172,8 +172,9 @@ class Engine:
                 raise EdgeSDKError(f"no {PLAN_NAME} in {path}: the build ran without TensorRT",
                                    "run `edgesdk build` on a machine with TensorRT (the Jetson), or "
                                    "use Engine(path, backend='onnxruntime')")
-            self._impl = _TrtBackend(build.plan, build.manifest, cuda_graph, _built_dla_core(build.plan))
-            self.profile = _build_profile(build.plan, self._impl.inputs)
+            report = _build_report(build.plan)
+            self._impl = _TrtBackend(build.plan, build.manifest, cuda_graph, _built_dla_core(report))
+            self.profile = _build_profile(report, self._impl.inputs)
         self.inputs: tuple[TensorInfo, ...] = tuple(self._impl.inputs)
         self.outputs: tuple[TensorInfo, ...] = tuple(self._impl.outputs)
         self._closed = False
@@ -233,19 +234,28 @@ def _check_names(inputs: list[TensorInfo], feeds: Mapping[str, Any]) -> None:
                            f"feed exactly {sorted(want)}")
 
 
-def _build_profile(model_path: Path, inputs) -> dict | None:
-    """The optimization profile ``edgesdk build`` gave TensorRT for the build folder of ``model_path`` (its plan or
-    its processed ONNX model; from its report.json), or None for any other file."""
+def _build_report(model_path: Path) -> dict | None:
+    """report.json of the build folder whose plan or processed ONNX model is ``model_path``, or None (any other
+    file, or a damaged report)."""
     from edgesdk.report import REPORT_NAME
-    from edgesdk.trt.engine import profile_shapes
 
     try:
         report = json.loads((model_path.parent / REPORT_NAME).read_text())
-        config = report.get("config") or {}
-    except (OSError, ValueError, AttributeError):
-        return None  # not a build folder (or a damaged report): ONNX Runtime takes any shape
-    if model_path.name not in (report.get("processed_model", ONNX_NAMES[0]), PLAN_NAME):
+    except (OSError, ValueError):
         return None
+    if not isinstance(report, dict) or model_path.name not in (report.get("processed_model", ONNX_NAMES[0]),
+                                                               PLAN_NAME):
+        return None
+    return report
+
+
+def _build_profile(report: dict | None, inputs) -> dict | None:
+    """The optimization profile ``edgesdk build`` gave TensorRT (from its report), or None without a report."""
+    from edgesdk.trt.engine import profile_shapes
+
+    if report is None:
+        return None  # not a build folder: ONNX Runtime takes any shape
+    config = report.get("config") or {}
     shapes = {t.name: t.shape for t in inputs if t.shape is not None}
     try:
         return profile_shapes(shapes, config.get("shape_hints") or {}, int(config.get("max_batch") or 8))
@@ -253,15 +263,10 @@ def _build_profile(model_path: Path, inputs) -> dict | None:
         return None
 
 
-def _built_dla_core(plan: Path) -> int | None:
+def _built_dla_core(report: dict | None) -> int | None:
     """The DLA core the build put the engine on (report.json ``engine.details.dla_core``), or None."""
-    from edgesdk.report import REPORT_NAME
-
-    try:
-        core = json.loads((plan.parent / REPORT_NAME).read_text())["engine"]["details"]["dla_core"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return int(core) if isinstance(core, int) else None
+    core = (((report or {}).get("engine") or {}).get("details") or {}).get("dla_core")
+    return core if isinstance(core, int) else None
 
 
 def _check_profile(profile: dict, feeds: Mapping[str, Any]) -> None:

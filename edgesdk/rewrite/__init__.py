@@ -43,7 +43,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgesdk.errors import EdgeSDKError, FormatError
 from edgesdk.formats import bitmap_linear as bitmap_fmt
 from edgesdk.formats import vitbit_gemm as vitbit_fmt
-from edgesdk.inspect import GraphIndex, LinearInfo, _attr, bias_values, find_linears, weight_kn
+from edgesdk.inspect import GraphIndex, LinearInfo, _attr, bias_values, find_linears, subgraph_inputs, weight_kn
 from edgesdk.rewrite.choose import KERNELS, MEASURE, LayerFacts, choose, decide_measured, measure_plan
 from edgesdk.sparsify import activation_norms, prune
 
@@ -283,16 +283,6 @@ def _unique(name: str, taken: set[str]) -> str:
     return out
 
 
-def _subgraph_inputs(node: onnx.NodeProto) -> set[str]:
-    used: set[str] = set()
-    for a in node.attribute:
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            for n in g.node:
-                used.update(i for i in n.input if i)
-                used |= _subgraph_inputs(n)
-    return used
-
-
 def _remove_dead(graph: onnx.GraphProto) -> None:
     """Drop nodes whose outputs nobody reads, then unused initializers and value_info."""
     needed = {o.name for o in graph.output}
@@ -301,7 +291,7 @@ def _remove_dead(graph: onnx.GraphProto) -> None:
         if any(o in needed for o in node.output if o):
             keep.append(node)
             needed.update(i for i in node.input if i)
-            needed |= _subgraph_inputs(node)
+            needed |= subgraph_inputs(node)
     keep.reverse()
     del graph.node[:]
     graph.node.extend(keep)
