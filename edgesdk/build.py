@@ -157,9 +157,13 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
                 raise EdgeSDKError(f"{model_path} is already an edgesdk build (it has edgesdk plugin nodes).",
                                    "build the original model; `edgesdk check` re-verifies a build folder.")
             specs = input_specs(model, config.shape_hints)
-            linears = find_linears(model)
+            passed_over: dict[str, str] = {}
+            linears = find_linears(model, passed_over)
             if not linears:
-                raise EdgeSDKError(f"{model_path} has no linear layers (MatMul/Gemm with a constant weight).",
+                said = "; ".join(f"{k}: {v}" for k, v in list(passed_over.items())[:3])
+                more = f" (and {len(passed_over) - 3} more)" if len(passed_over) > 3 else ""
+                raise EdgeSDKError(f"{model_path} has no linear layers (MatMul/Gemm with a constant weight)"
+                                   + (f"; passed over: {said}{more}." if said else "."),
                                    "edgesdk accelerates transformer linears; deploy this model with TensorRT directly.")
             state = quant_state(model)
             model_sha = sha256_file(model_path)

@@ -161,7 +161,8 @@ def inspect_cmd(
         if not 0.0 <= sparsity < 1.0:
             raise EdgeSDKError(f"--sparsity {sparsity} is outside [0, 1)", "give the pruned fraction, e.g. 0.5")
         m = load_model(model)
-        linears = find_linears(m)
+        passed_over: dict[str, str] = {}
+        linears = find_linears(m, passed_over)
         chosen, skipped = select_layers(m, linears, exclude or [], include_lm_head)
         plan = plan_kernels(m, linears, {li.name for li in chosen}, kernels, sparsity, quantize == "int8",
                             get_profile(device))
@@ -173,6 +174,7 @@ def inspect_cmd(
         if n.domain == "edgesdk":
             plugins[n.op_type] = plugins.get(n.op_type, 0) + 1
     info = {"model": str(model), "opset": opset(m), "quant_state": state, **io_info(m), "plugin_nodes": plugins,
+            "passed_over": passed_over,
             "preview": {"device": device, "quantize": quantize, "sparsity": sparsity, "kernels": kernels},
             "linears": [{**li.to_dict(), "selected": li.name not in skipped, "reason": skipped.get(li.name),
                          **({"rows_per_call": plan[li.name]["rows_per_call"], "kernel": plan[li.name]["kernel"],
@@ -218,6 +220,8 @@ def inspect_cmd(
     for line in grouped_notes([(name, f"no plugin kernel: {p['reason']}") for name, p in plan.items() if p["reason"]],
                               every=len(linears)):
         console.print(Padding(Text(line), (0, 0, 0, 2)))
+    for line in grouped_notes([(k, f"not a linear: {v}") for k, v in passed_over.items()]):
+        console.print(Padding(Text(line), (0, 0, 0, 2)))  # MatMul/Gemm that build leaves to TensorRT, and why
     console.print(f"kernel preview for --device {device} --quantize {quantize} --sparsity {sparsity} "
                   f"--kernels {kernels}; `build` writes the final choice to report.json")
     if state == "qoperator":

@@ -133,6 +133,7 @@ class GraphIndex:
                 # torch.onnx's legacy exporter dedups equal initializers (e.g. all-zero biases) this way
                 self.constants[n.output[0]] = self.constants[n.input[0]]
         self.graph_outputs = {o.name for o in g.output}
+        self._from_constants: dict[str, bool] = {}
         self.ranks: dict[str, int] = {}  # tensors whose rank the graph states (inputs, outputs, value_info)
         for vi in list(g.input) + list(g.value_info) + list(g.output):
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
@@ -146,6 +147,31 @@ class GraphIndex:
             if t in self.ranks:
                 return self.ranks[t]
         return None
+
+    def from_constants(self, name: str) -> bool:
+        """Whether ``name`` is computed from constants alone (a weight behind any ops), not from graph inputs.
+        Iterative (an LLM's activations go back thousands of nodes); results are kept for later calls."""
+        memo = self._from_constants
+        stack, on_path = [(name, False)], set()
+        while stack:
+            t, expanded = stack.pop()
+            if t in memo:
+                continue
+            node = self.producer.get(t)
+            if t in self.constants or node is None:  # a constant, or a graph input
+                memo[t] = t in self.constants
+                continue
+            ins = [i for i in node.input if i]
+            if expanded:
+                on_path.discard(t)
+                memo[t] = all(memo.get(i, False) for i in ins)
+            elif t in on_path:  # a cycle (not a valid graph): not a weight
+                memo[t] = False
+            else:
+                on_path.add(t)
+                stack.append((t, True))
+                stack.extend((i, False) for i in ins if i not in memo)
+        return memo[name]
 
     def const(self, name: str) -> onnx.TensorProto | None:
         return self.constants.get(name)
@@ -276,11 +302,12 @@ def _layer_name(node: onnx.NodeProto, weight: str, bias: str | None) -> str:
     return _clean_name(node.name or node.output[0])
 
 
-def find_linears(model: onnx.ModelProto) -> list[LinearInfo]:
+def find_linears(model: onnx.ModelProto, passed_over: dict[str, str] | None = None) -> list[LinearInfo]:
     """All linear layers of ``model``'s main graph, in graph order.
 
     Args:
         model: An ONNX model, float or Q/DQ.
+        passed_over: If given, filled with node name -> why each other MatMul/Gemm is not a linear.
 
     Returns:
         One :class:`LinearInfo` per MatMul/Gemm whose second operand (the first with Gemm
@@ -292,8 +319,10 @@ def find_linears(model: onnx.ModelProto) -> list[LinearInfo]:
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMul", "Gemm"):
             continue
+        why = passed_over if passed_over is not None else {}
         if node.op_type == "Gemm":
             if _attr(node, "alpha", 1.0) != 1.0 or _attr(node, "beta", 1.0) != 1.0:
+                why[node.name] = "Gemm with alpha or beta != 1"
                 continue
             trans_a = bool(_attr(node, "transA", 0))
             trans_b = bool(_attr(node, "transB", 0))
@@ -301,6 +330,11 @@ def find_linears(model: onnx.ModelProto) -> list[LinearInfo]:
             trans_a = trans_b = False
         w = _trace_weight(ix, node.input[1])
         if w is None:
+            if not ix.from_constants(node.input[1]):
+                why[node.name] = "both operands are activations (as attention's Q·Kᵀ and P·V): left to TensorRT"
+            else:
+                why[node.name] = ("its weight is not a constant 2-D matrix reached directly or through "
+                                  "Transpose/DequantizeLinear (e.g. behind a Cast, or 3-D)")
             continue
         wdims = _dims(ix.const(w["weight"]))
         transposed = trans_b != (w["transpose"] is not None)
@@ -310,6 +344,7 @@ def find_linears(model: onnx.ModelProto) -> list[LinearInfo]:
         # MatMul(X, W[K, N]) keeps X's rank (a 1-D X gives a 1-D Y); Gemm's A and Y are 2-D
         rank = ix.rank(node.input[0], act["input"], node.output[0]) if node.op_type == "MatMul" else 2
         if rank is not None and rank < 2:
+            why[node.name] = f"its activation has rank {rank} (the plugins take [..., K] of rank >= 2)"
             continue  # the plugins take X [..., K] of rank >= 2
         info = LinearInfo(
             name="", kind=node.op_type, node=node.name, input=act["input"], output=node.output[0],
@@ -340,6 +375,7 @@ def find_linears(model: onnx.ModelProto) -> list[LinearInfo]:
                 owned.append(cdq)
                 c = cdq.input[0]
             if ix.const(c) is None or not _is_bias(_dims(ix.const(c)), n, 2):
+                why[node.name] = "Gemm whose C is not a bias of shape [N] or [1, N]"
                 continue  # C is an activation, a scalar, per-row [M, 1] or full [M, N]: not a plain linear
             info.bias = c
         elif node.op_type == "MatMul":

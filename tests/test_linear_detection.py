@@ -149,3 +149,38 @@ def test_act_1d_is_not_a_linear(kernels, sparsity, tmp_path):
     report = _build(model, tmp_path, kernels, sparsity)
     assert report["verified"] is True
     assert [row["name"] for row in report["layers"]] == ["fc"]
+
+
+def test_passed_over_matmuls_say_why(tmp_path):
+    """find_linears(passed_over=...) says why each other MatMul/Gemm is not a linear; build's "no linear layers"
+    refusal and inspect repeat it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from edgesdk.cli import app
+    from edgesdk.errors import EdgeSDKError
+
+    rng = np.random.default_rng(11)
+    w = numpy_helper.from_array(rng.standard_normal((37, 29)).astype(np.float32), "w")
+    w16 = numpy_helper.from_array(rng.standard_normal((37, 29)).astype(np.float16), "w16")
+    nodes = [helper.make_node("Gemm", ["x", "w"], ["g"], alpha=2.0, name="scaled"),
+             helper.make_node("Cast", ["w16"], ["w32"], to=TensorProto.FLOAT, name="cast"),
+             helper.make_node("MatMul", ["x", "w32"], ["c"], name="behind_cast"),
+             helper.make_node("Transpose", ["x"], ["xt"], name="t"),
+             helper.make_node("MatMul", ["x", "xt"], ["s"], name="scores")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [23, 37])],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, shape)
+                               for o, shape in (("g", [23, 29]), ("c", [23, 29]), ("s", [23, 23]))],
+                              [w, w16])
+    path = tmp_path / "none.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
+    why: dict[str, str] = {}
+    assert find_linears(onnx.load(str(path)), why) == []
+    assert why["scaled"] == "Gemm with alpha or beta != 1"
+    assert why["behind_cast"].startswith("its weight is not a constant 2-D matrix")
+    assert why["scores"].startswith("both operands are activations")
+    with pytest.raises(EdgeSDKError, match=r"has no linear layers .*passed over: scaled: Gemm with alpha or beta"):
+        build(path, BuildConfig(output=tmp_path / "o", calibration_count=1, verify=False))
+    r = CliRunner().invoke(app, ["inspect", str(path), "--json"])
+    assert json.loads(r.output)["passed_over"] == why
