@@ -164,8 +164,9 @@ def inspect_cmd(
         passed_over: dict[str, str] = {}
         linears = find_linears(m, passed_over)
         chosen, skipped = select_layers(m, linears, exclude or [], include_lm_head)
-        plan = plan_kernels(m, linears, {li.name for li in chosen}, kernels, sparsity, quantize == "int8",
-                            get_profile(device))
+        # a model already in Q/DQ form is built as it is (edgesdk.build.quantize_step): nothing more is quantized
+        plan = plan_kernels(m, linears, {li.name for li in chosen}, kernels, sparsity,
+                            quantize == "int8" and quant_state(m) != "qdq", get_profile(device))
     except EdgeSDKError as e:
         fail(e)
     state = quant_state(m)

@@ -115,3 +115,32 @@ def test_wanda_on_a_gemm_with_transposed_input(tmp_path):
                                 calibration_count=4, verify_count=2))
     (row,) = r["layers"]
     assert row["kernel"] == "bitmap" and abs(row["sparsity"] - 0.5) < 0.02 and r["verified"] is True
+
+
+def test_inspect_previews_what_the_build_does_with_a_qdq_model(tmp_path):
+    """A model already in Q/DQ form is built as it is: inspect's preview takes its own weights (uint8 with a zero
+    point: no plugin) instead of assuming the build re-quantizes them (it previewed vitbit)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from edgesdk.cli import app
+
+    w = RNG.standard_normal((K, N))
+    scale = (np.abs(w).max(0) / 127).astype(np.float32)
+    wq = np.clip(np.round(w / scale) + 128, 0, 255).astype(np.uint8)
+    xs, xz = np.float32(0.05), np.int8(0)
+    path = _save(tmp_path / "q.onnx",
+                 [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="q"),
+                  helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="dqx"),
+                  helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=1, name="dqw"),
+                  helper.make_node("MatMul", ["xd", "w"], ["y"], name="fc")],
+                 [_vi("x", [M, K])], [_vi("y", [M, N])],
+                 [numpy_helper.from_array(wq, "wq"), numpy_helper.from_array(scale, "ws"),
+                  numpy_helper.from_array(np.full(N, 128, np.uint8), "wz"), numpy_helper.from_array(xs, "xs"),
+                  numpy_helper.from_array(xz, "xz")])
+    r = CliRunner().invoke(app, ["inspect", str(path), "--json"])
+    (layer,) = json.loads(r.output)["linears"]
+    report = build(path, BuildConfig(output=tmp_path / "o", calibration_count=2, verify_count=1))
+    assert layer["kernel"] == report["layers"][0]["kernel"] == "none"
+    assert "uint8" in layer["kernel_reason"] and "uint8" in report["layers"][0]["reason"]

@@ -337,9 +337,12 @@ def plan_kernels(model: onnx.ModelProto, linears: Sequence[LinearInfo], selected
         x_tensor = ix.nodes[li.node].input[0]
         x_type = types.get(x_tensor) or types.get(li.input)
         dims = probed.get(x_tensor) or (x_type[1] if x_type else None)
-        q8 = int8 or li.quantized
-        facts = LayerFacts(li.name, li.k, li.n, _rows(dims, li.trans_a), q8,
-                           int8 or li.act_scale is not None, float(sparsity))
+        if li.quantized:  # a Q/DQ layer is used as it is: its own weights and activation scale decide
+            q, _, wproblem = _int8_weights(ix, li)
+            facts = LayerFacts(li.name, li.k, li.n, _rows(dims, li.trans_a), q is not None,
+                               _act_scale(ix, li) is not None, float(sparsity), wproblem)
+        else:  # the build's INT8 Q/DQ (symmetric, per-channel weights) where it quantizes
+            facts = LayerFacts(li.name, li.k, li.n, _rows(dims, li.trans_a), int8, int8, float(sparsity))
         kernel, reason = choose(facts, kernels, device)
         out[li.name] = {"rows_per_call": facts.m, "kernel": kernel, "reason": reason}
     return out

@@ -107,8 +107,11 @@ def choose(f: LayerFacts, kernels: str, device) -> tuple[str, str | None]:
                         f"sparsity {f.sparsity:.2f} < {BITMAP_MIN_SPARSITY}: the dense kernel reads fewer bytes")
     if decode:
         return "none", f"auto: M={f.m} is compute-bound on this device: the dense kernel is faster"
+    if f.weight_problem:  # a Q/DQ layer whose weights the plugins cannot take as they are
+        return "none", f"auto: {f.weight_problem}: TensorRT's dense kernels"
     if not (f.int8_weights and f.int8_act):
-        return "none", f"auto: float linear with M={f.m} rows per call: TensorRT's dense kernels"
+        what = "an activation without a symmetric int8 per-tensor Q/DQ" if f.int8_weights else "float linear"
+        return "none", f"auto: {what} with M={f.m} rows per call: TensorRT's dense kernels"
     return "none", f"auto: {vitbit_why}"
 
 
