@@ -132,7 +132,8 @@ class Engine:
         inputs, outputs (tuple[TensorInfo, ...]): Names, shapes (-1: dynamic) and dtypes.
         profile (dict | None): For a build folder, input name -> (min, opt, max) shape of the optimization profile
             the build gave TensorRT (batch 1 .. ``--max-batch``); :meth:`infer` refuses shapes outside it with
-            either backend, so that what runs on the CPU runs on the Jetson. None for a bare .onnx/.plan file.
+            either backend (ONNX Runtime: checked here, so that what runs on the CPU runs on the Jetson; TensorRT:
+            by the engine, on a shape change only). None for a bare .onnx/.plan file.
 
     Raises:
         EdgeSDKError: unknown backend, missing files, TensorRT missing, or a plan built for
@@ -195,7 +196,7 @@ class Engine:
                 raise EdgeSDKError(f"infer takes a dict of input name -> array, not a {type(feeds).__name__}",
                                    "feed {" + ", ".join(f"{t.name!r}: array" for t in self.inputs) + "}")
             _check_names(self.inputs, feeds)
-            if self.profile:
+            if self.profile and self.backend == "onnxruntime":  # TensorRT holds its engine to the profile itself
                 _check_profile(self.profile, feeds)
             return self._impl.infer(feeds)
 
