@@ -138,6 +138,12 @@ def test_default_kernels_use_the_rewrite(tmp_path):
     assert len(r["layers"]) == 9 and all(set(row) == LAYER_KEYS for row in r["layers"])
     assert r["verified"] is True
     np.testing.assert_equal(r["config"]["kernels"], "auto")
+    # every plugin node's X and Y are typed in the file (older onnx cannot infer past a plugin node)
+    m = onnx.load(tmp_path / "a" / "model.onnx")
+    typed = {v.name for v in list(m.graph.value_info) + list(m.graph.input) + list(m.graph.output)
+             if v.type.tensor_type.elem_type}
+    plugin = [n for n in m.graph.node if n.domain == "edgesdk"]
+    assert plugin and all(n.input[0] in typed and n.output[0] in typed for n in plugin)
 
 
 def test_sparse_build_gates_on_the_pruned_reference(tmp_path):

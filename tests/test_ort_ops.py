@@ -98,6 +98,41 @@ def test_vitbit_op_int8_x(y_dtype, gelu):
                                  y_dtype)).run(None, {"X": x})
 
 
+def test_int8_x_typed_without_value_info_or_shape_inference(monkeypatch):
+    """A plugin's int8 X made by a QuantizeLinear that reads another plugin node's output, no value_info in the
+    file: onnx 1.16's shape inference leaves it untyped (newer versions type it from the zero point), so the
+    X dtype comes from the QuantizeLinear's zero point; shape inference is switched off here to test that."""
+    rng = np.random.default_rng(12)
+    k, n1, n2 = 37, 23, 11
+    layers, nodes, inits = [], [], []
+    for i, (kk, nn) in enumerate([(k, n1), (n1, n2)]):
+        w_q = rng.integers(-128, 128, (nn, kk)).astype(np.int8)
+        w_scale = (rng.random(nn) * 0.01 + 1e-3).astype(np.float32)
+        x_scale = float(np.float32(0.05 + 0.3 * i))
+        p = VitBitWeights.pack(w_q, w_scale, 8, x_scale=x_scale, y_dtype="float32")
+        layers.append((w_q, w_scale, x_scale))
+        t = [numpy_helper.from_array(np.ascontiguousarray(v), f"l{i}.{name}") for name, v in p.to_tensors().items()]
+        q = [numpy_helper.from_array(np.float32(x_scale), f"l{i}.s"), numpy_helper.from_array(np.int8(0), f"l{i}.z")]
+        inits += t + q
+        x_in = "X" if i == 0 else "H"
+        nodes.append(helper.make_node("QuantizeLinear", [x_in, f"l{i}.s", f"l{i}.z"], [f"q{i}"]))
+        nodes.append(helper.make_node("EdgeVitBitGemm", [f"q{i}"] + [x.name for x in t], ["H" if i == 0 else "Y"],
+                                      domain="edgesdk", **p.node_attributes(), **PLUGIN_ATTRS))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [3, k])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, n2])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("edgesdk", 1)],
+                          ir_version=10)
+    assert not m.graph.value_info
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", lambda model, *a, **kw: model)
+    x = rng.standard_normal((3, k)).astype(np.float32) * 4
+    y = make_session(m).run(None, {"X": x})[0]
+    h = x
+    for w_q, w_scale, x_scale in layers:
+        qx = np.clip(np.rint(h / np.float32(x_scale)), -128, 127).astype(np.int8)
+        h = vitbit_int64(qx, w_q, w_scale, x_scale, None, y_dtype=np.float32)
+    np.testing.assert_array_equal(y, h)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("value_dtype", ["float16", "int8"])
 @pytest.mark.parametrize("has_bias", [True, False])

@@ -127,6 +127,11 @@ def adapt(model: onnx.ModelProto, domain: str) -> None:
             types.update(_known_types(onnx.shape_inference.infer_shapes(model, strict_mode=False)))
         except Exception:
             pass
+    for n in g.node:  # onnx < 1.17 may stop inferring at a plugin node; a QuantizeLinear's output type is
+        if n.op_type == "QuantizeLinear" and n.domain in ("", "ai.onnx") and n.output[0] not in types:
+            zp = n.input[2] if len(n.input) > 2 else ""  # its zero point's, else output_dtype's, else uint8
+            given = {a.name: a.i for a in n.attribute}.get("output_dtype", 0)
+            types[n.output[0]] = types.get(zp, 0) if zp else (given or TensorProto.UINT8)
     inits = {t.name: t for t in g.initializer}
     for n in plugin:
         _validate(n, inits)

@@ -445,6 +445,7 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
     drop: set[int] = set()  # id() of replaced nodes
     new_inits: list[onnx.TensorProto] = []
     new_vi: list[onnx.ValueInfoProto] = []
+    graph_inputs = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer}
     for li in linears:
         q, scale, wproblem = qw.get(li.name, (None, None, None))
         x_scale = _act_scale(ix, li)
@@ -519,6 +520,10 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
         y_dims = (([dims[1]] if li.trans_a else list(dims[:-1])) + [li.n]) if dims else None
         new_vi.append(helper.make_tensor_value_info(
             y_out, x_type[0], None if y_dims is None else [d if d else None for d in y_dims]))
+        if x_in in types and x_in not in graph_inputs:  # the plugin's X typed in the file: older onnx (1.16) stops
+            x_elem, x_dims = types[x_in]               # inferring at the first plugin node
+            new_vi.append(helper.make_tensor_value_info(
+                x_in, x_elem, None if x_dims is None else [d if d else None for d in x_dims]))
     return _finish(model, new_nodes, drop, new_inits, new_vi), report
 
 
@@ -654,10 +659,13 @@ def _finish(model: onnx.ModelProto, new_nodes: dict, drop: set[int], new_inits: 
     g.node.extend(nodes)
     g.initializer.extend(new_inits)
     outputs = {o.name for o in g.output}
-    names = {v.name for v in new_vi}
-    keep_vi = [v for v in g.value_info if v.name not in names]
+    fresh: dict[str, onnx.ValueInfoProto] = {}
+    for v in new_vi:  # one per name (an X shared by several plugin nodes comes once)
+        if v.name not in outputs:
+            fresh.setdefault(v.name, v)
+    keep_vi = [v for v in g.value_info if v.name not in fresh]
     del g.value_info[:]
-    g.value_info.extend(keep_vi + [v for v in new_vi if v.name not in outputs])
+    g.value_info.extend(keep_vi + list(fresh.values()))
     _remove_dead(g)
     if new_nodes and not any(o.domain == PLUGIN_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(PLUGIN_DOMAIN, 1))
