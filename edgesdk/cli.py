@@ -359,7 +359,8 @@ def kernels_cmd(
     """Compile the plugin kernels into the cache (EDGESDK_CACHE, else ~/.cache/edgesdk) ahead of their first use.
 
     A first build or inference otherwise compiles them on the spot (tens of seconds per source); run this once on
-    the Jetson, or with --arch sm_87 while building a container image (nvcc or cuda-python's NVRTC needed, no GPU).
+    the Jetson, or with --arch sm_87 while building a container image (nvcc or cuda-python's NVRTC needed, no GPU;
+    the cache is per compiler version, so compile with the toolkit the image runs).
     """
     import time
 
@@ -385,6 +386,7 @@ def kernels_cmd(
         if unknown:
             raise EdgeSDKError(f"--op {unknown[0]!r} is not an operator.", f"use one of {', '.join(mods)}.")
         rows = []
+        compiler = _cuda.compiler_id()
         for mod in [mods[o] for o in (op or mods)]:
             src = _cuda.PLUGINS_DIR / mod.SOURCE
             path = _cuda.cubin_path(src, arch)
@@ -396,14 +398,15 @@ def kernels_cmd(
                 raise EdgeSDKError(f"compiling {mod.SOURCE} for {arch} failed: {str(e).strip()[:600]}",
                                    "install the CUDA toolkit (nvcc) or cuda-python (NVRTC) matching the driver"
                                    ) from None
-            rows.append({"source": mod.SOURCE, "arch": arch, "state": "cached" if cached else "compiled",
+            rows.append({"source": mod.SOURCE, "arch": arch, "compiler": compiler,
+                         "state": "cached" if cached else "compiled",
                          "seconds": round(time.perf_counter() - t0, 2), "bytes": len(data), "cubin": str(path)})
     except EdgeSDKError as e:
         fail(e)
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    t = compact_table(f"Plugin kernels for {arch} (cache: {rows[0]['cubin'].rsplit('/', 1)[0]})")
+    t = compact_table(f"Plugin kernels for {arch}, {compiler} (cache: {rows[0]['cubin'].rsplit('/', 1)[0]})")
     key_column(t, "source", [r["source"] for r in rows])
     for c in ("state", "s", "KB"):
         num_column(t, c, justify="left" if c == "state" else "right")

@@ -4,10 +4,12 @@ Shared by every operator's launcher (``edgesdk/kernels/<op>.py``) and so by the 
 ``enqueue``: a launch does no device allocation and no host synchronisation, so it can be
 captured in a CUDA graph.
 
-Compilation: ``nvcc -cubin -arch=sm_XY`` when nvcc is on PATH (the same compiler CI uses for the
-resource table), else NVRTC from cuda-python with ``$CUDA_HOME/include``. Cubins are cached on disk
-under ``$EDGESDK_CACHE`` (default ``~/.cache/edgesdk/cubin``) keyed by the sha256 of source, options
-and architecture; modules and functions are cached per process and per CUDA context.
+Compilation: ``nvcc -cubin -arch=sm_XY`` with the nvcc on PATH or else ``$CUDA_HOME/bin/nvcc``
+(default ``/usr/local/cuda``, where JetPack puts it without adding it to PATH; the same compiler CI uses
+for the resource table), else NVRTC from cuda-python with ``$CUDA_HOME/include``. Cubins are cached on
+disk under ``$EDGESDK_CACHE`` (default ``~/.cache/edgesdk/cubin``) keyed by the sha256 of source,
+headers, options, architecture and compiler version; modules and functions are cached per process and
+per CUDA context.
 
 Launch path (the per-call host cost TensorRT pays outside CUDA graphs): a launcher resolves its
 kernels once per (layer, M, tactic, context) into :class:`Launch` records, whose
@@ -20,8 +22,10 @@ per thread (:func:`thread_cache`).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -117,28 +121,71 @@ def _cache_dir() -> Path:
     return d
 
 
-def cubin_path(source_path: Path, arch: str, options: Sequence[str] = ()) -> Path:
+def _cuda_home() -> str:
+    return os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+
+
+def find_nvcc() -> str | None:
+    """The nvcc :func:`compile_cubin` uses: on PATH, else ``$CUDA_HOME/bin/nvcc``; None: NVRTC is used."""
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        return nvcc
+    home = Path(_cuda_home()) / "bin" / "nvcc"
+    return str(home) if home.is_file() and os.access(home, os.X_OK) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _nvcc_version(nvcc: str) -> str:
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"\bV(\d+\.\d+\.\d+)", out) or re.search(r"release (\d+\.\d+)", out)
+    return m.group(1) if m else "unknown"
+
+
+def _nvrtc_version() -> str:
+    try:
+        from cuda.bindings import nvrtc
+        major, minor = check(nvrtc.nvrtcVersion())
+        return f"{major}.{minor}"
+    except Exception:  # no NVRTC: compile_cubin raises with the fix
+        return "unavailable"
+
+
+def compiler_id(compiler: str | None = None) -> str:
+    """``nvcc <version>`` or ``nvrtc <major.minor>``: what :func:`compile_cubin` would compile with (``compiler``:
+    None = the default choice, ``"nvcc"`` or ``"nvrtc"``)."""
+    nvcc = find_nvcc() if compiler in (None, "nvcc") else None
+    if compiler == "nvcc" and nvcc is None:
+        raise RuntimeError("nvcc is neither on PATH nor in $CUDA_HOME/bin")
+    return f"nvcc {_nvcc_version(nvcc)}" if nvcc else f"nvrtc {_nvrtc_version()}"
+
+
+def cubin_path(source_path: Path, arch: str, options: Sequence[str] = (), compiler: str | None = None) -> Path:
     """Where :func:`compile_cubin` keeps the cubin of ``source_path`` for ``arch`` (its key covers the source, the
-    headers beside it and in ``plugins/common``, the arch and the options)."""
+    headers beside it and in ``plugins/common``, the arch, the options and the compiler with its version: a cache
+    filled by another toolkit, e.g. in a container image, is not taken for this one's)."""
     source_path = Path(source_path)
     src = source_path.read_bytes()
     # Headers next to the source take part in the key.
     hdrs = b"".join(p.read_bytes() for p in sorted(source_path.parent.glob("*.cuh")))
     common = sorted(PLUGINS_DIR.glob("common/*.cuh"))
     hdrs += b"".join(p.read_bytes() for p in common)
-    key = hashlib.sha256(src + hdrs + arch.encode() + "\0".join(options).encode()).hexdigest()[:32]
+    key = hashlib.sha256(src + hdrs + arch.encode() + "\0".join(options).encode()
+                         + b"\0" + compiler_id(compiler).encode()).hexdigest()[:32]
     return _cache_dir() / f"{source_path.stem}-{arch}-{key}.cubin"
 
 
-def compile_cubin(source_path: Path, arch: str, options: Sequence[str] = ()) -> bytes:
-    """Compile one ``.cu`` file to a cubin for ``arch`` (cached on disk)."""
+def compile_cubin(source_path: Path, arch: str, options: Sequence[str] = (), compiler: str | None = None) -> bytes:
+    """Compile one ``.cu`` file to a cubin for ``arch`` (cached on disk). ``compiler``: None (nvcc where
+    :func:`find_nvcc` finds one, else NVRTC), ``"nvcc"`` or ``"nvrtc"``."""
+    if compiler not in (None, "nvcc", "nvrtc"):
+        raise ValueError(f"compiler must be None, 'nvcc' or 'nvrtc', not {compiler!r}")
     source_path = Path(source_path)
     src = source_path.read_bytes()
-    cached = cubin_path(source_path, arch, options)
+    cached = cubin_path(source_path, arch, options, compiler)
     if cached.exists():
         return cached.read_bytes()
     inc = [f"-I{source_path.parent}", f"-I{PLUGINS_DIR}"]
-    nvcc = shutil.which("nvcc")
+    nvcc = find_nvcc() if compiler in (None, "nvcc") else None
     if nvcc:
         with tempfile.TemporaryDirectory() as td:
             out = Path(td) / "k.cubin"
@@ -156,22 +203,45 @@ def compile_cubin(source_path: Path, arch: str, options: Sequence[str] = ()) -> 
     return data
 
 
+def cuda_include_dir(nvrtc_major: int) -> Path | None:
+    """The CUDA headers NVRTC compiles against (``cuda_fp16.h``): ``$CUDA_HOME/include``, else those of the
+    pip wheel matching NVRTC's major version (``nvidia/cu13/include``, ``nvidia/cuda_runtime/include`` for 12)."""
+    dirs = [Path(_cuda_home()) / "include"]
+    try:
+        import nvidia  # namespace package of NVIDIA's CUDA wheels
+
+        subs = [f"cu{nvrtc_major}/include"] + (["cuda_runtime/include"] if nvrtc_major == 12 else [])
+        dirs += [Path(base) / sub for base in nvidia.__path__ for sub in subs]
+    except ImportError:
+        pass
+    return next((d for d in dirs if (d / "cuda_fp16.h").is_file()), None)
+
+
 def _nvrtc_compile(src: bytes, name: str, arch: str, options: Sequence[str]) -> bytes:
     from cuda.bindings import nvrtc
 
-    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    opts = [f"--gpu-architecture={arch}", "-std=c++17", f"-I{cuda_home}/include", *options]
+    major, _ = check(nvrtc.nvrtcVersion())
+    inc = cuda_include_dir(major)
+    if inc is None:
+        raise RuntimeError(f"NVRTC {major}.x needs the CUDA headers (cuda_fp16.h) and found none in "
+                           f"{_cuda_home()}/include: set CUDA_HOME to the CUDA toolkit, or pip install "
+                           f"the CUDA runtime wheel of NVRTC's version (nvidia-cuda-runtime-cu{major} for 12, "
+                           f"nvidia-cuda-runtime for 13)")
+    opts = [f"--gpu-architecture={arch}", "-std=c++17", f"-I{inc}", *options]
     prog = check(nvrtc.nvrtcCreateProgram(src, name.encode(), 0, [], []))
-    err = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])[0]
-    if int(err) != 0:
-        size = check(nvrtc.nvrtcGetProgramLogSize(prog))
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-        raise RuntimeError(f"NVRTC failed for {name}:\n{log.decode(errors='replace')}")
-    size = check(nvrtc.nvrtcGetCUBINSize(prog))
-    cubin = b" " * size
-    check(nvrtc.nvrtcGetCUBIN(prog, cubin))
-    return cubin
+    try:
+        err = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])[0]
+        if int(err) != 0:
+            size = check(nvrtc.nvrtcGetProgramLogSize(prog))
+            log = b" " * size
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            raise RuntimeError(f"NVRTC failed for {name}:\n{log.decode(errors='replace')}")
+        size = check(nvrtc.nvrtcGetCUBINSize(prog))
+        cubin = b" " * size
+        check(nvrtc.nvrtcGetCUBIN(prog, cubin))
+        return cubin
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
 
 
 @dataclass

@@ -16,7 +16,6 @@
 // Launch: grid (ceil(S / SPB), ceil(M / (16·MT))), block 32·SPB·KS threads (warp w: strip
 // blockIdx.x·SPB + w / KS, K split w % KS), dynamic smem = bitmap_linear_smem_bytes(...).
 #include <cuda_fp16.h>
-#include <stdint.h>
 
 #include "common/ampere.cuh"
 

@@ -2,7 +2,23 @@
 // sm_90, so only Ampere instructions appear here (cp.async, mma.sync). Included as
 // "common/ampere.cuh" (plugins/ is on the include path of nvcc, NVRTC and tools/compile_kernels.py).
 #pragma once
+#if defined(__CUDACC_RTC__)
+// NVRTC (the launchers' compiler where nvcc is not on PATH, as on a stock JetPack) has no C library headers.
+typedef signed char int8_t;
+typedef unsigned char uint8_t;
+typedef short int16_t;
+typedef unsigned short uint16_t;
+typedef int int32_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+typedef unsigned long long uintptr_t;  // 64-bit devices only (sm_87, sm_90)
+#ifndef INFINITY
+#define INFINITY (__int_as_float(0x7f800000))  // device code only
+#endif
+#else
 #include <stdint.h>
+#endif
 
 // Shared-memory address of a generic pointer, as the 32-bit operand cp.async/ldmatrix take.
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {

@@ -29,7 +29,6 @@
 // Top-k per token: a warp-wide radix select on the 15-bit magnitude |x| (fp16 bits & 0x7fff) with
 // __reduce_add_sync, then ballots give bitmap, tie ranks and value positions.
 #include <cuda_fp16.h>
-#include <stdint.h>
 
 #include "common/ampere.cuh"
 

@@ -1,0 +1,119 @@
+"""The plugins' compilers: nvcc where it is found (PATH, then $CUDA_HOME/bin), else NVRTC.
+
+NVRTC is what the launchers use on a JetPack install whose /usr/local/cuda/bin is not on PATH, or in an image
+with cuda-python's wheels and no toolkit; it has no C library headers. CI's resource table
+(tools/compile_kernels.py) checks the sources with nvcc only, so every source is compiled with NVRTC here and
+must define the same kernels as nvcc's cubin.
+"""
+
+import os
+import shutil
+import struct
+
+import pytest
+
+from edgesdk.kernels import _cuda, bitmap_linear, sparse_kv, vitbit_gemm
+
+MODS = {"bitmap_linear": bitmap_linear, "vitbit_gemm": vitbit_gemm, "sparse_kv": sparse_kv}
+
+
+def _nvrtc_major():
+    try:
+        from cuda.bindings import nvrtc
+
+        return _cuda.check(nvrtc.nvrtcVersion())[0]
+    except Exception:
+        return None
+
+
+MAJOR = _nvrtc_major()
+HAVE_NVRTC = MAJOR is not None and _cuda.cuda_include_dir(MAJOR) is not None
+needs_nvrtc = pytest.mark.skipif(not HAVE_NVRTC, reason="needs cuda-python's NVRTC (extra [gpu]) and the CUDA "
+                                                        "headers (a toolkit in $CUDA_HOME or NVIDIA's runtime wheel)")
+
+
+def functions(cubin: bytes) -> set[str]:
+    """Names of the STT_FUNC symbols of an ELF64 little-endian cubin that are not mangled: its ``extern "C"``
+    kernels (device functions left out of line are mangled with a per-compilation hash)."""
+    assert cubin[:4] == b"\x7fELF" and cubin[4] == 2 and cubin[5] == 1, "not an ELF64 little-endian file"
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", cubin, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names = set()
+    for _, sh_type, _, _, off, size, link, _, _, entsize in sections:
+        if sh_type != 2:  # SHT_SYMTAB
+            continue
+        str_off = sections[link][4]
+        for j in range(size // entsize):
+            st_name, st_info = struct.unpack_from("<IB", cubin, off + j * entsize)
+            if st_info & 0xF == 2:  # STT_FUNC
+                end = cubin.index(b"\0", str_off + st_name)
+                names.add(cubin[str_off + st_name:end].decode())
+    return {n for n in names if not n.startswith(("_Z", "$"))}
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("op", list(MODS))
+def test_every_plugin_source_compiles_with_nvrtc(op, tmp_path, monkeypatch):
+    """A source that includes a C library header (<stdint.h>: the first version here) compiles with nvcc but
+    not with NVRTC, i.e. not on a stock JetPack venv. The NVRTC cubin defines the same functions as nvcc's."""
+    monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path))
+    src = _cuda.PLUGINS_DIR / MODS[op].SOURCE
+    got = functions(_cuda.compile_cubin(src, "sm_87", compiler="nvrtc"))
+    assert got, "no extern \"C\" kernel in the NVRTC cubin"
+    assert _cuda.cubin_path(src, "sm_87", compiler="nvrtc").is_file()
+    if _cuda.find_nvcc() is not None:
+        assert got == functions(_cuda.compile_cubin(src, "sm_87", compiler="nvcc"))
+
+
+def test_the_cache_key_names_the_compiler(monkeypatch, tmp_path):
+    """Cubins from another toolkit (an image built elsewhere, an upgraded JetPack) are not reused."""
+    monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path))
+    src = _cuda.PLUGINS_DIR / sparse_kv.SOURCE
+    monkeypatch.setattr(_cuda, "compiler_id", lambda compiler=None: "nvcc 12.6.68")
+    a = _cuda.cubin_path(src, "sm_87")
+    monkeypatch.setattr(_cuda, "compiler_id", lambda compiler=None: "nvcc 13.0.88")
+    b = _cuda.cubin_path(src, "sm_87")
+    monkeypatch.setattr(_cuda, "compiler_id", lambda compiler=None: "nvrtc 12.6")
+    c = _cuda.cubin_path(src, "sm_87")
+    assert len({a, b, c}) == 3 and all(p.parent == tmp_path / "cubin" for p in (a, b, c))
+
+
+def test_nvcc_is_found_in_cuda_home_when_not_on_path(monkeypatch, tmp_path):
+    """JetPack installs nvcc as /usr/local/cuda/bin/nvcc without putting it on PATH."""
+    fake = tmp_path / "cuda" / "bin" / "nvcc"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.6, V12.6.68'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    assert _cuda.find_nvcc() == str(fake)
+    assert _cuda.compiler_id() == "nvcc 12.6.68"
+    fake.chmod(0o644)  # not executable: not taken
+    assert _cuda.find_nvcc() is None
+    with pytest.raises(RuntimeError, match="nvcc is neither on PATH"):
+        _cuda.compiler_id("nvcc")
+
+
+@needs_nvrtc
+def test_nvrtc_without_cuda_headers_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path))
+    monkeypatch.setattr(_cuda, "cuda_include_dir", lambda major: None)
+    with pytest.raises(RuntimeError, match=r"needs the CUDA headers \(cuda_fp16.h\).*set CUDA_HOME"):
+        _cuda.compile_cubin(_cuda.PLUGINS_DIR / sparse_kv.SOURCE, "sm_87", compiler="nvrtc")
+
+
+def test_compiler_choice_is_checked():
+    with pytest.raises(ValueError, match="compiler must be"):
+        _cuda.compile_cubin(_cuda.PLUGINS_DIR / sparse_kv.SOURCE, "sm_87", compiler="clang")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc to make a cubin (CI has it)")
+def test_functions_reads_an_nvcc_cubin(tmp_path):
+    """The ELF reader above, on a cubin nvcc makes from a two-kernel source."""
+    cu = tmp_path / "k.cu"
+    cu.write_text('extern "C" __global__ void alpha(int* p) { p[0] = 1; }\n'
+                  'extern "C" __global__ void beta(float* p) { p[threadIdx.x] = 2.f; }\n')
+    out = tmp_path / "k.cubin"
+    assert os.system(f"nvcc -cubin -arch=sm_87 -o {out} {cu}") == 0
+    assert {"alpha", "beta"} <= functions(out.read_bytes())
