@@ -5,7 +5,8 @@
 #   2. NVRTC 12.6 (JetPack 6's CUDA) from NVIDIA's wheels, with cuda-python 12.9 in a venv that shadows the
 #      machine's, when WHEELS12 names a folder holding cuda_python, cuda_bindings, cuda_pathfinder,
 #      nvidia_cuda_nvrtc_cu12 and nvidia_cuda_runtime_cu12 wheels.
-# Usage on a GPU machine: OUT=out bash tools/nvrtc_gpu_check.sh [pytest args; default: the kernel test files]
+# Usage on a GPU machine: OUT=out [ONLY=machine|12.6] bash tools/nvrtc_gpu_check.sh [pytest args; default: the
+# kernel test files]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out-nvrtc}; mkdir -p "$OUT"
@@ -32,8 +33,8 @@ EOF
       "${tests[@]}" 2>&1 | tee "$OUT/test_$label.txt" | tail -5
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 }
-run nvrtc-machine "$(command -v python3)" CUDA_HOME="$work/cuda13"
-if [ -n "${WHEELS12:-}" ]; then
+[ "${ONLY:-machine}" = machine ] && run nvrtc-machine "$(command -v python3)" CUDA_HOME="$work/cuda13"
+if [ -n "${WHEELS12:-}" ] && [ "${ONLY:-12.6}" = 12.6 ]; then
   python3 -m venv --system-site-packages "$work/venv12"
   "$work/venv12/bin/python" -m pip install -q --no-deps --no-index "$WHEELS12"/*.whl
   site=$("$work/venv12/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
