@@ -2,14 +2,15 @@
 # The GPU kernel tests with the plugins compiled by NVRTC instead of nvcc: what the launchers do where nvcc is not
 # found (a JetPack venv without /usr/local/cuda/bin, an image with cuda-python's wheels only).
 #   1. NVRTC of the machine's cuda-python (CUDA 13 on the lent H100s);
-#   2. NVRTC 12.6 (JetPack 6's CUDA) from NVIDIA's wheels, with cuda-python 12.9 in a venv that shadows the
-#      machine's, when WHEELS12 names a folder holding cuda_python, cuda_bindings, cuda_pathfinder,
+#   2. NVRTC 12.6 (JetPack 6's CUDA) from NVIDIA's wheels, with cuda-python 12.9 in a folder ahead of the
+#      machine's on PYTHONPATH, when WHEELS12 names a folder holding cuda_python, cuda_bindings, cuda_pathfinder,
 #      nvidia_cuda_nvrtc_cu12 and nvidia_cuda_runtime_cu12 wheels.
 # Usage on a GPU machine: OUT=out [ONLY=machine|12.6] bash tools/nvrtc_gpu_check.sh [pytest args; default: the
 # kernel test files]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out-nvrtc}; mkdir -p "$OUT"
+PYTHON=${PYTHON:-python3}  # the interpreter that has edgesdk, torch and pytest
 tests=("$@")
 [ ${#tests[@]} -eq 0 ] && tests=(tests/gpu/test_bitmap_linear.py tests/gpu/test_vitbit_gemm.py tests/gpu/test_sparse_kv.py
                                  tests/gpu/test_runtime_device_arrays.py tests/test_nvrtc.py)
@@ -23,9 +24,11 @@ rc=0
 run() {  # label, python, extra env...
   local label=$1 py=$2; shift 2
   env "$@" PATH="$nopath" EDGESDK_CACHE="$work/cache-$label" "$py" - <<'EOF' | tee "$OUT/compiler_$label.txt"
+import cuda.bindings
 from edgesdk.kernels import _cuda
 cid = _cuda.compiler_id()
-print("compiler:", cid, "| find_nvcc:", _cuda.find_nvcc())
+print("compiler:", cid, "| find_nvcc:", _cuda.find_nvcc(), "| cuda.bindings", cuda.bindings.__version__,
+      cuda.bindings.__file__)
 assert cid.startswith("nvrtc "), cid
 EOF
   [ "${PIPESTATUS[0]}" -eq 0 ] || { rc=1; return; }
@@ -33,12 +36,12 @@ EOF
       "${tests[@]}" 2>&1 | tee "$OUT/test_$label.txt" | tail -5
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 }
-[ "${ONLY:-machine}" = machine ] && run nvrtc-machine "$(command -v python3)" CUDA_HOME="$work/cuda13"
+[ "${ONLY:-machine}" = machine ] && run nvrtc-machine "$(command -v "$PYTHON")" CUDA_HOME="$work/cuda13"
 if [ -n "${WHEELS12:-}" ] && [ "${ONLY:-12.6}" = 12.6 ]; then
-  python3 -m venv --system-site-packages "$work/venv12"
-  "$work/venv12/bin/python" -m pip install -q --no-deps --no-index "$WHEELS12"/*.whl
-  site=$("$work/venv12/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  run nvrtc-12.6 "$work/venv12/bin/python" CUDA_HOME="$site/nvidia/cuda_runtime" \
-      LD_LIBRARY_PATH="$site/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # a --target folder first on PYTHONPATH (a venv would not see the packages of a venv-based interpreter)
+  "$PYTHON" -m pip install -q --no-deps --no-index --target "$work/cu12" "$WHEELS12"/*.whl
+  run nvrtc-12.6 "$(command -v "$PYTHON")" PYTHONPATH="$work/cu12${PYTHONPATH:+:$PYTHONPATH}" \
+      CUDA_HOME="$work/cu12/nvidia/cuda_runtime" \
+      LD_LIBRARY_PATH="$work/cu12/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 exit $rc
