@@ -24,12 +24,15 @@ rc=0
 run() {  # label, python, extra env...
   local label=$1 py=$2; shift 2
   env "$@" PATH="$nopath" EDGESDK_CACHE="$work/cache-$label" "$py" - <<'EOF' | tee "$OUT/compiler_$label.txt"
+import os
 import cuda.bindings
 from edgesdk.kernels import _cuda
 cid = _cuda.compiler_id()
 print("compiler:", cid, "| find_nvcc:", _cuda.find_nvcc(), "| cuda.bindings", cuda.bindings.__version__,
       cuda.bindings.__file__)
 assert cid.startswith("nvrtc "), cid
+want = os.environ.get("WANT_NVRTC")
+assert want is None or cid == f"nvrtc {want}", (cid, want)
 EOF
   [ "${PIPESTATUS[0]}" -eq 0 ] || { rc=1; return; }
   env "$@" PATH="$nopath" EDGESDK_CACHE="$work/cache-$label" "$py" -m pytest -q -n 4 -p no:cacheprovider \
@@ -40,7 +43,13 @@ EOF
 if [ -n "${WHEELS12:-}" ] && [ "${ONLY:-12.6}" = 12.6 ]; then
   # a --target folder first on PYTHONPATH (a venv would not see the packages of a venv-based interpreter)
   "$PYTHON" -m pip install -q --no-deps --no-index --target "$work/cu12" "$WHEELS12"/*.whl
-  run nvrtc-12.6 "$(command -v "$PYTHON")" PYTHONPATH="$work/cu12${PYTHONPATH:+:$PYTHONPATH}" \
+  # cuda.pathfinder looks for libnvrtc in the site-packages' NVIDIA wheels first (the machine's CUDA 13 one) and
+  # takes one already loaded before that: every process (pytest's workers too) loads 12.6's first
+  mkdir -p "$work/preload"
+  printf 'import ctypes, os\nctypes.CDLL(os.environ["NVRTC12"], mode=ctypes.RTLD_GLOBAL)\n' \
+      > "$work/preload/sitecustomize.py"
+  run nvrtc-12.6 "$(command -v "$PYTHON")" WANT_NVRTC=12.6 PYTHONPATH="$work/preload:$work/cu12${PYTHONPATH:+:$PYTHONPATH}" \
+      NVRTC12="$work/cu12/nvidia/cuda_nvrtc/lib/libnvrtc.so.12" \
       CUDA_HOME="$work/cu12/nvidia/cuda_runtime" \
       LD_LIBRARY_PATH="$work/cu12/nvidia/cuda_nvrtc/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
