@@ -117,3 +117,25 @@ def test_functions_reads_an_nvcc_cubin(tmp_path):
     out = tmp_path / "k.cubin"
     assert os.system(f"nvcc -cubin -arch=sm_87 -o {out} {cu}") == 0
     assert {"alpha", "beta"} <= functions(out.read_bytes())
+
+
+def test_nvrtc_takes_the_headers_of_its_own_cuda_version(monkeypatch, tmp_path):
+    """NVRTC 12.6 from a wheel beside a CUDA 13 toolkit compiles against the 12.x wheel's headers."""
+    import sys
+    import types
+
+    def headers(d, version):
+        d.mkdir(parents=True)
+        (d / "cuda_fp16.h").write_text("")
+        (d / "cuda.h").write_text(f"#define CUDA_VERSION {version}\n")
+        return d
+
+    toolkit = headers(tmp_path / "cuda" / "include", 13000)
+    wheel12 = headers(tmp_path / "site" / "nvidia" / "cuda_runtime" / "include", 12060)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setitem(sys.modules, "nvidia", types.SimpleNamespace(__path__=[str(tmp_path / "site" / "nvidia")]))
+    assert _cuda.cuda_include_dir(12) == wheel12
+    assert _cuda.cuda_include_dir(13) == toolkit
+    assert _cuda.cuda_include_dir(14) == toolkit  # none of its version: the first there is
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nowhere"))
+    assert _cuda.cuda_include_dir(13) is None

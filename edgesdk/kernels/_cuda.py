@@ -37,7 +37,10 @@ from typing import Any, NamedTuple, Sequence
 
 from edgesdk.errors import EdgeSDKError
 
-PLUGINS_DIR = Path(__file__).resolve().parents[2] / "plugins"
+#: The CUDA sources: ``edgesdk/_plugins`` in an installed wheel, ``plugins/`` of the repository otherwise.
+PLUGINS_DIR = next((d for d in (Path(__file__).resolve().parents[1] / "_plugins",
+                                Path(__file__).resolve().parents[2] / "plugins") if (d / "common").is_dir()),
+                   Path(__file__).resolve().parents[2] / "plugins")
 
 _lock = threading.Lock()
 _modules: dict[tuple, Any] = {}
@@ -203,9 +206,19 @@ def compile_cubin(source_path: Path, arch: str, options: Sequence[str] = (), com
     return data
 
 
+def _headers_major(include: Path) -> int | None:
+    """CUDA major version of the headers in ``include`` (``CUDA_VERSION`` in ``cuda.h``), None if unknown."""
+    try:
+        m = re.search(r"#define\s+CUDA_VERSION\s+(\d+)", (include / "cuda.h").read_text(errors="replace"))
+    except OSError:
+        return None
+    return int(m.group(1)) // 1000 if m else None
+
+
 def cuda_include_dir(nvrtc_major: int) -> Path | None:
-    """The CUDA headers NVRTC compiles against (``cuda_fp16.h``): ``$CUDA_HOME/include``, else those of the
-    pip wheel matching NVRTC's major version (``nvidia/cu13/include``, ``nvidia/cuda_runtime/include`` for 12)."""
+    """The CUDA headers NVRTC compiles against (``cuda_fp16.h``): of ``$CUDA_HOME/include`` and the pip wheels'
+    (``nvidia/cu13/include``, ``nvidia/cuda_runtime/include`` for 12), the first of NVRTC's major version, else
+    the first there is."""
     dirs = [Path(_cuda_home()) / "include"]
     try:
         import nvidia  # namespace package of NVIDIA's CUDA wheels
@@ -214,7 +227,8 @@ def cuda_include_dir(nvrtc_major: int) -> Path | None:
         dirs += [Path(base) / sub for base in nvidia.__path__ for sub in subs]
     except ImportError:
         pass
-    return next((d for d in dirs if (d / "cuda_fp16.h").is_file()), None)
+    dirs = [d for d in dirs if (d / "cuda_fp16.h").is_file()]
+    return next((d for d in dirs if _headers_major(d) == nvrtc_major), dirs[0] if dirs else None)
 
 
 def _nvrtc_compile(src: bytes, name: str, arch: str, options: Sequence[str]) -> bytes:
