@@ -14,7 +14,8 @@ MatMuls whose two operands are both activations (attention scores Q·Kᵀ and P�
 MatMuls on an activation of rank < 2 (the plugins need rows), nor Gemms whose C is not a bias ``[N]`` or
 ``[1, N]`` (a per-row ``[M, 1]``, full ``[M, N]`` or scalar C). A bias ``Add`` is fused only when its constant
 is ``[N]`` or ``[1, …, 1, N]`` and does not raise the output's rank (else it stays in the graph). Ranks come
-from the graph's inputs, outputs and ``value_info``; where the graph does not give one, it is not checked.
+from the graph's inputs, outputs and ``value_info``, else from ONNX shape inference; where neither gives one, it is
+not checked.
 The rewrite passes (``edgesdk/rewrite``) and ``edgesdk inspect`` both build on this module.
 """
 
@@ -108,6 +109,11 @@ def subgraph_inputs(node: onnx.NodeProto) -> set[str]:
     return used
 
 
+def _ranks(g: onnx.GraphProto) -> dict[str, int]:
+    return {vi.name: len(vi.type.tensor_type.shape.dim) for vi in list(g.input) + list(g.value_info) + list(g.output)
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
+
+
 class GraphIndex:
     """Lookups over one graph: producers, consumers, constants (initializers and Constant nodes)."""
 
@@ -134,19 +140,27 @@ class GraphIndex:
                 self.constants[n.output[0]] = self.constants[n.input[0]]
         self.graph_outputs = {o.name for o in g.output}
         self._from_constants: dict[str, bool] = {}
-        self.ranks: dict[str, int] = {}  # tensors whose rank the graph states (inputs, outputs, value_info)
-        for vi in list(g.input) + list(g.value_info) + list(g.output):
-            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
-                self.ranks[vi.name] = len(vi.type.tensor_type.shape.dim)
+        self.ranks = _ranks(g)  # tensors whose rank the graph states (inputs, outputs, value_info)
+        self._model = model
+        self._inferred: dict[str, int] | None = None
 
     def rank(self, *tensors: str) -> int | None:
-        """Rank of the first of ``tensors`` the graph states one for (constants included), or None."""
+        """Rank of the first of ``tensors`` the graph states one for (constants included), else the first ONNX
+        shape inference finds (run once, on the first such miss; models without ``value_info`` are common),
+        else None."""
         for t in tensors:
             if t in self.constants:
                 return len(self.constants[t].dims)
             if t in self.ranks:
                 return self.ranks[t]
-        return None
+        if self._inferred is None:
+            self._inferred = {}
+            if self._model.ByteSize() < 2**31:  # in-memory inference serialises the model (protobuf's 2 GB limit)
+                try:
+                    self._inferred = _ranks(onnx.shape_inference.infer_shapes(self._model, strict_mode=False).graph)
+                except Exception:  # inference is an aid here (e.g. ops it does not know): no ranks from it
+                    pass
+        return next((self._inferred[t] for t in tensors if t in self._inferred), None)
 
     def from_constants(self, name: str) -> bool:
         """Whether ``name`` is computed from constants alone (a weight behind any ops), not from graph inputs.

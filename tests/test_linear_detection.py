@@ -142,6 +142,16 @@ def test_act_1d_rank_unknown_still_linear():
     assert [li.name for li in find_linears(model)] == ["fc", "v1", "v2"]
 
 
+def test_act_1d_rank_from_shape_inference():
+    """The graph states only its input's rank (no value_info, Z without shape, as many exporters write it): shape
+    inference gives r's rank, so the MatMul on r is no linear either (before, it was taken and its plugin read a
+    1-D X)."""
+    model = _act_1d_model(np.random.default_rng(8))
+    model.graph.output[1].type.tensor_type.ClearField("shape")
+    del model.graph.value_info[:]
+    assert [li.name for li in find_linears(model)] == ["fc"]
+
+
 @pytest.mark.parametrize("kernels,sparsity", KERNELS)
 def test_act_1d_is_not_a_linear(kernels, sparsity, tmp_path):
     model = _act_1d_model(np.random.default_rng(7))
