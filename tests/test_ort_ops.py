@@ -182,3 +182,24 @@ def test_wrong_x_width_returns_nan_instead_of_aborting(capfd):
     y = make_session(m).run(None, {"X": np.ones((2, 17), np.float32)})[0]
     assert y.shape == (2, 5) and np.isnan(y).all()
     assert "EdgeVitBitGemm failed" in capfd.readouterr().err
+
+
+def test_reference_ops_load_without_torch_or_a_protobuf_switch(tmp_path):
+    """onnxruntime_extensions' package import pulls in torch and transformers where installed (seconds) and sets
+    PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python for the process; edgesdk's import of it does neither, and both
+    packages still import afterwards. A fresh interpreter, since this one may have imported them already."""
+    import subprocess
+    import sys
+
+    code = ("import importlib.util, os, sys\n"
+            "import edgesdk.ort as o\n"
+            "o.register_ops()\n"
+            "assert 'onnxruntime_extensions' in sys.modules\n"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'pulled in'\n"
+            "assert os.environ.get('PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION') == 'upb', 'changed'\n"
+            "for m in ('torch', 'transformers'):\n"
+            "    if importlib.util.find_spec(m) is not None:\n"
+            "        __import__(m)\n")
+    env = {**__import__("os").environ, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "upb"}
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-1500:]

@@ -56,7 +56,10 @@ def register(fmt, input_types: list[str], forward: Callable[[np.ndarray, dict, d
         forward: ``forward(x, attrs, tensors) -> y`` (x in its real dtype, y in X's dtype).
         validate: ``validate(attrs, tensors)`` raising ``FormatError`` on bad packed data.
     """
-    from onnxruntime_extensions import PyCustomOpDef, onnx_op
+    from edgesdk.ort import import_ortx
+
+    ortx = import_ortx()
+    PyCustomOpDef, onnx_op = ortx.PyCustomOpDef, ortx.onnx_op
 
     attrs = {k: getattr(PyCustomOpDef, _ATTR_TYPES[str if t is float else t]) for k, t in fmt.ATTRIBUTES.items()}
     floats = [k for k, t in fmt.ATTRIBUTES.items() if t is float]
