@@ -209,6 +209,10 @@ def test_qdq_forms_fold_into_vitbit_bit_exact(form, vitbit_input):
     else:  # the node quantizes X itself
         assert "QuantizeLinear" not in ops and _attrs(node)["y_dtype"] == ""
     assert row["kernel"] == "vitbit" and row["quantized"] and row["bytes_packed"] <= 70 * 37 + 16 * 37 + 8 * 37
+    if node.input[0] != "X":  # the plugin's X is typed in the file (a Q output, a transposed X), [..., K] (K = 70)
+        (t,) = [v.type.tensor_type for v in new.graph.value_info if v.name == node.input[0]]
+        want = TensorProto.INT8 if vitbit_input == "int8" else TensorProto.FLOAT
+        assert t.elem_type == want and t.shape.dim[-1].dim_value == 70
     assert check_plugin_nodes(new, feeds) == 1
     # vs the Q/DQ model: same int8 math, only the fp32 rounding of the dequantization differs
     assert polygraphy_compare(q, new, feeds, atol=1e-4, rtol=1e-4)

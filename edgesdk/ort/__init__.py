@@ -31,8 +31,9 @@ def import_ortx():
     tokenizer converters (never used here): importing ``torch`` and ``transformers`` where they are installed
     (3.7 s on this project's x86 machine, more on a Jetson's cores) and setting
     ``PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python`` in ``os.environ`` (every child process would then parse ONNX
-    with pure-Python protobuf). While it imports, the two packages, if not imported yet, read as absent; afterwards
-    they import normally and the variable is as before."""
+    with pure-Python protobuf). While it imports, the two packages, if not imported yet, read as absent (a first
+    import of torch in another thread at that moment would fail); afterwards they import normally and the variable
+    is as before."""
     if "onnxruntime_extensions" in sys.modules:
         return sys.modules["onnxruntime_extensions"]
     blocked = [m for m in ("torch", "transformers") if m not in sys.modules]

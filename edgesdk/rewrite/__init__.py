@@ -495,7 +495,10 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
         row["bytes_packed"] = int(packed.nbytes)
         x_in = (ix.nodes[li.act_q].output[0] if x_q else li.input) if kernel == "vitbit" else x_tensor
         nodes = []
+        x_known = types.get(x_in)  # (elem type, dims) of what the plugin reads, recorded below
         if li.trans_a:
+            if x_known and x_known[1] is not None:
+                x_known = (x_known[0], x_known[1][::-1])
             xt = _unique(f"{li.name}.x_t", taken)
             nodes.append(helper.make_node("Transpose", [x_in], [xt], name=_unique(f"{li.name}/Transpose", taken),
                                           perm=[1, 0]))
@@ -520,10 +523,9 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
         y_dims = (([dims[1]] if li.trans_a else list(dims[:-1])) + [li.n]) if dims else None
         new_vi.append(helper.make_tensor_value_info(
             y_out, x_type[0], None if y_dims is None else [d if d else None for d in y_dims]))
-        if x_in in types and x_in not in graph_inputs:  # the plugin's X typed in the file: older onnx (1.16) stops
-            x_elem, x_dims = types[x_in]               # inferring at the first plugin node
-            new_vi.append(helper.make_tensor_value_info(
-                x_in, x_elem, None if x_dims is None else [d if d else None for d in x_dims]))
+        if x_known and x_in not in graph_inputs:  # the plugin's X typed in the file: onnx 1.16's shape inference
+            new_vi.append(helper.make_tensor_value_info(  # stops at the first plugin node
+                x_in, x_known[0], None if x_known[1] is None else [d if d else None for d in x_known[1]]))
     return _finish(model, new_nodes, drop, new_inits, new_vi), report
 
 
