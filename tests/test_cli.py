@@ -149,7 +149,10 @@ def test_usage_errors_exit_1_and_verification_failures_keep_2(tmp_path):
                  "--min-cosine", "1", "--verify-count", "1", "--calibration-count", "1", "--quiet")
     assert r.returncode == 2 and (tmp_path / "q" / "report.json").is_file(), r.stderr
     (row,) = json.loads((tmp_path / "q" / "report.json").read_text())["verify"]
-    assert not row["passed"] and row["worst_mean_abs"] >= row["mean_abs"] > 0 and row["worst_mean_rel"] > 0
+    # one sample: the worst sample's mean (Polygraphy's, float32) is the mean (ours, float64) up to rounding, which
+    # went either way between x86 and aarch64
+    assert not row["passed"] and row["worst_mean_abs"] >= row["mean_abs"] * (1 - 1e-6) and row["mean_abs"] > 0
+    assert row["worst_mean_rel"] > 0
     assert row["why"].startswith(f"mean abs error {row['worst_mean_abs']:.3g} > --atol 0 and mean rel error")
     text = " ".join(r.stderr.split())  # said on stderr even with --quiet, with the fix
     assert f"FAIL logits (processed vs original): {row['why']}" in text and "loosen --atol/--rtol" in text
