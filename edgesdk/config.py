@@ -14,20 +14,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from edgesdk.errors import EdgeSDKError
 
 
-def parse_shape(spec: str) -> tuple[str, list[int]]:
+def parse_shape(spec: str, flag: str = "--shape", zero: bool = False) -> tuple[str, list[int]]:
     """``"input:1x3x224x224"`` (or ``"input=1x3x224x224"``, the form ``edgesdk bench`` shows) → ``("input", [1, 3,
-    224, 224])``; split at the last ``:`` or ``=``, so the name may itself contain either."""
+    224, 224])``; split at the last ``:`` or ``=``, so the name may itself contain either. ``zero``: dims may be 0
+    (``--min-shape``: an empty KV cache before the first token)."""
     cut = max(spec.rfind(":"), spec.rfind("="))
     name, dims = spec[:cut], spec[cut + 1:]
     try:
         if cut <= 0:
             raise ValueError
         shape = [int(d) for d in dims.lower().split("x")]
-        if any(d <= 0 for d in shape):
+        if any(d < (0 if zero else 1) for d in shape):
             raise ValueError
     except ValueError:
-        raise EdgeSDKError(f"bad shape hint {spec!r}.", "write NAME:D0xD1x... with positive dims, e.g. "
-                           "--shape input:1x3x224x224") from None
+        raise EdgeSDKError(f"bad shape hint {spec!r}.", "write NAME:D0xD1x... with "
+                           f"{'dims >= 0' if zero else 'positive dims'}, e.g. {flag} input:1x3x224x224") from None
     return name, shape
 
 
@@ -43,7 +44,14 @@ class BuildConfig(BaseModel):
         calibration_count: Calibration samples to use.
         calibrate_method: Activation range estimator (``minmax`` or ``percentile``).
         smooth_quant: SmoothQuant alpha (activation outliers moved into weights before INT8), or None.
-        shape_hints: Input name → full shape, for dynamic dims (``--shape input:1x3x224x224``).
+        shape_hints: Input name → full shape, for dynamic dims (``--shape input:1x3x224x224``): the shape the build
+            calibrates and verifies at, and the TensorRT profile's opt shape. A hint binds the symbolic dim names
+            of its input, so inputs sharing a name need one hint (:func:`edgesdk.onnx_io.shape_ranges`).
+        min_shapes: Input name → the TensorRT optimization profile's min shape (``--min-shape``; default: batch
+            1, other dims as at ``shape_hints``).
+        max_shapes: Input name → the profile's max shape (``--max-shape``; default: batch ``max_batch``, other
+            dims as at ``shape_hints``). The build also verifies at the min and max shapes where they differ
+            from the build shape in more than the batch.
         image_mean: Per-channel mean for image calibration (default: ImageNet for 3 channels).
         image_std: Per-channel std for image calibration.
         sparsity: Fraction of weights to prune in rewritten layers (0 = dense).
@@ -84,6 +92,8 @@ class BuildConfig(BaseModel):
     calibrate_method: Literal["minmax", "percentile"] = "minmax"
     smooth_quant: float | None = Field(None, gt=0, lt=1)
     shape_hints: dict[str, list[int]] = Field(default_factory=dict)
+    min_shapes: dict[str, list[int]] = Field(default_factory=dict)
+    max_shapes: dict[str, list[int]] = Field(default_factory=dict)
     image_mean: list[float] | None = None
     image_std: list[float] | None = None
     sparsity: float = Field(0.0, ge=0.0, lt=1.0)
@@ -106,13 +116,15 @@ class BuildConfig(BaseModel):
     max_batch: int = Field(8, ge=1)
     seed: int = 0
 
-    @field_validator("shape_hints", mode="before")
+    @field_validator("shape_hints", "min_shapes", "max_shapes", mode="before")
     @classmethod
-    def _shapes(cls, v):
+    def _shapes(cls, v, info):
+        flag, zero = {"shape_hints": ("--shape", False), "min_shapes": ("--min-shape", True),
+                      "max_shapes": ("--max-shape", False)}[info.field_name]
         if isinstance(v, (list, tuple)):
-            return dict(parse_shape(s) for s in v)
+            return dict(parse_shape(s, flag, zero) for s in v)
         if isinstance(v, dict):
-            return {k: ([int(d) for d in s.lower().split("x")] if isinstance(s, str) else s) for k, s in v.items()}
+            return {k: (parse_shape(f"{k}:{s}", flag, zero)[1] if isinstance(s, str) else s) for k, s in v.items()}
         return v
 
     @field_validator("exclude")
@@ -128,7 +140,8 @@ class BuildConfig(BaseModel):
 
 # The YAML file may use the flags' names (``--use-dla-core``, ``--timing-cache-file``, ``--shape``) as well as the
 # option names of :class:`BuildConfig`.
-FLAG_KEYS = {"use_dla_core": "dla_core", "timing_cache_file": "timing_cache", "shape": "shape_hints"}
+FLAG_KEYS = {"use_dla_core": "dla_core", "timing_cache_file": "timing_cache", "shape": "shape_hints",
+             "min_shape": "min_shapes", "max_shape": "max_shapes"}
 # Paths in a YAML file are relative to that file (as in docker compose), not to where the command runs.
 PATH_KEYS = ("calibration", "output", "timing_cache")
 

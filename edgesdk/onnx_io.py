@@ -6,6 +6,7 @@ Saving is atomic (temp name + ``os.replace``) and writes IR version 10, which ON
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 import tempfile
@@ -157,39 +158,162 @@ def tensor_dims(vi: onnx.ValueInfoProto) -> list[int | str]:
 
 
 def input_specs(model: onnx.ModelProto, shape_hints: dict[str, list[int]]) -> dict[str, tuple[list[int], np.dtype]]:
-    """Concrete shape and dtype of every model input.
+    """Concrete shape and dtype of every model input (the shape a build calibrates and verifies at).
 
-    A dynamic leading (batch) dim without a hint becomes 1; any other dynamic dim needs a hint.
+    A dynamic leading (batch) dim without a hint becomes 1; any other dynamic dim needs a hint, given
+    for this input or for another input whose dim has the same symbolic name (see :func:`shape_ranges`).
 
     Raises:
         EdgeSDKError: hint for an unknown input, hint of the wrong rank or contradicting a fixed dim,
             a dynamic non-batch dim without a hint, or an input type edgesdk cannot feed.
     """
+    ranges = shape_ranges(model, shape_hints)
+    return {vi.name: (ranges[vi.name][1], np.dtype(NP_TYPES[vi.type.tensor_type.elem_type]))
+            for vi in graph_inputs(model)}
+
+
+_DIM_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+            ast.FloorDiv: lambda a, b: a // b}
+
+
+def dim_expression(text: str, values: dict[str, int]) -> int | None:
+    """Value of a symbolic dim such as ``"past_sequence_length + sequence_length"`` (Hugging Face / optimum
+    exports write these) from the values of its names; None if a name is unbound or the text is not ``+ - * //``
+    over names and integers."""
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+
+    def ev(n):
+        if isinstance(n, ast.Constant) and isinstance(n.value, int):
+            return n.value
+        if isinstance(n, ast.Name):
+            return values.get(n.id)
+        if isinstance(n, ast.BinOp) and type(n.op) in _DIM_OPS:
+            a, b = ev(n.left), ev(n.right)
+            if a is None or b is None or (isinstance(n.op, ast.FloorDiv) and b == 0):
+                return None
+            return _DIM_OPS[type(n.op)](a, b)
+        return None
+
+    if isinstance(tree, ast.Name):  # a plain name is bound directly, not evaluated
+        return values.get(text)
+    return ev(tree)
+
+
+def dim_names(text: str) -> list[str]:
+    """The names a symbolic dim uses (``"past_sequence_length + sequence_length"`` → both)."""
+    try:
+        return sorted({n.id for n in ast.walk(ast.parse(text, mode="eval")) if isinstance(n, ast.Name)})
+    except SyntaxError:
+        return []
+
+
+def shape_ranges(model: onnx.ModelProto, opt: dict[str, list[int]], lo: dict[str, list[int]] | None = None,
+                 hi: dict[str, list[int]] | None = None, max_batch: int = 8) -> dict[str, tuple[list[int], ...]]:
+    """``{input: (min, opt, max)}``: every input's concrete shape at the build shape (opt) and its range.
+
+    ``opt``/``lo``/``hi`` are the ``--shape``/``--min-shape``/``--max-shape`` hints (input name → full shape).
+    A hint binds the model's symbolic dim names to its values, so inputs that share a name (``batch_size``,
+    ``sequence_length`` of ``input_ids``, ``attention_mask`` and ``position_ids`` in a Hugging Face export) need
+    one hint between them, and dims written as expressions (``past_sequence_length + sequence_length``) follow.
+    Unbound names: a leading (batch) dim's is 1 at opt and min and ``max(opt, max_batch)`` at max; any other
+    must be bound at opt, and keeps its opt value at min and max unless ``lo``/``hi`` bind it. Static inputs
+    have min = opt = max.
+
+    Raises:
+        EdgeSDKError: a hint for an unknown input, of the wrong rank, contradicting a fixed dim or another hint
+            (one symbolic name, two values), a dynamic non-batch dim left unbound, min > opt or opt > max, a dim
+            below 1 at opt, or an input type edgesdk cannot feed.
+    """
     inputs = graph_inputs(model)
     names = [i.name for i in inputs]
-    for h in shape_hints:
-        if h not in names:
-            raise EdgeSDKError(f"--shape names input {h!r}, which the model does not have.",
-                               f"use one of the model's inputs: {', '.join(names)}.")
-    specs = {}
+    flags = ("--shape", "--min-shape", "--max-shape")
+    levels = dict(zip(flags, (dict(opt or {}), dict(lo or {}), dict(hi or {}))))
+    dims_of = {}
     for vi in inputs:
         elem = vi.type.tensor_type.elem_type
         if elem not in NP_TYPES:
             raise EdgeSDKError(f"input {vi.name!r} has ONNX type {onnx.TensorProto.DataType.Name(elem)}, which "
                                "edgesdk cannot generate data for.", "feed float, int or bool inputs.")
-        dims = tensor_dims(vi)
-        hint = shape_hints.get(vi.name)
-        if hint is not None:
-            if len(hint) != len(dims) or any(isinstance(d, int) and d != h for d, h in zip(dims, hint)):
-                raise EdgeSDKError(f"--shape {vi.name}:{'x'.join(map(str, hint))} does not fit the model's input "
+        dims_of[vi.name] = tensor_dims(vi)
+    batch_names = {d[0] for d in dims_of.values() if d and isinstance(d[0], str) and d[0].isidentifier()}
+    bound: dict[str, dict[str, int]] = {}
+    for flag, hints in levels.items():
+        values, source = {}, {}
+        for h, shape in hints.items():
+            if h not in names:
+                raise EdgeSDKError(f"{flag} names input {h!r}, which the model does not have.",
+                                   f"use one of the model's inputs: {', '.join(names)}.")
+            dims = dims_of[h]
+            if len(shape) != len(dims) or any(isinstance(d, int) and d != v for d, v in zip(dims, shape)):
+                raise EdgeSDKError(f"{flag} {h}:{'x'.join(map(str, shape))} does not fit the model's input "
                                    f"shape {dims}.", f"give {len(dims)} dims and keep the fixed ones as they are.")
-            specs[vi.name] = (list(hint), np.dtype(NP_TYPES[elem]))
-            continue
-        dynamic = [(i, d) for i, d in enumerate(dims) if not isinstance(d, int)]
-        if [i for i, _ in dynamic if i > 0]:
-            example = "x".join(str(d) if isinstance(d, int) else ("1" if i == 0 else "N") for i, d in enumerate(dims))
-            raise EdgeSDKError(
-                f"input {vi.name!r} has dynamic dims {dims} and no shape hint.",
-                f"pass --shape {vi.name}:{example} (N = the size to build and verify for).")
-        specs[vi.name] = ([1 if not isinstance(d, int) else d for d in dims], np.dtype(NP_TYPES[elem]))
-    return specs
+            for d, v in zip(dims, shape):
+                if isinstance(d, str) and d.isidentifier():
+                    if d in values and values[d] != v:
+                        raise EdgeSDKError(
+                            f"{flag} gives dim {d!r} two values: {values[d]} ({source[d]}) and {v} ({h}).",
+                            f"inputs that share the dim name {d!r} must agree; fix one of the two hints.")
+                    values[d], source[d] = int(v), h
+        bound[flag] = values
+    for b in batch_names:  # unbound batch names
+        bound["--shape"].setdefault(b, 1)
+        bound["--min-shape"].setdefault(b, 1)
+        bound["--max-shape"].setdefault(b, max(bound["--shape"][b], max_batch))
+    for flag in flags[1:]:  # other names keep their opt value
+        for k, v in bound["--shape"].items():
+            bound[flag].setdefault(k, v)
+    for flag, hints in levels.items():  # a hinted dim written as an expression must agree with the names' values
+        for h, shape in hints.items():
+            for d, v in zip(dims_of[h], shape):
+                if isinstance(d, str) and d != "?" and not d.isidentifier():
+                    want = dim_expression(d, bound[flag])
+                    if want is not None and want != v:
+                        raise EdgeSDKError(f"{flag} {h}:{'x'.join(map(str, shape))} gives dim {d!r} the value {v}, "
+                                           f"but the other hints make it {want}.",
+                                           f"make {h}'s hint agree with them, or leave it out (it follows from them).")
+
+    out = {}
+    for name in names:
+        dims = dims_of[name]
+        per = []
+        for flag in flags:
+            hint = levels[flag].get(name)
+            if hint is not None:
+                per.append([int(v) for v in hint])
+                continue
+            shape = []
+            for i, d in enumerate(dims):
+                if isinstance(d, int):
+                    shape.append(d)
+                elif d == "?":  # unnamed: batch default at index 0, else the opt hint decides
+                    shape.append({"--shape": 1, "--min-shape": 1}.get(flag, max(per[0][0] or 1, max_batch))
+                                 if i == 0 else (None if flag == "--shape" else per[0][i]))
+                else:
+                    shape.append(dim_expression(d, bound[flag]))
+            per.append(shape)
+            if flag == "--shape":
+                missing = [i for i, v in enumerate(shape) if v is None]
+                if missing:
+                    example = "x".join(str(v) if v is not None else "N" for v in shape)
+                    unbound = sorted({n for i in missing for n in (dim_names(dims[i]) if dims[i] != "?" else [])
+                                      if n not in bound[flag]})
+                    also = (f" (or a hint for another input that has dim {', '.join(map(repr, unbound))})"
+                            if unbound else "")
+                    raise EdgeSDKError(f"input {name!r} has dynamic dims {dims} and no shape hint.",
+                                       f"pass --shape {name}:{example}{also} (N = the size to build and verify for).")
+        lo_shape, opt_shape, hi_shape = per[1], per[0], per[2]
+        for i, d in enumerate(dims):
+            if None in (lo_shape[i], hi_shape[i]):  # an expression that cannot be evaluated at min/max
+                lo_shape[i] = opt_shape[i] if lo_shape[i] is None else lo_shape[i]
+                hi_shape[i] = opt_shape[i] if hi_shape[i] is None else hi_shape[i]
+            if opt_shape[i] < 1:
+                raise EdgeSDKError(f"input {name!r} dim {i} ({d}) is {opt_shape[i]} at the build shape.",
+                                   "build and verify at a shape with every dim >= 1 (--shape).")
+            if not (0 <= lo_shape[i] <= opt_shape[i] <= hi_shape[i]):
+                raise EdgeSDKError(f"input {name!r} dim {i} ({d}): min {lo_shape[i]}, opt {opt_shape[i]}, max "
+                                   f"{hi_shape[i]} are not in order.", "give --min-shape <= --shape <= --max-shape.")
+        out[name] = (lo_shape, opt_shape, hi_shape)
+    return out
