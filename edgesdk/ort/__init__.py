@@ -88,11 +88,12 @@ def for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
-def make_session(model: onnx.ModelProto | bytes | str | Path, threads: int | None = None):
+def make_session(model: onnx.ModelProto | bytes | str | Path, threads: int | None = None, quiet: bool = False):
     """An ``onnxruntime.InferenceSession`` on the CPU with all graph optimizations off.
 
     ``ORT_DISABLE_ALL`` keeps ORT from rewriting DequantizeLinear→MatMul into MatMulNBits, which
     changes numerics (``../shared/DESIGN.md`` §6). Plugin nodes run through our reference ops.
+    ``quiet``: ONNX Runtime logs nothing, not even the errors it also raises (for runs whose failure is handled).
     """
     import onnxruntime as ort
 
@@ -102,7 +103,7 @@ def make_session(model: onnx.ModelProto | bytes | str | Path, threads: int | Non
         model = onnx.load_from_string(bytes(model))
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.log_severity_level = 3
+    so.log_severity_level = 4 if quiet else 3
     if threads:
         so.intra_op_num_threads = threads
     if uses_plugins(model):

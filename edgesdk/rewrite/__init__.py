@@ -44,6 +44,7 @@ from edgesdk.errors import EdgeSDKError, FormatError
 from edgesdk.formats import bitmap_linear as bitmap_fmt
 from edgesdk.formats import vitbit_gemm as vitbit_fmt
 from edgesdk.inspect import GraphIndex, LinearInfo, _attr, bias_values, find_linears, subgraph_inputs, weight_kn
+from edgesdk.onnx_io import shape_ranges
 from edgesdk.rewrite.choose import KERNELS, MEASURE, LayerFacts, choose, decide_measured, measure_plan
 from edgesdk.sparsify import activation_norms, prune
 
@@ -188,32 +189,51 @@ def _rows(dims: list | None, trans_a: bool) -> int:
     return int(np.prod([d if d else 1 for d in lead], dtype=np.int64)) if lead else 1
 
 
-def _probe_rows(model: onnx.ModelProto, tensors: Sequence[str]) -> dict[str, list[int]]:
-    """Shapes of ``tensors`` when the model runs once with every symbolic input dim set to 1.
+def _unknown_rows(dims: list | None, trans_a: bool) -> bool:
+    """Shape inference left a dim of the rows (all but the last of X, or the first of a transA X) unknown; an unknown
+    leading dim is the batch, which the build takes as 1 unless --shape says otherwise."""
+    if not dims:
+        return True
+    lead = dims[1:] if trans_a else dims[:-1]
+    return any(not d for d in lead[1:])
 
-    Static shape inference loses dims behind Reshape/Shape arithmetic; one ONNX Runtime run on
-    zeros (batch 1, one token) gives the exact rows per call the ``auto`` rule reasons about.
-    Returns ``{}`` when the model cannot run that way (then shape inference is used).
+
+def _probe_rows(model: onnx.ModelProto, tensors: Sequence[str], feed: Mapping[str, np.ndarray] | None = None,
+                shape_hints: Mapping[str, list[int]] | None = None) -> dict[str, list[int]]:
+    """Shapes of ``tensors`` when the model runs once at the build shape.
+
+    Static shape inference loses dims behind Reshape/Shape arithmetic; one ONNX Runtime run gives the exact rows
+    per call the ``auto`` rule reasons about. ``feed``: the inputs to run on; else zeros at the shape
+    ``shape_hints`` (``--shape``) resolve to (:func:`edgesdk.onnx_io.shape_ranges`: the build's shape, not the
+    calibration data's batches), or with every dynamic dim set to 1 where they do not resolve it. Returns ``{}``
+    when the model cannot run that way (then shape inference is used).
     """
     from edgesdk.ort import make_session
 
-    dtypes = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.INT64: np.int64,
-              TensorProto.INT32: np.int32, TensorProto.BOOL: np.bool_, TensorProto.DOUBLE: np.float64}
     inits = {t.name for t in model.graph.initializer}
-    feed = {}
-    for i in model.graph.input:
-        if i.name in inits:
-            continue
-        t = i.type.tensor_type
-        if t.elem_type not in dtypes:
-            return {}
-        feed[i.name] = np.zeros([d.dim_value if d.dim_value > 0 else 1 for d in t.shape.dim], dtypes[t.elem_type])
+    if feed is None:
+        dtypes = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.INT64: np.int64,
+                  TensorProto.INT32: np.int32, TensorProto.BOOL: np.bool_, TensorProto.DOUBLE: np.float64}
+        try:
+            opt = {k: v[1] for k, v in shape_ranges(model, dict(shape_hints or {})).items()}
+        except EdgeSDKError:
+            opt = {}
+        feed = {}
+        for i in model.graph.input:
+            if i.name in inits:
+                continue
+            t = i.type.tensor_type
+            if t.elem_type not in dtypes:
+                return {}
+            shape = opt.get(i.name) or [d.dim_value if d.dim_value > 0 else 1 for d in t.shape.dim]
+            feed[i.name] = np.zeros(shape, dtypes[t.elem_type])
+    feed = dict(feed)
     m = _copy(model)
     have = {o.name for o in m.graph.output}
     wanted = [t for t in dict.fromkeys(tensors) if t not in feed]
     m.graph.output.extend(onnx.ValueInfoProto(name=t) for t in wanted if t not in have)
     try:
-        sess = make_session(m)
+        sess = make_session(m, quiet=True)
         outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
     except Exception:
         return {}
@@ -305,11 +325,12 @@ def _remove_dead(graph: onnx.GraphProto) -> None:
 
 
 def plan_kernels(model: onnx.ModelProto, linears: Sequence[LinearInfo], selected: set[str], kernels: str,
-                 sparsity: float, int8: bool, device=None) -> dict[str, dict]:
+                 sparsity: float, int8: bool, device=None, shape_hints: Mapping[str, list[int]] | None = None
+                 ) -> dict[str, dict]:
     """Preview of the per-layer kernel choice a build would make, without quantizing or pruning.
 
-    Uses the same facts as :func:`rewrite_model` (rows per call from one ONNX Runtime run with every
-    symbolic input dim set to 1, else shape inference) and the same :func:`~edgesdk.rewrite.choose.choose`
+    Uses the same facts as :func:`rewrite_model` (rows per call from one ONNX Runtime run at the shape
+    ``shape_hints`` give, as ``--shape`` does for ``build``, else shape inference) and the same :func:`~edgesdk.rewrite.choose.choose`
     rule, assuming the build's INT8 Q/DQ (symmetric, per-channel weights) when ``int8`` is set and
     ``sparsity`` on every selected layer. The build's ``report.json`` stays authoritative: weights that
     the quantizer maps to -128, or per-layer sparsities of ``--sparsity-scope global``, can change it.
@@ -322,21 +343,29 @@ def plan_kernels(model: onnx.ModelProto, linears: Sequence[LinearInfo], selected
         sparsity: Planned pruned fraction.
         int8: The build quantizes to INT8 (``--quantize int8``).
         device: ``DeviceProfile`` for the roofline of the ``auto`` rule, or None.
+        shape_hints: ``--shape`` hints (input name → full shape) for inputs with dynamic dims.
 
     Returns:
-        Layer name → ``{"rows_per_call": M, "kernel": kernel, "reason": why not, or None}``.
+        Layer name → ``{"rows_per_call": M, "kernel": kernel, "reason": why not, or None}``; with ``auto``, where
+        neither the run nor shape inference tells M, ``rows_per_call`` and ``kernel`` are None and the reason says so.
     """
     if kernels not in KERNELS:
         raise EdgeSDKError(f"unknown --kernels {kernels!r}", f"use one of: {', '.join(KERNELS)}")
     ix = GraphIndex(model)
     types = _types(model)
     chosen = [li for li in linears if li.name in selected]
-    probed = _probe_rows(model, [ix.nodes[li.node].input[0] for li in chosen]) if kernels == "auto" else {}
+    probed = _probe_rows(model, [ix.nodes[li.node].input[0] for li in chosen], None,
+                         shape_hints) if kernels == "auto" else {}
     out: dict[str, dict] = {}
     for li in chosen:
         x_tensor = ix.nodes[li.node].input[0]
         x_type = types.get(x_tensor) or types.get(li.input)
         dims = probed.get(x_tensor) or (x_type[1] if x_type else None)
+        if kernels == "auto" and x_tensor not in probed and _unknown_rows(dims, li.trans_a):
+            out[li.name] = {"rows_per_call": None, "kernel": None,
+                            "reason": "rows per call unknown: the model did not run at a known input shape "
+                                      "(pass --shape as for build)"}
+            continue
         if li.quantized:  # a Q/DQ layer is used as it is: its own weights and activation scale decide
             q, _, wproblem = _int8_weights(ix, li)
             facts = LayerFacts(li.name, li.k, li.n, _rows(dims, li.trans_a), q is not None,
@@ -435,7 +464,8 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
                 qw[name] = (np.where(keep, q, 0).astype(np.int8), s, p)
 
     # 3. choose, pack, replace
-    probed = _probe_rows(model, [ix.nodes[li.node].input[0] for li in chosen]) if kernels == "auto" else {}
+    probed = _probe_rows(model, [ix.nodes[li.node].input[0] for li in chosen], None,
+                         getattr(config, "shape_hints", None)) if kernels == "auto" else {}
     timer = _Timer(str(getattr(config, "measure", "auto") or "auto"), device, measurer) if kernels == "auto" else None
     report: list[dict] = []
     taken = {t.name for t in model.graph.initializer} | {o for n in model.graph.node for o in n.output} \
