@@ -19,15 +19,17 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import onnx
 
-from edgesdk.calibration import load_feeds
+from edgesdk.calibration import load_feeds, random_feeds
 from edgesdk.config import BuildConfig
 from edgesdk.devices import DeviceProfile, get_profile
 from edgesdk.errors import EdgeSDKError
 from edgesdk.inspect import find_linears, quant_state
 from edgesdk.manifest import MANIFEST_NAME, make_manifest, tensorrt_version
-from edgesdk.onnx_io import _umask, graph_inputs, input_specs, load_model, opset, save_model, sha256_file, tensor_dims
+from edgesdk.onnx_io import (NP_TYPES, _umask, graph_inputs, load_model, opset, save_model, sha256_file, shape_ranges,
+                             tensor_dims)
 from edgesdk.quantize import check_not_qoperator, quantize_int8, select_layers
 from edgesdk.report import REPORT_NAME, write_json
 
@@ -105,7 +107,40 @@ def split_feeds(model: onnx.ModelProto, specs: dict, config: BuildConfig) -> tup
     return calib, check
 
 
-def engine_step(onnx_path: Path, folder: Path, device: DeviceProfile, config: BuildConfig) -> dict:
+def build_ranges(model: onnx.ModelProto, config: BuildConfig) -> dict[str, tuple[list[int], ...]]:
+    """Every input's (min, opt, max) shape from the build's ``--shape``/``--min-shape``/``--max-shape``."""
+    return shape_ranges(model, config.shape_hints, config.min_shapes, config.max_shapes, config.max_batch)
+
+
+def specs_at(model: onnx.ModelProto, ranges: dict, level: int = 1) -> dict:
+    """``{input: (shape, dtype)}`` at one level of ``ranges`` (0 min, 1 opt: the build shape, 2 max)."""
+    return {vi.name: (list(ranges[vi.name][level]), np.dtype(NP_TYPES[vi.type.tensor_type.elem_type]))
+            for vi in graph_inputs(model)}
+
+
+def profile_of(model: onnx.ModelProto, ranges: dict) -> dict[str, dict[str, list[int]]]:
+    """The TensorRT optimization profile (report.json ``model.profile``): min/opt/max of the inputs with a dynamic
+    dim."""
+    dynamic = {vi.name for vi in graph_inputs(model) if any(not isinstance(d, int) for d in tensor_dims(vi))}
+    return {k: dict(zip(("min", "opt", "max"), v)) for k, v in ranges.items() if k in dynamic}
+
+
+RANGE_SAMPLES = 2  # verification samples at each of the profile's min and max shapes
+
+
+def range_feeds(model: onnx.ModelProto, ranges: dict, config: BuildConfig) -> dict[str, list[dict]]:
+    """Seeded random feeds at the profile's min and max shapes, where they differ from the build shape in more than
+    the batch (a longer sequence or KV cache must run through the rewritten graph as the build shape did)."""
+    out = {}
+    for level, label in ((0, "min"), (2, "max")):
+        if any(list(r[level][1:]) != list(r[1][1:]) for r in ranges.values()):
+            n = min(config.verify_count, RANGE_SAMPLES)
+            out[label] = random_feeds(specs_at(model, ranges, level), n, config.seed + 1 + level, model)
+    return out
+
+
+def engine_step(onnx_path: Path, folder: Path, device: DeviceProfile, config: BuildConfig,
+                profile: dict | None = None) -> dict:
     """Build the TensorRT engine through ``edgesdk.trt.engine`` or say why there is none."""
     try:
         from edgesdk.trt.engine import build_engine
@@ -118,7 +153,7 @@ def engine_step(onnx_path: Path, folder: Path, device: DeviceProfile, config: Bu
                 "compute_capability": None}
     if config.workspace_mb:
         device = device.model_copy(update={"workspace_mb": config.workspace_mb})
-    return build_engine(onnx_path, folder, device, config)
+    return build_engine(onnx_path, folder, device, config, profile)
 
 
 def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = None) -> dict:
@@ -156,7 +191,8 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
             if any(n.domain == "edgesdk" for n in model.graph.node):
                 raise EdgeSDKError(f"{model_path} is already an edgesdk build (it has edgesdk plugin nodes).",
                                    "build the original model; `edgesdk check` re-verifies a build folder.")
-            specs = input_specs(model, config.shape_hints)
+            ranges = build_ranges(model, config)
+            specs = specs_at(model, ranges)
             passed_over: dict[str, str] = {}
             linears = find_linears(model, passed_over)
             if not linears:
@@ -193,20 +229,22 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
             if config.sparsity > 0 and config.kernels != "none":
                 with step("Prune a dense reference with the same masks (for the verification)"):
                     pruned_ref = pruned_reference(quantized, calib, config, device)
-            verify_rows = verify_all(model, processed, pruned_ref, check_feeds, config, step)
+            verify_rows = verify_all(model, processed, pruned_ref, check_feeds, config, step,
+                                     range_feeds(model, ranges, config))
 
         try:
             with step("Write the build folder"):
                 onnx_path = save_model(processed, tmp / MODEL_NAME)
             with step("Build the TensorRT engine"):
-                engine = engine_step(onnx_path, tmp, device, config)
+                engine = engine_step(onnx_path, tmp, device, config, profile_of(model, ranges))
             if config.verify and engine.get("built"):
                 verify_rows = verify_rows + engine_rows(Path(engine["plan"]), processed, check_feeds, config, step)
             report = {
                 "edgesdk_report": 1,
                 "device": device.model_dump(),
                 "model": {"path": str(model_path.resolve()), "sha256": model_sha, "opset": opset(model), "quant_state": state,
-                          **io_info(model), "shapes": {k: v[0] for k, v in specs.items()}},
+                          **io_info(model), "shapes": {k: v[0] for k, v in specs.items()},
+                          "profile": profile_of(model, ranges)},
                 "processed_model": MODEL_NAME,
                 "config": config.model_dump(mode="json"),
                 "notes": notes,
@@ -322,14 +360,15 @@ def check_build(build_dir: Path | str, model_path: Path | str | None = None, ove
     with step("Load the original and the processed model"):
         original = load_model(src)
         processed = load_model(build_dir / report.get("processed_model", MODEL_NAME))
-        calib, check_feeds = split_feeds(original, input_specs(original, config.shape_hints), config)
+        ranges = build_ranges(original, config)
+        calib, check_feeds = split_feeds(original, specs_at(original, ranges), config)
     pruned_ref = None
     if config.sparsity > 0 and config.kernels != "none":
         # Same calibration data and options as the build, so the same quantization and masks.
         quantized, _ = quantize_step(original, find_linears(original), quant_state(original), calib, config, step)
         with step("Prune a dense reference with the same masks (for the verification)"):
             pruned_ref = pruned_reference(quantized, calib, config, get_profile(config.device))
-    rows = verify_all(original, processed, pruned_ref, check_feeds, config, step)
+    rows = verify_all(original, processed, pruned_ref, check_feeds, config, step, range_feeds(original, ranges, config))
     plan = (report.get("engine") or {}).get("plan")  # its sha256 was checked above with the other files
     if plan and importlib.util.find_spec("tensorrt") is not None:
         rows += engine_rows(build_dir / plan, processed, check_feeds, config, step)
@@ -373,28 +412,38 @@ def pruned_reference(quantized, calib, config: BuildConfig, device):
     return model
 
 
-def verify_all(original, processed, pruned_ref, feeds, config: BuildConfig, step: StepFn) -> list[dict]:
+def verify_all(original, processed, pruned_ref, feeds, config: BuildConfig, step: StepFn,
+               extra: dict[str, list[dict]] | None = None) -> list[dict]:
     """The verification rows of a build.
 
     Dense builds: processed vs original, gating. Sparse builds: pruning changes the model on
     purpose, so processed vs original is reported as the accuracy cost (``gate: false``) and the
     gating comparison is processed vs the pruned dense reference (same masks, plain ONNX ops),
-    which checks the packing, the plugin nodes and their kernels' semantics.
+    which checks the packing, the plugin nodes and their kernels' semantics. ``extra`` (label → feeds, from
+    :func:`range_feeds`) repeats the comparisons at the optimization profile's min/max shapes; those rows carry
+    ``shape`` (the label; the build-shape rows have none).
     """
     from edgesdk.verify import verify
 
-    with step(f"Verify on ONNX Runtime ({len(feeds)} samples, Polygraphy)"):
-        rows = verify(original, processed, feeds, config)
-        sparse = config.sparsity > 0
-        for r in rows:
-            r["against"] = "original"
-            r["gate"] = not sparse
-        if pruned_ref is not None:
-            for r in verify(pruned_ref, processed, feeds, config):
-                r["against"] = "pruned_reference"
-                r["runners"] = ["onnxrt-pruned-reference", r["runners"][1]]
-                r["gate"] = True
-                rows.append(r)
+    sparse = config.sparsity > 0
+    rows = []
+    for label, fs in [(None, feeds), *(extra or {}).items()]:
+        at = f" at the {label} shape" if label else ""
+        with step(f"Verify on ONNX Runtime{at} ({len(fs)} samples, Polygraphy)"):
+            part = verify(original, processed, fs, config)
+            for r in part:
+                r["against"] = "original"
+                r["gate"] = not sparse
+            if pruned_ref is not None:
+                for r in verify(pruned_ref, processed, fs, config):
+                    r["against"] = "pruned_reference"
+                    r["runners"] = ["onnxrt-pruned-reference", r["runners"][1]]
+                    r["gate"] = True
+                    part.append(r)
+            if label:
+                for r in part:
+                    r["shape"] = label
+            rows += part
     return rows
 
 

@@ -81,7 +81,9 @@ def build(
     calibration_count: Annotated[Optional[int], typer.Option("--calibration-count", help="Calibration samples. \\[default: 16]")] = None,
     calibrate_method: Annotated[Optional[str], typer.Option("--calibrate-method", help="minmax | percentile activation ranges. \\[default: minmax]")] = None,
     smooth_quant: Annotated[Optional[float], typer.Option("--smooth-quant", help="SmoothQuant alpha in (0, 1), e.g. 0.75 for SmolLM2: move activation outliers into the weights before INT8. \\[default: off]")] = None,
-    shape: Annotated[Optional[list[str]], typer.Option("--shape", help="Shape of an input with dynamic dims, NAME:1x3x224x224 (repeatable).")] = None,
+    shape: Annotated[Optional[list[str]], typer.Option("--shape", help="Shape of an input with dynamic dims, NAME:1x3x224x224 (repeatable); binds the input's dim names, so inputs sharing them need one hint. Build, calibration and verification run at it (TensorRT's opt shape).")] = None,
+    min_shape: Annotated[Optional[list[str]], typer.Option("--min-shape", help="TensorRT profile min shape, NAME:1x1 (repeatable, as trtexec --minShapes). \\[default: batch 1, other dims as --shape]")] = None,
+    max_shape: Annotated[Optional[list[str]], typer.Option("--max-shape", help="TensorRT profile max shape, NAME:1x512 (repeatable, as trtexec --maxShapes); the build also verifies at min and max. \\[default: batch --max-batch, other dims as --shape]")] = None,
     sparsity: Annotated[Optional[float], typer.Option("--sparsity", help="Fraction of weights to prune in rewritten layers. \\[default: 0]")] = None,
     prune: Annotated[Optional[str], typer.Option("--prune", help="magnitude | wanda. \\[default: wanda]")] = None,
     sparsity_scope: Annotated[Optional[str], typer.Option("--sparsity-scope", help="layer (each layer at --sparsity) | global (one threshold over all rewritten layers). \\[default: layer]")] = None,
@@ -110,6 +112,8 @@ def build(
       edgesdk build models/digits_vit.onnx --device orin -o out/digits --calibration calibration/digits.npz
       edgesdk build vit_b16.onnx --shape input:1x3x224x224 --calibration images/ --exclude 'head'
       edgesdk build llm.onnx --shape input_ids:1x128 --calibration tokens.txt --kernels none
+      edgesdk build decoder_with_past.onnx --shape input_ids:1x1 --shape past_key_values.0.key:1x3x127x64 \\
+          --min-shape past_key_values.0.key:1x3x0x64 --max-shape past_key_values.0.key:1x3x2047x64
     """
     from edgesdk.build import build as run_build
     from edgesdk.config import load_config
@@ -117,6 +121,7 @@ def build(
 
     flags = dict(device=device, output=output, force=force, quantize=quantize, calibration=calibration,
                  calibration_count=calibration_count, calibrate_method=calibrate_method, smooth_quant=smooth_quant, shape_hints=shape or None,
+                 min_shapes=min_shape or None, max_shapes=max_shape or None,
                  sparsity=sparsity, prune=prune, sparsity_scope=sparsity_scope, kernels=kernels, measure=measure, vitbit_input=vitbit_input,
                  exclude=_exclude(exclude), include_lm_head=include_lm_head, atol=atol, rtol=rtol, min_cosine=min_cosine, verify=verify,
                  verify_count=verify_count, workspace_mb=workspace_mb, seed=seed,
@@ -144,6 +149,7 @@ def inspect_cmd(
     quantize: Annotated[str, typer.Option("--quantize", "-q", help="int8 | none, as for build.")] = "int8",
     sparsity: Annotated[float, typer.Option("--sparsity", help="Planned pruned fraction, as for build.")] = 0.0,
     kernels: Annotated[str, typer.Option("--kernels", help="auto | bitmap | vitbit | none, as for build.")] = "auto",
+    shape: Annotated[Optional[list[str]], typer.Option("--shape", help="Shape of an input with dynamic dims, as for build (rows per call of the preview).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
 ):
     """List MODEL's inputs, outputs and linear layers: shapes, quantization state, what build would process,
@@ -151,7 +157,8 @@ def inspect_cmd(
     from edgesdk.build import io_info
     from edgesdk.devices import get_profile
     from edgesdk.inspect import find_linears, quant_state
-    from edgesdk.onnx_io import load_model, opset
+    from edgesdk.config import parse_shape
+    from edgesdk.onnx_io import load_model, opset, shape_ranges
     from edgesdk.quantize import select_layers
     from edgesdk.rewrite import plan_kernels
 
@@ -160,13 +167,16 @@ def inspect_cmd(
             raise EdgeSDKError(f"unknown --quantize {quantize!r}", "use int8 or none")
         if not 0.0 <= sparsity < 1.0:
             raise EdgeSDKError(f"--sparsity {sparsity} is outside [0, 1)", "give the pruned fraction, e.g. 0.5")
+        hints = dict(parse_shape(h) for h in shape or [])
         m = load_model(model)
+        if hints:
+            shape_ranges(m, hints)  # a hint that does not fit the model fails here, as in build
         passed_over: dict[str, str] = {}
         linears = find_linears(m, passed_over)
         chosen, skipped = select_layers(m, linears, exclude or [], include_lm_head)
         # a model already in Q/DQ form is built as it is (edgesdk.build.quantize_step): nothing more is quantized
         plan = plan_kernels(m, linears, {li.name for li in chosen}, kernels, sparsity,
-                            quantize == "int8" and quant_state(m) != "qdq", get_profile(device))
+                            quantize == "int8" and quant_state(m) != "qdq", get_profile(device), hints)
     except EdgeSDKError as e:
         fail(e)
     state = quant_state(m)
@@ -176,7 +186,8 @@ def inspect_cmd(
             plugins[n.op_type] = plugins.get(n.op_type, 0) + 1
     info = {"model": str(model), "opset": opset(m), "quant_state": state, **io_info(m), "plugin_nodes": plugins,
             "passed_over": passed_over,
-            "preview": {"device": device, "quantize": quantize, "sparsity": sparsity, "kernels": kernels},
+            "preview": {"device": device, "quantize": quantize, "sparsity": sparsity, "kernels": kernels,
+                        "shapes": hints},
             "linears": [{**li.to_dict(), "selected": li.name not in skipped, "reason": skipped.get(li.name),
                          **({"rows_per_call": plan[li.name]["rows_per_call"], "kernel": plan[li.name]["kernel"],
                              "kernel_reason": plan[li.name]["reason"]} if li.name in plan else {})}
@@ -213,18 +224,20 @@ def inspect_cmd(
             would = "keep (Q/DQ)" if li.quantized else "quantize" if quantize == "int8" else "keep"
         else:
             would = "rewrite (already Q/DQ)" if li.quantized else "quantize + rewrite"
-        kern = "–" if p is None else p["kernel"]
+        kern = "–" if p is None else p["kernel"] or "?"
         t.add_row(li.name, li.kind + (" (transA)" if li.trans_a else ""), f"{li.k}×{li.n}",
                   li.weight_layout, "yes" if li.bias else "no", "yes" if li.quantized else "no",
-                  "yes" if li.act_scale else "no", would, "–" if p is None else str(p["rows_per_call"]), kern)
+                  "yes" if li.act_scale else "no", would, "–" if p is None else str(p["rows_per_call"] or "?"), kern)
     console.print(t)
-    for line in grouped_notes([(name, f"no plugin kernel: {p['reason']}") for name, p in plan.items() if p["reason"]],
+    for line in grouped_notes([(name, p["reason"] if p["kernel"] is None else f"no plugin kernel: {p['reason']}")
+                               for name, p in plan.items() if p["reason"]],
                               every=len(linears)):
         console.print(Padding(Text(line), (0, 0, 0, 2)))
     for line in grouped_notes([(k, f"not a linear: {v}") for k, v in passed_over.items()]):
         console.print(Padding(Text(line), (0, 0, 0, 2)))  # MatMul/Gemm that build leaves to TensorRT, and why
+    shapes = "".join(f" --shape {k}:{'x'.join(map(str, v))}" for k, v in hints.items())
     console.print(f"kernel preview for --device {device} --quantize {quantize} --sparsity {sparsity} "
-                  f"--kernels {kernels}; `build` writes the final choice to report.json")
+                  f"--kernels {kernels}{shapes}; `build` writes the final choice to report.json")
     if state == "qoperator":
         err_console.print("[yellow]note:[/] this model is in QOperator form; `build` refuses it (TensorRT needs Q/DQ).")
 
@@ -262,6 +275,7 @@ def verification_failed(rows: list[dict], build_dir: str | None = None):
     for v in rows:
         if not v["passed"] and v.get("gate", True):
             against = {"pruned_reference": "pruned dense", "tensorrt": "TensorRT"}.get(v.get("against"), "original")
+            against += f", at the profile's {v['shape']} shape" if v.get("shape") else ""
             err_console.print(Text(f"FAIL {v['output']} (processed vs {against}): "
                                    f"{v.get('why') or v.get('error') or 'see report.json'}"), soft_wrap=True)
     kept = f"the folder {build_dir} is written; " if build_dir else ""

@@ -102,6 +102,31 @@ def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
 
 
+VERIFY_OUTPUTS_SHOWN = 6  # more outputs than this (an LLM's present.* KV outputs): one row per comparison
+
+
+def verify_view(rows: list[dict], most: int | None = None) -> list[dict]:
+    """The verification rows to print: all of them for models with few outputs; else, per comparison (against,
+    shape), its worst output (a failing one first, then the lowest cosine) labelled with the number of outputs, and
+    the largest errors over all of them."""
+    if len({v["output"] for v in rows}) <= (VERIFY_OUTPUTS_SHOWN if most is None else most):
+        return rows
+    groups: dict[tuple, list[dict]] = {}
+    for v in rows:
+        groups.setdefault((v.get("against"), v.get("shape")), []).append(v)
+    out = []
+    for part in groups.values():
+        worst = min(part, key=lambda v: (v["passed"], v["cosine"] if v["cosine"] is not None else -2.0))
+        row = dict(worst)
+        row["output"] = f"{worst['output']} (worst of {len(part)})"
+        for k in ("max_abs", "mean_abs", "rel_l2"):
+            vals = [v[k] for v in part if v.get(k) is not None]
+            row[k] = max(vals) if vals else None
+        row["passed"] = all(v["passed"] for v in part)
+        out.append(row)
+    return out
+
+
 def print_summary(report: dict, console: Console | None = None) -> None:
     """Layers, verification and engine status of a build report, as rich tables."""
     console = console or Console()
@@ -119,14 +144,17 @@ def print_summary(report: dict, console: Console | None = None) -> None:
         console.print(Text(f"Note: {note}"))
     if report.get("verify"):
         engines = " and TensorRT" if any(v.get("against") == "tensorrt" for v in report["verify"]) else ""
-        t = compact_table(f"Verification (ONNX Runtime{engines}, Polygraphy; n samples)")
+        rows = verify_view(report["verify"])
+        grouped = len(rows) < len(report["verify"])
+        t = compact_table(f"Verification (ONNX Runtime{engines}, Polygraphy; n samples"
+                          + ("; worst output of each comparison, every output in report.json)" if grouped else ")"))
         text_column(t, "processed\nvs")
-        key_column(t, "output", [v["output"] for v in report["verify"]])
+        key_column(t, "output", [v["output"] for v in rows])
         for c in ("n", "max\nabs", "mean\nabs", "rel\nl2", "cosine", "top1", "result"):
             num_column(t, c)
-        for v in report["verify"]:
+        for v in rows:
             top1 = _num(v.get("top1_agreement"), ".4f")
-            against = _AGAINST.get(v.get("against"), "original")
+            against = _AGAINST.get(v.get("against"), "original") + (f" @{v['shape']}" if v.get("shape") else "")
             result = "[green]PASS[/]" if v["passed"] else "[red]FAIL[/]"
             if not v.get("gate", True):
                 result = "(cost)"  # pruning changes the model on purpose: reported, not gating

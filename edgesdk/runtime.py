@@ -259,7 +259,8 @@ def _build_profile(report: dict | None, inputs) -> dict | None:
     config = report.get("config") or {}
     shapes = {t.name: t.shape for t in inputs if t.shape is not None}
     try:
-        return profile_shapes(shapes, config.get("shape_hints") or {}, int(config.get("max_batch") or 8))
+        return profile_shapes(shapes, config.get("shape_hints") or {}, int(config.get("max_batch") or 8),
+                              (report.get("model") or {}).get("profile"))
     except EdgeSDKError:
         return None
 
@@ -279,7 +280,8 @@ def _check_profile(profile: dict, feeds: Mapping[str, Any]) -> None:
             raise EdgeSDKError(f"input {name!r} shape {shape} is outside the build's optimization profile "
                                f"{tuple(lo)} .. {tuple(hi)} (TensorRT would refuse it on the Jetson)",
                                f"split the batch, or rebuild with --max-batch {shape[0]}" if shape[0] > hi[0]
-                               else "feed a shape inside the profile")
+                               else "feed a shape inside the profile, or rebuild with --min-shape/--max-shape "
+                               "covering it")
 
 
 def _check_array(t: TensorInfo, shape: tuple, dtype: np.dtype) -> None:

@@ -15,8 +15,9 @@ Inputs read from the pipeline's objects (``edgesdk.devices.DeviceProfile``,
 * ``config.workspace_mb`` or else ``device.workspace_mb``: TensorRT workspace memory-pool limit.
 * ``device.compute_capability`` (``"8.7"``; also ``"sm_87"``, ``(8, 7)``, ``87``): the target; a build
   on a GPU of another compute capability is refused (plans are not portable).
-* ``config.shape_hints`` (input name → full shape): the optimization profile's opt shape for inputs
-  with dynamic dims; min has batch 1, max has batch ``max(opt, config.max_batch or 8)``.
+* ``profile`` (input name → ``{"min", "opt", "max"}``, what ``edgesdk build`` resolved from ``--shape``,
+  ``--min-shape``, ``--max-shape``: :func:`edgesdk.onnx_io.shape_ranges`); without it ``config.shape_hints``
+  (input name → full shape) gives the opt shape, min has batch 1, max has batch ``max(opt, config.max_batch or 8)``.
 * optional ``config.dla_core`` (int or None): build for this DLA core with GPU fallback.
 * optional ``config.builder_optimization_level`` (int 0-5, default 3).
 * optional ``config.timing_cache`` (path): timing cache file; default
@@ -105,7 +106,7 @@ def default_timing_cache(trt_version: str, cc: str | None, sm_count: int | None 
     return root / "trt" / f"timing-{trt_version}-sm{sm}{sms}-edgesdk{__version__}.cache"
 
 
-def build_engine(onnx_path: Path, out_dir: Path, device: Any, config: Any) -> dict:
+def build_engine(onnx_path: Path, out_dir: Path, device: Any, config: Any, profile: dict | None = None) -> dict:
     """Parse ``onnx_path`` with TensorRT's ONNX parser and write ``out_dir/model.plan``.
 
     Args:
@@ -114,6 +115,8 @@ def build_engine(onnx_path: Path, out_dir: Path, device: Any, config: Any) -> di
         device (DeviceProfile): Reads ``workspace_mb`` and ``compute_capability``.
         config (BuildConfig): Reads ``workspace_mb``, ``shape_hints``, and where present
             ``dla_core``, ``builder_optimization_level``, ``timing_cache``, ``max_batch``.
+        profile (dict | None): The optimization profile, input name → ``{"min", "opt", "max"}`` full shapes
+            (report.json ``model.profile``); None: from ``config`` as :func:`profile_shapes` says.
 
     Returns:
         dict: ``built`` (bool), ``reason`` (str or None: why nothing was built), ``plan`` (str path or
@@ -215,9 +218,9 @@ def _build(trt, onnx_path: Path, out_dir: Path, device, config, info: dict) -> d
             notes.append(f"DLA core {dla_core} asked for but this GPU has {builder.num_DLA_cores} "
                          "DLA cores; built for the GPU only")
 
-    profile = _profile(builder, network, config)
-    if profile is not None:
-        cfg.add_optimization_profile(profile)
+    opt_profile = _profile(builder, network, config, profile)
+    if opt_profile is not None:
+        cfg.add_optimization_profile(opt_profile)
 
     plan = builder.build_serialized_network(network, cfg)
     if plan is None:
@@ -246,14 +249,14 @@ def _sm_count() -> int | None:
         return None
 
 
-def _profile(builder, network, config):
+def _profile(builder, network, config, given=None):
     """One optimization profile for inputs with dynamic dims; None if all inputs are static."""
     shapes = {}
     for i in range(network.num_inputs):
         t = network.get_input(i)
         shapes[t.name] = tuple(t.shape)
     ranges = profile_shapes(shapes, dict(getattr(config, "shape_hints", None) or {}),
-                            int(getattr(config, "max_batch", None) or 8))
+                            int(getattr(config, "max_batch", None) or 8), given)
     if not ranges:
         return None
     profile = builder.create_optimization_profile()
@@ -262,18 +265,28 @@ def _profile(builder, network, config):
     return profile
 
 
-def profile_shapes(shapes: dict[str, tuple], hints: dict[str, list], max_batch: int = 8) -> dict:
+def profile_shapes(shapes: dict[str, tuple], hints: dict[str, list], max_batch: int = 8,
+                   given: dict[str, dict] | None = None) -> dict:
     """``{input: (min, opt, max)}`` for every input with a dynamic (-1) dim.
 
-    The leading dim may be dynamic (batch: min 1, opt from the hint or 1, max ``max(opt,
+    ``given`` (input → ``{"min", "opt", "max"}``, report.json ``model.profile``) decides where it names the input.
+    Else the leading dim may be dynamic (batch: min 1, opt from the hint or 1, max ``max(opt,
     max_batch)``); other dynamic dims take the hint's value.
 
     Raises:
-        EdgeSDKError: a non-leading dynamic dim without a hint, or a hint that contradicts the model.
+        EdgeSDKError: a non-leading dynamic dim without a hint, or a hint or given range that contradicts the model.
     """
     out = {}
     for name, shape in shapes.items():
         if all(d >= 0 for d in shape):
+            continue
+        if given and name in given:
+            r = given[name]
+            lo, opt, hi = (tuple(int(d) for d in r[k]) for k in ("min", "opt", "max"))
+            if any(len(x) != len(shape) or any(d >= 0 and d != v for d, v in zip(shape, x)) for x in (lo, opt, hi)):
+                raise EdgeSDKError(f"the optimization profile of {name!r} ({list(lo)} .. {list(hi)}) does not fit "
+                                   f"the model's {list(shape)}", "rebuild from the original model with edgesdk build")
+            out[name] = (lo, opt, hi)
             continue
         hint = hints.get(name)
         if hint is not None and (len(hint) != len(shape) or any(

@@ -1,0 +1,57 @@
+"""Write the Hugging Face optimum exports the tests read (``tests/data/optimum/``).
+
+Run in an environment with optimum's ONNX exporter (it pins transformers < 4.58, so not edgesdk's dev one):
+
+    python -m venv --system-site-packages /tmp/venv-optimum
+    /tmp/venv-optimum/bin/pip install "transformers==4.57.*" "optimum==2.1.0" "optimum-onnx==0.1.0"
+    /tmp/venv-optimum/bin/python tools/optimum_fixtures.py
+
+Tiny random-weight models (seeded; no model hub): a ViT image classifier (optimum writes all four pixel dims as
+dynamic) and a Llama decoder exported with and without its KV cache (``text-generation-with-past``: inputs
+``past_key_values.N.key/value`` and an ``attention_mask`` whose length is ``past_sequence_length +
+sequence_length``). Only ``model.onnx`` of each export is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "optimum"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-o", "--out", type=Path, default=OUT)
+    args = ap.parse_args()
+
+    import optimum.exporters.onnx as ox
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    models = {
+        "vit": (T.ViTForImageClassification(T.ViTConfig(
+            image_size=16, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+            intermediate_size=64, num_labels=5)), "image-classification"),
+        "llama": (T.LlamaForCausalLM(T.LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128)), None),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, (model, task) in models.items():
+            src = Path(tmp) / name
+            model.eval().save_pretrained(src)
+            for out_name, t in ([(name, task)] if task else [("llama_past", "text-generation-with-past"),
+                                                               ("llama", "text-generation")]):
+                dst = Path(tmp) / f"export_{out_name}"
+                ox.main_export(str(src), output=dst, task=t, opset=18, no_post_process=False)
+                (args.out / out_name).mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(dst / "model.onnx", args.out / out_name / "model.onnx")
+                print(args.out / out_name / "model.onnx", (args.out / out_name / "model.onnx").stat().st_size, "bytes")
+
+
+if __name__ == "__main__":
+    main()
