@@ -131,7 +131,7 @@ def quantize_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], la
             quantize_static(
                 str(src), str(dst), reader,
                 quant_format=QuantFormat.QDQ,
-                op_types_to_quantize=["MatMul", "Gemm"],
+                op_types_to_quantize=["MatMul", "Gemm", *_calibrate_softmax()],
                 nodes_to_quantize=[li.node for li in layers],
                 per_channel=True,
                 activation_type=QuantType.QInt8,
@@ -149,6 +149,24 @@ def quantize_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], la
         _check_valid(out, source)
     _check_placement(out, {li.node for li in layers})
     return out
+
+
+def _calibrate_softmax() -> list[str]:
+    """``["Softmax"]`` for onnxruntime < 1.20, else ``[]``.
+
+    onnxruntime 1.18/1.19's quantizer sets every Softmax output's range to [0, 1] after calibration, including
+    Softmax nodes it was not asked to quantize, and fails ("Only an existing tensor can be modified") where that
+    output was not calibrated: a Softmax followed by a Cast (Hugging Face Llama/Qwen attention) rather than by a
+    MatMul. Listing Softmax among the op types calibrates those outputs; ``nodes_to_quantize`` still keeps Q/DQ off
+    them. 1.20 skips nodes it does not quantize.
+    """
+    import onnxruntime
+
+    try:
+        version = tuple(int(x) for x in onnxruntime.__version__.split(".")[:2])
+    except ValueError:
+        return []
+    return ["Softmax"] if version < (1, 20) else []
 
 
 def smooth_activations(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], layers: list[LinearInfo],
