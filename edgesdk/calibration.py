@@ -6,11 +6,15 @@
 * a folder of images (png/jpg/bmp/...): resized to the input's H×W, scaled to [0, 1], normalized
   with ``image_mean``/``image_std`` (ImageNet's for 3 channels unless given), NCHW or NHWC;
 * a ``.txt`` file of token ids (whitespace-separated ints): concatenated and cut into sequences of
-  the input's length; ``attention_mask``/``position_ids`` inputs are filled in.
+  the input's length; ``attention_mask``/``position_ids`` inputs are filled in. For a decoder exported with
+  its KV cache (``past_key_values.*`` inputs, ``present.*`` outputs), each sample's cache is the model's own:
+  it runs once on the P tokens before the sample with an empty cache (P = the cache length of the build
+  shape), and its ``present.*`` outputs become the sample's ``past_key_values.*``, with positions P.. .
 
 Arrays hold samples along axis 0: their other dims must equal the input's non-batch dims, and
 they are split into feeds of the input's batch size. Without a source, seeded random data is
-generated (token ids below the embedding table size, masks of ones, positions 0..T-1).
+generated (token ids below the embedding table size, masks of ones, positions 0..T-1; a decoder's KV cache
+computed by the model from random tokens, as for a ``.txt``).
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ def load_feeds(source: Path | None, specs: Specs, count: int, seed: int = 0, mod
     if source.suffix.lower() in (".npy", ".npz"):
         return _split(_read_arrays(source, specs), specs, count, str(source))
     if source.suffix.lower() == ".txt":
-        return _tokens(source, specs, count)
+        return _tokens(source, specs, count, model)
     raise EdgeSDKError(f"calibration source {source} has an unknown type ({source.suffix or 'no suffix'}).",
                        "use .npz, .npy, .txt (token ids) or a folder of .npy/.npz/images.")
 
@@ -180,7 +184,8 @@ def _images(paths: list[Path], specs: Specs, mean, std) -> dict[str, np.ndarray]
     return {name: np.stack(out).astype(np.float32)}
 
 
-def _tokens(path: Path, specs: Specs, count: int) -> list[dict[str, np.ndarray]]:
+def _tokens(path: Path, specs: Specs, count: int, model: onnx.ModelProto | None = None) -> list[dict[str, np.ndarray]]:
+    past = past_inputs(model, specs) if model is not None else {}
     ints = [n for n, (s, d) in specs.items() if np.issubdtype(d, np.integer) and _filler(n) is None]
     if len(ints) != 1:
         raise EdgeSDKError(f"token-id calibration needs one integer input (input_ids); the model has {list(specs)}.",
@@ -194,9 +199,85 @@ def _tokens(path: Path, specs: Specs, count: int) -> list[dict[str, np.ndarray]]
                            "tokenize the text first (tokenizer(text)['input_ids']).") from None
     if ids.size and ids.min() < 0:
         raise EdgeSDKError(f"{path} holds negative token ids.", "write the tokenizer's ids unchanged.")
+    if past:
+        return _tokens_with_cache(ids, name, past, specs, count, model, str(path))
     seq = shape[-1]
     n = ids.size // seq
     return _split({name: ids[: n * seq].reshape(n, *shape[1:])}, specs, count, str(path))
+
+
+def past_inputs(model: onnx.ModelProto, specs: Specs) -> dict[str, tuple[str, int]]:
+    """KV-cache inputs of a decoder export: ``{input: (output, cache axis)}`` for each float input named
+    ``past...`` (``past_key_values.N.key``) whose output of the same name with ``present`` in its place exists; the
+    cache axis is the input's dim whose symbolic name starts with ``past``. Empty for other models."""
+    outputs = {o.name for o in model.graph.output}
+    dims = {vi.name: [d.dim_param for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input}
+    out = {}
+    for name, (shape, dtype) in specs.items():
+        if not (name.startswith("past") and np.issubdtype(dtype, np.floating)):
+            continue
+        present = "present" + name[len("past_key_values"):] if name.startswith("past_key_values") else \
+            "present" + name[len("past"):]
+        axes = [i for i, d in enumerate(dims.get(name, [])) if d.startswith("past")]
+        if present in outputs and len(axes) == 1:
+            out[name] = (present, axes[0])
+    return out
+
+
+def _tokens_with_cache(ids: np.ndarray, name: str, past: dict, specs: Specs, count: int, model: onnx.ModelProto,
+                       source: str) -> list[dict[str, np.ndarray]]:
+    """Feeds whose KV cache the model computed itself from the tokens before each sample (see the module doc)."""
+    from edgesdk.ort import make_session
+
+    batch, seq = specs[name][0][0], specs[name][0][-1]
+    first = next(iter(past))
+    plen = specs[first][0][past[first][1]]
+    window = plen + seq
+    n = min(count, ids.size // (window * batch))
+    if n == 0:
+        raise EdgeSDKError(f"calibration data {source} holds {ids.size} tokens, fewer than one sample of {batch} x "
+                           f"({plen} cached + {seq} new) tokens.", "add tokens or shorten the cache with --shape.")
+    try:
+        sess = make_session(model)
+        outs = [o.name for o in sess.get_outputs()]
+    except Exception as e:
+        raise EdgeSDKError(f"ONNX Runtime cannot load the model to fill the KV cache of the calibration samples: {e}",
+                           "pass calibration arrays (.npz with the past_key_values inputs) instead.") from None
+    feeds = []
+    for i in range(n):
+        block = ids[i * batch * window:(i + 1) * batch * window].reshape(batch, window)
+        feed = {name: np.ascontiguousarray(block[:, plen:]).astype(specs[name][1])}
+        if plen:
+            pre = {name: np.ascontiguousarray(block[:, :plen]).astype(specs[name][1])}
+            for p, (_, axis) in past.items():
+                shape = list(specs[p][0])
+                shape[axis] = 0
+                pre[p] = np.zeros(shape, specs[p][1])
+            _fill_positions(pre, specs, batch, 0, plen)
+            try:
+                got = dict(zip(outs, sess.run(None, pre)))
+            except Exception as e:
+                raise EdgeSDKError(f"ONNX Runtime could not run the model on the {plen} tokens before a calibration "
+                                   f"sample (to fill its KV cache): {e}",
+                                   "pass calibration arrays (.npz with the past_key_values inputs) instead.") from None
+            for p, (present, _) in past.items():
+                feed[p] = np.ascontiguousarray(got[present], dtype=specs[p][1])
+        else:
+            for p in past:
+                feed[p] = np.zeros(specs[p][0], specs[p][1])
+        _fill_positions(feed, specs, batch, plen, seq)
+        feeds.append(feed)
+    return feeds
+
+
+def _fill_positions(feed: dict, specs: Specs, batch: int, start: int, seq: int) -> None:
+    """Attention masks (ones over cache + new tokens) and position ids start..start+seq-1 of a cached decoder."""
+    for name, (shape, dtype) in specs.items():
+        kind = _filler(name)
+        if kind == "ones":
+            feed[name] = np.ones((batch, start + seq), dtype)
+        elif kind == "positions":
+            feed[name] = np.broadcast_to(np.arange(start, start + seq, dtype=dtype), (batch, seq)).copy()
 
 
 def embedding_rows(model: onnx.ModelProto, input_name: str) -> int | None:
@@ -212,8 +293,18 @@ def embedding_rows(model: onnx.ModelProto, input_name: str) -> int | None:
 
 def random_feeds(specs: Specs, count: int, seed: int = 0, model: onnx.ModelProto | None = None
                  ) -> list[dict[str, np.ndarray]]:
-    """Seeded random feeds: N(0, 1) floats, token ids below the vocabulary size, masks and positions."""
+    """Seeded random feeds: N(0, 1) floats, token ids below the vocabulary size, masks and positions; a decoder's
+    KV cache (:func:`past_inputs`) is the model's own, computed from random tokens before each sample."""
     rng = np.random.default_rng(seed)
+    past = past_inputs(model, specs) if model is not None else {}
+    ints = [n for n, (s, d) in specs.items() if np.issubdtype(d, np.integer) and _filler(n) is None]
+    if past and len(ints) == 1:
+        shape = specs[ints[0]][0]
+        first = next(iter(past))
+        window = specs[first][0][past[first][1]] + shape[-1]
+        high = embedding_rows(model, ints[0]) or 100
+        ids = rng.integers(0, high, size=count * shape[0] * window)
+        return _tokens_with_cache(ids, ints[0], past, specs, count, model, "random tokens")
     feeds = []
     for _ in range(count):
         feed = {}

@@ -209,3 +209,35 @@ def test_verify_view_groups_many_outputs():
     assert [(v["output"], v.get("shape"), v["passed"]) for v in view] == [
         ("o2 (worst of 8)", None, False), ("o0 (worst of 8)", "max", True)]
     assert view[0]["max_abs"] == pytest.approx(1 - 0.992)  # the largest over the group, not the worst row's
+
+
+def test_token_calibration_fills_the_kv_cache_from_the_preceding_tokens(tmp_path):
+    """Each sample's past_key_values are the model's own present outputs for the tokens before it: the decoder with
+    cache then gives the logits the decoder without cache (same weights) gives at those positions."""
+    from edgesdk.calibration import load_feeds, past_inputs
+    from edgesdk.ort import make_session
+
+    m = _model(LLAMA_PAST)
+    specs = input_specs(m, {"input_ids": [1, 2], PAST[0]: [1, 2, 5, 8]})
+    assert past_inputs(m, specs) == {PAST[0]: ("present.0.key", 2), PAST[1]: ("present.0.value", 2)}
+    ids = np.random.default_rng(3).integers(1, 64, size=40)
+    txt = tmp_path / "t.txt"
+    txt.write_text(" ".join(map(str, ids)))
+    nopast, withpast = make_session(_model(LLAMA)), make_session(m)
+    feeds = load_feeds(txt, specs, 3, model=m)
+    assert len(feeds) == 3
+    for i, f in enumerate(feeds):
+        assert f[PAST[0]].shape == (1, 2, 5, 8) and f["attention_mask"].shape == (1, 7)
+        assert f["position_ids"].tolist() == [[5, 6]] and f["input_ids"].tolist() == [list(ids[i * 7 + 5:i * 7 + 7])]
+        full = ids[i * 7:(i + 1) * 7][None].astype(np.int64)
+        want = nopast.run(["logits"], {"input_ids": full, "attention_mask": np.ones_like(full),
+                                       "position_ids": np.arange(7)[None].astype(np.int64)})[0][:, 5:]
+        np.testing.assert_allclose(withpast.run(["logits"], f)[0], want, rtol=1e-4, atol=1e-5)
+    # without a calibration source the cache comes from random tokens the same way (not N(0, 1) noise)
+    (f,) = load_feeds(None, specs, 1, seed=9, model=m)
+    assert f[PAST[0]].shape == (1, 2, 5, 8) and f["position_ids"].tolist() == [[5, 6]]
+    assert 0 < np.abs(f[PAST[1]]).max() < 1  # this tiny model's V values stay below 0.4; N(0, 1) noise over 80 would not
+    with pytest.raises(EdgeSDKError, match="fewer than one sample"):
+        short = tmp_path / "s.txt"
+        short.write_text("1 2 3")
+        load_feeds(short, specs, 2, model=m)
