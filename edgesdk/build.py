@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from edgesdk.calibration import load_feeds, random_feeds
+from edgesdk.calibration import load_feeds, past_inputs, random_feeds
 from edgesdk.config import BuildConfig
 from edgesdk.devices import DeviceProfile, get_profile
 from edgesdk.errors import EdgeSDKError
@@ -99,11 +99,15 @@ def plain_layers(model: onnx.ModelProto, reason: str, skipped: dict[str, str] | 
 
 def split_feeds(model: onnx.ModelProto, specs: dict, config: BuildConfig) -> tuple[list[dict], list[dict]]:
     """Calibration feeds and verification feeds (the samples after the calibration ones when there are
-    enough, else the first ones) from ``config.calibration`` or seeded random data."""
+    enough, else the first ones) from ``config.calibration`` or seeded random data. A decoder with a KV cache
+    calibrates on its token windows as prefills and verifies on decode steps after its own cache
+    (:func:`edgesdk.calibration.load_feeds`, ``prefill``)."""
     need = config.calibration_count + config.verify_count
     feeds = load_feeds(config.calibration, specs, need, config.seed, model, config.image_mean, config.image_std)
     calib = feeds[: config.calibration_count]
     check = (feeds[config.calibration_count:] or feeds)[: config.verify_count]
+    if past_inputs(model, specs) and (config.calibration is None or Path(config.calibration).suffix.lower() == ".txt"):
+        calib = load_feeds(config.calibration, specs, config.calibration_count, config.seed, model, prefill=True)
     return calib, check
 
 
@@ -129,13 +133,25 @@ RANGE_SAMPLES = 2  # verification samples at each of the profile's min and max s
 
 
 def range_feeds(model: onnx.ModelProto, ranges: dict, config: BuildConfig) -> dict[str, list[dict]]:
-    """Seeded random feeds at the profile's min and max shapes, where they differ from the build shape in more than
-    the batch (a longer sequence or KV cache must run through the rewritten graph as the build shape did)."""
+    """Feeds at the profile's min and max shapes, where they differ from the build shape in more than the batch (a
+    longer sequence or KV cache must run through the rewritten graph as the build shape did): from a token-id
+    ``--calibration`` (``.txt``, which fits any length; the last samples of it, past those the build calibrates and
+    verifies on where there are enough), else seeded random data."""
     out = {}
     for level, label in ((0, "min"), (2, "max")):
         if any(list(r[level][1:]) != list(r[1][1:]) for r in ranges.values()):
             n = min(config.verify_count, RANGE_SAMPLES)
-            out[label] = random_feeds(specs_at(model, ranges, level), n, config.seed + 1 + level, model)
+            specs = specs_at(model, ranges, level)
+            feeds = []
+            if config.calibration and Path(config.calibration).suffix.lower() == ".txt":
+                try:
+                    have = load_feeds(Path(config.calibration), specs,
+                                      config.calibration_count + config.verify_count + n, config.seed, model)
+                except EdgeSDKError as e:
+                    raise EdgeSDKError(f"verifying at the profile's {label} shape: {e.problem}",
+                                       f"add tokens to {config.calibration}, or give a smaller --{label}-shape.") from None
+                feeds = have[-n:]
+            out[label] = feeds or random_feeds(specs, n, config.seed + 1 + level, model)
     return out
 
 
@@ -229,8 +245,8 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
             if config.sparsity > 0 and config.kernels != "none":
                 with step("Prune a dense reference with the same masks (for the verification)"):
                     pruned_ref = pruned_reference(quantized, calib, config, device)
-            verify_rows = verify_all(model, processed, pruned_ref, check_feeds, config, step,
-                                     range_feeds(model, ranges, config))
+            extra_feeds = range_feeds(model, ranges, config)
+            verify_rows = verify_all(model, processed, pruned_ref, check_feeds, config, step, extra_feeds)
 
         try:
             with step("Write the build folder"):
@@ -238,7 +254,8 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
             with step("Build the TensorRT engine"):
                 engine = engine_step(onnx_path, tmp, device, config, profile_of(model, ranges))
             if config.verify and engine.get("built"):
-                verify_rows = verify_rows + engine_rows(Path(engine["plan"]), processed, check_feeds, config, step)
+                verify_rows = verify_rows + engine_rows(Path(engine["plan"]), processed, check_feeds, config, step,
+                                                        extra_feeds)
             report = {
                 "edgesdk_report": 1,
                 "device": device.model_dump(),
@@ -368,10 +385,11 @@ def check_build(build_dir: Path | str, model_path: Path | str | None = None, ove
         quantized, _ = quantize_step(original, find_linears(original), quant_state(original), calib, config, step)
         with step("Prune a dense reference with the same masks (for the verification)"):
             pruned_ref = pruned_reference(quantized, calib, config, get_profile(config.device))
-    rows = verify_all(original, processed, pruned_ref, check_feeds, config, step, range_feeds(original, ranges, config))
+    extra_feeds = range_feeds(original, ranges, config)
+    rows = verify_all(original, processed, pruned_ref, check_feeds, config, step, extra_feeds)
     plan = (report.get("engine") or {}).get("plan")  # its sha256 was checked above with the other files
     if plan and importlib.util.find_spec("tensorrt") is not None:
-        rows += engine_rows(build_dir / plan, processed, check_feeds, config, step)
+        rows += engine_rows(build_dir / plan, processed, check_feeds, config, step, extra_feeds)
     return rows
 
 
@@ -447,22 +465,30 @@ def verify_all(original, processed, pruned_ref, feeds, config: BuildConfig, step
     return rows
 
 
-def engine_rows(plan: Path, processed, feeds, config: BuildConfig, step: StepFn) -> list[dict]:
-    """The TensorRT engine vs ONNX Runtime on the processed model, gating (``against: "tensorrt"``). An engine
-    that cannot be run gives one failing row carrying the ``error``, so the build is reported unverified."""
+def engine_rows(plan: Path, processed, feeds, config: BuildConfig, step: StepFn,
+                extra: dict[str, list[dict]] | None = None) -> list[dict]:
+    """The TensorRT engine vs ONNX Runtime on the processed model, gating (``against: "tensorrt"``), at the build
+    shape and at the profile's ends in ``extra`` (rows with ``shape``). An engine that cannot be run gives one failing
+    row carrying the ``error``, so the build is reported unverified."""
     from edgesdk.verify import ENGINE, PROCESSED, verify_engine
 
-    with step(f"Verify the TensorRT engine against ONNX Runtime ({len(feeds)} samples, Polygraphy)"):
-        try:
-            rows = verify_engine(plan.read_bytes(), processed, feeds, config)
-        except Exception as e:  # reported in the row; the folder keeps the engine
-            rows = [{"output": "(engine)", "runners": [PROCESSED, ENGINE], "samples": len(feeds), "max_abs": None,
-                     "mean_abs": None, "rel_l2": None, "cosine": None, "top1_agreement": None, "atol": config.atol,
-                     "rtol": config.rtol, "min_cosine": config.min_cosine, "passed": False,
-                     "error": f"the engine could not be run: {type(e).__name__}: {e}"}]
-    for r in rows:
-        r["against"], r["gate"] = "tensorrt", True
-    return rows
+    out = []
+    for label, fs in [(None, feeds), *(extra or {}).items()]:
+        at = f" at the {label} shape" if label else ""
+        with step(f"Verify the TensorRT engine against ONNX Runtime{at} ({len(fs)} samples, Polygraphy)"):
+            try:
+                rows = verify_engine(plan.read_bytes(), processed, fs, config)
+            except Exception as e:  # reported in the row; the folder keeps the engine
+                rows = [{"output": "(engine)", "runners": [PROCESSED, ENGINE], "samples": len(fs), "max_abs": None,
+                         "mean_abs": None, "rel_l2": None, "cosine": None, "top1_agreement": None,
+                         "atol": config.atol, "rtol": config.rtol, "min_cosine": config.min_cosine, "passed": False,
+                         "error": f"the engine could not be run: {type(e).__name__}: {e}"}]
+        for r in rows:
+            r["against"], r["gate"] = "tensorrt", True
+            if label:
+                r["shape"] = label
+        out += rows
+    return out
 
 
 def verified(rows: list[dict]) -> bool | None:

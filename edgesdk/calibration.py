@@ -33,7 +33,8 @@ MISMATCH_FIX = "give one array per model input, named like the input, shaped [sa
 
 
 def load_feeds(source: Path | None, specs: Specs, count: int, seed: int = 0, model: onnx.ModelProto | None = None,
-               image_mean: list[float] | None = None, image_std: list[float] | None = None) -> list[dict[str, np.ndarray]]:
+               image_mean: list[float] | None = None, image_std: list[float] | None = None,
+               prefill: bool = False) -> list[dict[str, np.ndarray]]:
     """Up to ``count`` feed dicts for a model whose inputs are described by ``specs``.
 
     Args:
@@ -49,7 +50,7 @@ def load_feeds(source: Path | None, specs: Specs, count: int, seed: int = 0, mod
         EdgeSDKError: missing/unreadable source, or data that does not match the model inputs.
     """
     if source is None:
-        return random_feeds(specs, count, seed, model)
+        return random_feeds(specs, count, seed, model, prefill)
     source = Path(source)
     if not source.exists():
         raise EdgeSDKError(f"calibration source {source} does not exist.",
@@ -72,7 +73,7 @@ def load_feeds(source: Path | None, specs: Specs, count: int, seed: int = 0, mod
     if source.suffix.lower() in (".npy", ".npz"):
         return _split(_read_arrays(source, specs), specs, count, str(source))
     if source.suffix.lower() == ".txt":
-        return _tokens(source, specs, count, model)
+        return _tokens(source, specs, count, model, prefill)
     raise EdgeSDKError(f"calibration source {source} has an unknown type ({source.suffix or 'no suffix'}).",
                        "use .npz, .npy, .txt (token ids) or a folder of .npy/.npz/images.")
 
@@ -184,7 +185,8 @@ def _images(paths: list[Path], specs: Specs, mean, std) -> dict[str, np.ndarray]
     return {name: np.stack(out).astype(np.float32)}
 
 
-def _tokens(path: Path, specs: Specs, count: int, model: onnx.ModelProto | None = None) -> list[dict[str, np.ndarray]]:
+def _tokens(path: Path, specs: Specs, count: int, model: onnx.ModelProto | None = None,
+            prefill: bool = False) -> list[dict[str, np.ndarray]]:
     past = past_inputs(model, specs) if model is not None else {}
     ints = [n for n, (s, d) in specs.items() if np.issubdtype(d, np.integer) and _filler(n) is None]
     if len(ints) != 1:
@@ -200,7 +202,7 @@ def _tokens(path: Path, specs: Specs, count: int, model: onnx.ModelProto | None 
     if ids.size and ids.min() < 0:
         raise EdgeSDKError(f"{path} holds negative token ids.", "write the tokenizer's ids unchanged.")
     if past:
-        return _tokens_with_cache(ids, name, past, specs, count, model, str(path))
+        return _tokens_with_cache(ids, name, past, specs, count, model, str(path), prefill)
     seq = shape[-1]
     n = ids.size // seq
     return _split({name: ids[: n * seq].reshape(n, *shape[1:])}, specs, count, str(path))
@@ -225,8 +227,9 @@ def past_inputs(model: onnx.ModelProto, specs: Specs) -> dict[str, tuple[str, in
 
 
 def _tokens_with_cache(ids: np.ndarray, name: str, past: dict, specs: Specs, count: int, model: onnx.ModelProto,
-                       source: str) -> list[dict[str, np.ndarray]]:
-    """Feeds whose KV cache the model computed itself from the tokens before each sample (see the module doc)."""
+                       source: str, prefill: bool = False) -> list[dict[str, np.ndarray]]:
+    """Feeds whose KV cache the model computed itself from the tokens before each sample (see the module doc), or
+    with ``prefill`` the whole windows as new tokens after an empty cache."""
     from edgesdk.ort import make_session
 
     batch, seq = specs[name][0][0], specs[name][0][-1]
@@ -237,6 +240,17 @@ def _tokens_with_cache(ids: np.ndarray, name: str, past: dict, specs: Specs, cou
     if n == 0:
         raise EdgeSDKError(f"calibration data {source} holds {ids.size} tokens, fewer than one sample of {batch} x "
                            f"({plen} cached + {seq} new) tokens.", "add tokens or shorten the cache with --shape.")
+    if prefill:
+        feeds = []
+        for i in range(n):
+            feed = {name: ids[i * batch * window:(i + 1) * batch * window].reshape(batch, window).astype(specs[name][1])}
+            for p, (_, axis) in past.items():
+                shape = list(specs[p][0])
+                shape[axis] = 0
+                feed[p] = np.zeros(shape, specs[p][1])
+            _fill_positions(feed, specs, batch, 0, window)
+            feeds.append(feed)
+        return feeds
     try:
         sess = make_session(model)
         outs = [o.name for o in sess.get_outputs()]
@@ -291,8 +305,8 @@ def embedding_rows(model: onnx.ModelProto, input_name: str) -> int | None:
     return None
 
 
-def random_feeds(specs: Specs, count: int, seed: int = 0, model: onnx.ModelProto | None = None
-                 ) -> list[dict[str, np.ndarray]]:
+def random_feeds(specs: Specs, count: int, seed: int = 0, model: onnx.ModelProto | None = None,
+                 prefill: bool = False) -> list[dict[str, np.ndarray]]:
     """Seeded random feeds: N(0, 1) floats, token ids below the vocabulary size, masks and positions; a decoder's
     KV cache (:func:`past_inputs`) is the model's own, computed from random tokens before each sample."""
     rng = np.random.default_rng(seed)
@@ -304,7 +318,7 @@ def random_feeds(specs: Specs, count: int, seed: int = 0, model: onnx.ModelProto
         window = specs[first][0][past[first][1]] + shape[-1]
         high = embedding_rows(model, ints[0]) or 100
         ids = rng.integers(0, high, size=count * shape[0] * window)
-        return _tokens_with_cache(ids, ints[0], past, specs, count, model, "random tokens")
+        return _tokens_with_cache(ids, ints[0], past, specs, count, model, "random tokens", prefill)
     feeds = []
     for _ in range(count):
         feed = {}

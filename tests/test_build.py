@@ -178,6 +178,10 @@ def test_engine_that_cannot_run_fails_the_verification(built, tmp_path):
     assert row["runners"] == ["onnxrt-processed", "tensorrt-engine"]
     assert "TensorRT is not installed" in row["error"]
     assert verified(report["verify"] + rows) is False
+    # at the optimization profile's ends too (--min-shape/--max-shape), each row marked with its shape
+    rows = engine_rows(tmp_path / "model.plan", onnx.load(str(out / "model.onnx")), [{"x": np.ones((1, 1, 8, 8),
+                       np.float32)}], BuildConfig(), _quiet_step, {"max": [{"x": np.ones((4, 1, 8, 8), np.float32)}]})
+    assert [(r.get("shape"), r["samples"], r["passed"]) for r in rows] == [(None, 1, False), ("max", 1, False)]
 
 
 def test_summary_shows_engine_rows_and_errors():

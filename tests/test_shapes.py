@@ -241,3 +241,45 @@ def test_token_calibration_fills_the_kv_cache_from_the_preceding_tokens(tmp_path
         short = tmp_path / "s.txt"
         short.write_text("1 2 3")
         load_feeds(short, specs, 2, model=m)
+
+
+def test_range_verification_reads_token_calibration(tmp_path):
+    """With a token-id calibration file the min/max rows run on its text (the last samples), and a text too short
+    for the max shape is refused naming --max-shape."""
+    from edgesdk.build import build_ranges, range_feeds
+
+    txt = tmp_path / "t.txt"
+    txt.write_text(" ".join(map(str, np.random.default_rng(5).integers(1, 64, size=600))))
+    m = _model(LLAMA_PAST)
+    cfg = BuildConfig(calibration=txt, calibration_count=4, verify_count=2, shape_hints=["input_ids:1x1",
+                      f"{PAST[0]}:1x2x7x8"], max_shapes=[f"{PAST[0]}:1x2x40x8"])
+    feeds = range_feeds(m, build_ranges(m, cfg), cfg)
+    assert list(feeds) == ["max"] and len(feeds["max"]) == 2  # min = opt but for the batch: no min rows
+    ids = txt.read_text().split()
+    got = [int(f["input_ids"][0, 0]) for f in feeds["max"]]
+    n = 600 // 41  # windows of 40 cached + 1 new token; the last two of the 8 = 4 + 2 + 2 loaded
+    assert n >= 8 and got == [int(ids[i * 41 + 40]) for i in (6, 7)]
+    cfg = cfg.model_copy(update={"max_shapes": {PAST[0]: [1, 2, 900, 8]}})
+    with pytest.raises(EdgeSDKError) as e:
+        range_feeds(m, build_ranges(m, cfg), cfg)
+    assert "max shape" in e.value.problem and "--max-shape" in e.value.fix
+
+
+def test_decoder_with_cache_calibrates_on_prefills_and_verifies_on_decode_steps(tmp_path):
+    from edgesdk.build import split_feeds
+
+    txt = tmp_path / "t.txt"
+    txt.write_text(" ".join(map(str, np.random.default_rng(6).integers(1, 64, size=500))))
+    m = _model(LLAMA_PAST)
+    for source in (txt, None):
+        cfg = BuildConfig(calibration=source, calibration_count=3, verify_count=2,
+                          shape_hints=["input_ids:1x1", f"{PAST[0]}:1x2x9x8"])
+        calib, check = split_feeds(m, input_specs(m, cfg.shape_hints), cfg)
+        assert [f["input_ids"].shape for f in calib] == [(1, 10)] * 3  # the whole 9 + 1 window as new tokens
+        assert all(f[PAST[0]].shape == (1, 2, 0, 8) and f["position_ids"].tolist() == [list(range(10))] for f in calib)
+        assert [f["input_ids"].shape for f in check] == [(1, 1)] * 2 and all(f[PAST[0]].shape == (1, 2, 9, 8)
+                                                                              for f in check)
+        if source is not None:  # held out: the windows after the calibration ones
+            ids = [int(t) for t in txt.read_text().split()]
+            assert calib[2]["input_ids"][0].tolist() == ids[20:30]
+            assert [int(f["input_ids"][0, 0]) for f in check] == [ids[39], ids[49]]
