@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from edgesdk.calibration import load_feeds, past_inputs, random_feeds
+from edgesdk.calibration import load_feeds, past_inputs, random_feeds, sample_tokens
 from edgesdk.config import BuildConfig
 from edgesdk.devices import DeviceProfile, get_profile
 from edgesdk.errors import EdgeSDKError
@@ -97,18 +97,41 @@ def plain_layers(model: onnx.ModelProto, reason: str, skipped: dict[str, str] | 
     return rows
 
 
-def split_feeds(model: onnx.ModelProto, specs: dict, config: BuildConfig) -> tuple[list[dict], list[dict]]:
+def split_feeds(model: onnx.ModelProto, specs: dict, config: BuildConfig,
+                longest: dict | None = None) -> tuple[list[dict], list[dict]]:
     """Calibration feeds and verification feeds (the samples after the calibration ones when there are
-    enough, else the first ones) from ``config.calibration`` or seeded random data. A decoder with a KV cache
-    calibrates on its token windows as prefills and verifies on decode steps after its own cache
-    (:func:`edgesdk.calibration.load_feeds`, ``prefill``)."""
+    enough, else the first ones) from ``config.calibration`` or seeded random data.
+
+    A decoder with a KV cache fed token ids calibrates on token windows as prefills (empty cache, every position;
+    :func:`edgesdk.calibration.load_feeds`, ``prefill``) as long as the profile's longest (``longest``: the specs at
+    its max shape, else ``specs``), so that activation ranges cover every position the engine will see, and verifies
+    on decode steps at the build shape after its own cache, from the text after the calibration windows."""
     need = config.calibration_count + config.verify_count
+    if past_inputs(model, specs) and _token_source(config):
+        longest = longest or specs
+        calib = load_feeds(config.calibration, longest, config.calibration_count, config.seed, model, prefill=True)
+        if config.calibration is None:  # random tokens: nothing to hold out
+            check = load_feeds(None, specs, config.verify_count, config.seed + 1, model)
+            return calib, check
+        used = len(calib) * sample_tokens(longest, model)
+        try:
+            check = load_feeds(config.calibration, specs, config.verify_count, config.seed, model, skip=used)
+        except EdgeSDKError:
+            raise EdgeSDKError(
+                f"{config.calibration} has too few tokens to verify on text the calibration did not see: "
+                f"{len(calib)} calibration windows of {sample_tokens(longest, model)} tokens (the profile's longest) "
+                f"take {used}, and each verification sample needs {sample_tokens(specs, model)} more.",
+                "add text, or lower --calibration-count (or --max-shape, which sets the window).") from None
+        return calib, check
     feeds = load_feeds(config.calibration, specs, need, config.seed, model, config.image_mean, config.image_std)
     calib = feeds[: config.calibration_count]
     check = (feeds[config.calibration_count:] or feeds)[: config.verify_count]
-    if past_inputs(model, specs) and (config.calibration is None or Path(config.calibration).suffix.lower() == ".txt"):
-        calib = load_feeds(config.calibration, specs, config.calibration_count, config.seed, model, prefill=True)
     return calib, check
+
+
+def _token_source(config: BuildConfig) -> bool:
+    """The calibration source gives token ids of any length: a ``.txt``, or seeded random data."""
+    return config.calibration is None or Path(config.calibration).suffix.lower() == ".txt"
 
 
 def build_ranges(model: onnx.ModelProto, config: BuildConfig) -> dict[str, tuple[list[int], ...]]:
@@ -120,6 +143,13 @@ def specs_at(model: onnx.ModelProto, ranges: dict, level: int = 1) -> dict:
     """``{input: (shape, dtype)}`` at one level of ``ranges`` (0 min, 1 opt: the build shape, 2 max)."""
     return {vi.name: (list(ranges[vi.name][level]), np.dtype(NP_TYPES[vi.type.tensor_type.elem_type]))
             for vi in graph_inputs(model)}
+
+
+def longest_specs(model: onnx.ModelProto, ranges: dict) -> dict:
+    """The specs at the profile's max shape with the build shape's batch: the longest sequence and KV cache one
+    calibration window of a decoder must cover."""
+    opt, hi = specs_at(model, ranges, 1), specs_at(model, ranges, 2)
+    return {k: ([opt[k][0][0], *hi[k][0][1:]] if hi[k][0] else hi[k][0], hi[k][1]) for k in hi}
 
 
 def profile_of(model: onnx.ModelProto, ranges: dict) -> dict[str, dict[str, list[int]]]:
@@ -144,12 +174,19 @@ def range_feeds(model: onnx.ModelProto, ranges: dict, config: BuildConfig) -> di
             specs = specs_at(model, ranges, level)
             feeds = []
             if config.calibration and Path(config.calibration).suffix.lower() == ".txt":
+                opt, longest = specs_at(model, ranges, 1), longest_specs(model, ranges)
+                if past_inputs(model, opt):  # after the calibration windows and the verification samples
+                    skip = (config.calibration_count * sample_tokens(longest, model)
+                            + config.verify_count * sample_tokens(opt, model))
+                    count = n
+                else:
+                    skip, count = 0, config.calibration_count + config.verify_count + n
                 try:
-                    have = load_feeds(Path(config.calibration), specs,
-                                      config.calibration_count + config.verify_count + n, config.seed, model)
+                    have = load_feeds(Path(config.calibration), specs, count, config.seed, model, skip=skip)
                 except EdgeSDKError as e:
                     raise EdgeSDKError(f"verifying at the profile's {label} shape: {e.problem}",
-                                       f"add tokens to {config.calibration}, or give a smaller --{label}-shape.") from None
+                                       f"add tokens to {config.calibration}, or lower --calibration-count or "
+                                       f"--{label}-shape.") from None
                 feeds = have[-n:]
             out[label] = feeds or random_feeds(specs, n, config.seed + 1 + level, model)
     return out
@@ -221,7 +258,7 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
             model_sha = sha256_file(model_path)
 
         with step("Read calibration data"):
-            calib, check_feeds = split_feeds(model, specs, config)
+            calib, check_feeds = split_feeds(model, specs, config, longest_specs(model, ranges))
 
         notes = ["model already in Q/DQ form: used as is"] if state == "qdq" else []
         if config.verify and any(v is c for v in check_feeds for c in calib):  # split_feeds reused the same feeds
@@ -378,7 +415,7 @@ def check_build(build_dir: Path | str, model_path: Path | str | None = None, ove
         original = load_model(src)
         processed = load_model(build_dir / report.get("processed_model", MODEL_NAME))
         ranges = build_ranges(original, config)
-        calib, check_feeds = split_feeds(original, specs_at(original, ranges), config)
+        calib, check_feeds = split_feeds(original, specs_at(original, ranges), config, longest_specs(original, ranges))
     pruned_ref = None
     if config.sparsity > 0 and config.kernels != "none":
         # Same calibration data and options as the build, so the same quantization and masks.

@@ -34,7 +34,7 @@ MISMATCH_FIX = "give one array per model input, named like the input, shaped [sa
 
 def load_feeds(source: Path | None, specs: Specs, count: int, seed: int = 0, model: onnx.ModelProto | None = None,
                image_mean: list[float] | None = None, image_std: list[float] | None = None,
-               prefill: bool = False) -> list[dict[str, np.ndarray]]:
+               prefill: bool = False, skip: int = 0) -> list[dict[str, np.ndarray]]:
     """Up to ``count`` feed dicts for a model whose inputs are described by ``specs``.
 
     Args:
@@ -73,7 +73,7 @@ def load_feeds(source: Path | None, specs: Specs, count: int, seed: int = 0, mod
     if source.suffix.lower() in (".npy", ".npz"):
         return _split(_read_arrays(source, specs), specs, count, str(source))
     if source.suffix.lower() == ".txt":
-        return _tokens(source, specs, count, model, prefill)
+        return _tokens(source, specs, count, model, prefill, skip)
     raise EdgeSDKError(f"calibration source {source} has an unknown type ({source.suffix or 'no suffix'}).",
                        "use .npz, .npy, .txt (token ids) or a folder of .npy/.npz/images.")
 
@@ -186,7 +186,7 @@ def _images(paths: list[Path], specs: Specs, mean, std) -> dict[str, np.ndarray]
 
 
 def _tokens(path: Path, specs: Specs, count: int, model: onnx.ModelProto | None = None,
-            prefill: bool = False) -> list[dict[str, np.ndarray]]:
+            prefill: bool = False, skip: int = 0) -> list[dict[str, np.ndarray]]:
     past = past_inputs(model, specs) if model is not None else {}
     ints = [n for n, (s, d) in specs.items() if np.issubdtype(d, np.integer) and _filler(n) is None]
     if len(ints) != 1:
@@ -201,11 +201,27 @@ def _tokens(path: Path, specs: Specs, count: int, model: onnx.ModelProto | None 
                            "tokenize the text first (tokenizer(text)['input_ids']).") from None
     if ids.size and ids.min() < 0:
         raise EdgeSDKError(f"{path} holds negative token ids.", "write the tokenizer's ids unchanged.")
+    ids = ids[skip:]
     if past:
         return _tokens_with_cache(ids, name, past, specs, count, model, str(path), prefill)
     seq = shape[-1]
     n = ids.size // seq
     return _split({name: ids[: n * seq].reshape(n, *shape[1:])}, specs, count, str(path))
+
+
+def sample_tokens(specs: Specs, model: onnx.ModelProto | None = None) -> int:
+    """Token ids one sample of a token-id source takes: batch x sequence, and the cached tokens of a decoder with a
+    KV cache (:func:`past_inputs`)."""
+    past = past_inputs(model, specs) if model is not None else {}
+    ints = [n for n, (s, d) in specs.items() if np.issubdtype(d, np.integer) and _filler(n) is None]
+    if len(ints) != 1:
+        return 0
+    shape = specs[ints[0]][0]
+    cached = 0
+    if past:
+        first = next(iter(past))
+        cached = specs[first][0][past[first][1]]
+    return shape[0] * (cached + shape[-1])
 
 
 def past_inputs(model: onnx.ModelProto, specs: Specs) -> dict[str, tuple[str, int]]:

@@ -257,8 +257,9 @@ def test_range_verification_reads_token_calibration(tmp_path):
     assert list(feeds) == ["max"] and len(feeds["max"]) == 2  # min = opt but for the batch: no min rows
     ids = txt.read_text().split()
     got = [int(f["input_ids"][0, 0]) for f in feeds["max"]]
-    n = 600 // 41  # windows of 40 cached + 1 new token; the last two of the 8 = 4 + 2 + 2 loaded
-    assert n >= 8 and got == [int(ids[i * 41 + 40]) for i in (6, 7)]
+    # after 4 calibration windows of 40 + 1 tokens (the profile's longest) and 2 verification samples of 7 + 1
+    skip = 4 * 41 + 2 * 8
+    assert got == [int(ids[skip + i * 41 + 40]) for i in (0, 1)]
     cfg = cfg.model_copy(update={"max_shapes": {PAST[0]: [1, 2, 900, 8]}})
     with pytest.raises(EdgeSDKError) as e:
         range_feeds(m, build_ranges(m, cfg), cfg)
@@ -266,10 +267,11 @@ def test_range_verification_reads_token_calibration(tmp_path):
 
 
 def test_decoder_with_cache_calibrates_on_prefills_and_verifies_on_decode_steps(tmp_path):
-    from edgesdk.build import split_feeds
+    from edgesdk.build import build_ranges, longest_specs, split_feeds
 
+    ids = [int(t) for t in np.random.default_rng(6).integers(1, 64, size=500)]
     txt = tmp_path / "t.txt"
-    txt.write_text(" ".join(map(str, np.random.default_rng(6).integers(1, 64, size=500))))
+    txt.write_text(" ".join(map(str, ids)))
     m = _model(LLAMA_PAST)
     for source in (txt, None):
         cfg = BuildConfig(calibration=source, calibration_count=3, verify_count=2,
@@ -280,6 +282,18 @@ def test_decoder_with_cache_calibrates_on_prefills_and_verifies_on_decode_steps(
         assert [f["input_ids"].shape for f in check] == [(1, 1)] * 2 and all(f[PAST[0]].shape == (1, 2, 9, 8)
                                                                               for f in check)
         if source is not None:  # held out: the windows after the calibration ones
-            ids = [int(t) for t in txt.read_text().split()]
             assert calib[2]["input_ids"][0].tolist() == ids[20:30]
             assert [int(f["input_ids"][0, 0]) for f in check] == [ids[39], ids[49]]
+    # windows as long as the profile's longest cache (19 + 1), verification after them; a text too short says so
+    cfg = BuildConfig(calibration=txt, calibration_count=3, verify_count=2, shape_hints=["input_ids:1x1",
+                      f"{PAST[0]}:1x2x9x8"], max_shapes=[f"{PAST[0]}:1x2x19x8"])
+    ranges = build_ranges(m, cfg)
+    calib, check = split_feeds(m, input_specs(m, cfg.shape_hints), cfg, longest_specs(m, ranges))
+    assert [f["input_ids"][0].tolist() for f in calib] == [ids[i * 20:(i + 1) * 20] for i in range(3)]
+    assert [int(f["input_ids"][0, 0]) for f in check] == [ids[69], ids[79]]
+    short = tmp_path / "short.txt"
+    short.write_text(" ".join(map(str, ids[:65])))
+    with pytest.raises(EdgeSDKError) as e:
+        split_feeds(m, input_specs(m, cfg.shape_hints), cfg.model_copy(update={"calibration": short}),
+                    longest_specs(m, ranges))
+    assert "too few tokens" in e.value.problem and "--calibration-count" in e.value.fix
