@@ -8,8 +8,10 @@
 * a ``.txt`` file of token ids (whitespace-separated ints): concatenated and cut into sequences of
   the input's length; ``attention_mask``/``position_ids`` inputs are filled in. For a decoder exported with
   its KV cache (``past_key_values.*`` inputs, ``present.*`` outputs), each sample's cache is the model's own:
-  it runs once on the P tokens before the sample with an empty cache (P = the cache length of the build
-  shape), and its ``present.*`` outputs become the sample's ``past_key_values.*``, with positions P.. .
+  it runs once on the P tokens before the sample with an empty cache (P = the cache length of the shape
+  asked for), and its ``present.*`` outputs become the sample's ``past_key_values.*``, with positions P.. ;
+  or, with ``prefill=True`` (what a build calibrates on), the whole window of P + new tokens is one sample
+  after an empty cache.
 
 Arrays hold samples along axis 0: their other dims must equal the input's non-batch dims, and
 they are split into feeds of the input's batch size. Without a source, seeded random data is

@@ -10,7 +10,6 @@ from pathlib import Path
 from rich.console import Console, ConsoleOptions
 from rich.markup import escape
 from rich.padding import Padding
-from rich.table import Table
 from rich.text import Text
 
 from edgesdk.onnx_io import _umask

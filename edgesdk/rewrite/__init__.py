@@ -198,36 +198,34 @@ def _unknown_rows(dims: list | None, trans_a: bool) -> bool:
     return any(not d for d in lead[1:])
 
 
-def _probe_rows(model: onnx.ModelProto, tensors: Sequence[str], feed: Mapping[str, np.ndarray] | None = None,
+def _probe_rows(model: onnx.ModelProto, tensors: Sequence[str],
                 shape_hints: Mapping[str, list[int]] | None = None) -> dict[str, list[int]]:
     """Shapes of ``tensors`` when the model runs once at the build shape.
 
-    Static shape inference loses dims behind Reshape/Shape arithmetic; one ONNX Runtime run gives the exact rows
-    per call the ``auto`` rule reasons about. ``feed``: the inputs to run on; else zeros at the shape
-    ``shape_hints`` (``--shape``) resolve to (:func:`edgesdk.onnx_io.shape_ranges`: the build's shape, not the
-    calibration data's batches), or with every dynamic dim set to 1 where they do not resolve it. Returns ``{}``
-    when the model cannot run that way (then shape inference is used).
+    Static shape inference loses dims behind Reshape/Shape arithmetic; one ONNX Runtime run on zeros gives the exact
+    rows per call the ``auto`` rule reasons about. The zeros have the shape ``shape_hints`` (``--shape``) resolve to
+    (:func:`edgesdk.onnx_io.shape_ranges`: the build's shape, not the calibration data's batches), or every dynamic
+    dim set to 1 where they do not resolve it. Returns ``{}`` when the model cannot run that way (then shape
+    inference is used).
     """
     from edgesdk.ort import make_session
 
     inits = {t.name for t in model.graph.initializer}
-    if feed is None:
-        dtypes = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.INT64: np.int64,
-                  TensorProto.INT32: np.int32, TensorProto.BOOL: np.bool_, TensorProto.DOUBLE: np.float64}
-        try:
-            opt = {k: v[1] for k, v in shape_ranges(model, dict(shape_hints or {})).items()}
-        except EdgeSDKError:
-            opt = {}
-        feed = {}
-        for i in model.graph.input:
-            if i.name in inits:
-                continue
-            t = i.type.tensor_type
-            if t.elem_type not in dtypes:
-                return {}
-            shape = opt.get(i.name) or [d.dim_value if d.dim_value > 0 else 1 for d in t.shape.dim]
-            feed[i.name] = np.zeros(shape, dtypes[t.elem_type])
-    feed = dict(feed)
+    dtypes = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16, TensorProto.INT64: np.int64,
+              TensorProto.INT32: np.int32, TensorProto.BOOL: np.bool_, TensorProto.DOUBLE: np.float64}
+    try:
+        opt = {k: v[1] for k, v in shape_ranges(model, dict(shape_hints or {})).items()}
+    except EdgeSDKError:
+        opt = {}
+    feed = {}
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        t = i.type.tensor_type
+        if t.elem_type not in dtypes:
+            return {}
+        shape = opt.get(i.name) or [d.dim_value if d.dim_value > 0 else 1 for d in t.shape.dim]
+        feed[i.name] = np.zeros(shape, dtypes[t.elem_type])
     m = _copy(model)
     have = {o.name for o in m.graph.output}
     wanted = [t for t in dict.fromkeys(tensors) if t not in feed]
@@ -354,8 +352,7 @@ def plan_kernels(model: onnx.ModelProto, linears: Sequence[LinearInfo], selected
     ix = GraphIndex(model)
     types = _types(model)
     chosen = [li for li in linears if li.name in selected]
-    probed = _probe_rows(model, [ix.nodes[li.node].input[0] for li in chosen], None,
-                         shape_hints) if kernels == "auto" else {}
+    probed = _probe_rows(model, [ix.nodes[li.node].input[0] for li in chosen], shape_hints) if kernels == "auto" else {}
     out: dict[str, dict] = {}
     for li in chosen:
         x_tensor = ix.nodes[li.node].input[0]
@@ -464,7 +461,7 @@ def rewrite_model(model: onnx.ModelProto, config, calibration=None, device=None,
                 qw[name] = (np.where(keep, q, 0).astype(np.int8), s, p)
 
     # 3. choose, pack, replace
-    probed = _probe_rows(model, [ix.nodes[li.node].input[0] for li in chosen], None,
+    probed = _probe_rows(model, [ix.nodes[li.node].input[0] for li in chosen],
                          getattr(config, "shape_hints", None)) if kernels == "auto" else {}
     timer = _Timer(str(getattr(config, "measure", "auto") or "auto"), device, measurer) if kernels == "auto" else None
     report: list[dict] = []

@@ -143,7 +143,7 @@ def build_engine(onnx_path: Path, out_dir: Path, device: Any, config: Any, profi
         result["reason"] = mismatch
         return result
     try:
-        details = _build(trt, Path(onnx_path), Path(out_dir), device, config, info)
+        details = _build(trt, Path(onnx_path), Path(out_dir), device, config, info, profile)
     except EdgeSDKError as e:
         result["reason"] = str(e)
         return result
@@ -165,7 +165,7 @@ def target_mismatch(device: Any, here_cc: str | None) -> str | None:
             "TensorRT plans only run on the GPU kind they were built on, so build on the target device")
 
 
-def _build(trt, onnx_path: Path, out_dir: Path, device, config, info: dict) -> dict:
+def _build(trt, onnx_path: Path, out_dir: Path, device, config, info: dict, profile: dict | None = None) -> dict:
     from edgesdk.trt.registry import register_plugins
 
     t0 = time.perf_counter()
