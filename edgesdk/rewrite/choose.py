@@ -4,8 +4,9 @@
 
 1. **bitmap** (``EdgeBitmapLinear``) when the layer is *decode-style and memory-bound* and pruned
    to at least :data:`BITMAP_MIN_SPARSITY`: its expected rows per call ``M`` (the product of the
-   activation's leading dims when the model runs with every symbolic input dim, such as batch
-   or sequence, set to 1, i.e. one image or one decode token) is at most :data:`DECODE_MAX_M` (the bitmap kernel's GEMV regime) **and** reading the
+   activation's leading dims when the model runs at the build shape, ``--shape``, an unset dynamic batch
+   being 1: one image, or the new tokens of one call, 1 for a decoder with a KV cache built at
+   ``input_ids:1x1``) is at most :data:`DECODE_MAX_M` (the bitmap kernel's GEMV regime) **and** reading the
    dense weights takes longer than the dense math on the device (roofline with the
    :class:`~edgesdk.devices.DeviceProfile`'s bandwidth and peak throughput). Below 30 % sparsity
    the bitmap bytes are ≥ 0.85 of dense fp16 and the decode overhead eats the gain.
