@@ -1,6 +1,7 @@
 """ONNX Runtime reference ops: single plugin nodes vs independent numpy references."""
 
 import math
+from pathlib import Path
 import numpy as np
 import onnx
 import pytest
@@ -203,3 +204,29 @@ def test_reference_ops_load_without_torch_or_a_protobuf_switch(tmp_path):
     env = {**__import__("os").environ, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "upb"}
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-1500:]
+
+
+@pytest.mark.parametrize("needs, ok", [("transformers", True), ("a_package_nobody_installed", False)])
+def test_import_ortx_falls_back_where_the_package_imports_transformers(tmp_path, needs, ok):
+    """onnxruntime-extensions 0.14.0 imports transformers unconditionally: the import with torch/transformers blocked
+    (to skip their cost) failed, so every ONNX Runtime run of a plugin graph failed where 0.14 and transformers were
+    installed (found on the GPU machine). Now it imports again without the block; a package that cannot import at
+    all gives an error naming the fix. Fake packages in a subprocess keep this machine's modules out of it."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "onnxruntime_extensions").mkdir()
+    (tmp_path / "onnxruntime_extensions" / "__init__.py").write_text(f"import {needs}\nVALUE = 7\n")
+    (tmp_path / "transformers").mkdir()
+    (tmp_path / "transformers" / "__init__.py").write_text("")
+    code = ("import sys\nfrom edgesdk.errors import EdgeSDKError\nfrom edgesdk.ort import import_ortx\n"
+            "try:\n    print(import_ortx().VALUE, 'transformers' in sys.modules)\n"
+            "except EdgeSDKError as e:\n    print('ERR', e.problem, '|', e.fix)\n")
+    env = {**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{root}"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    if ok:
+        assert out.stdout.split() == ["7", "True"]
+    else:
+        assert out.stdout.startswith("ERR onnxruntime-extensions cannot be imported") and ">=0.15" in out.stdout

@@ -36,8 +36,29 @@ def import_ortx():
     is as before."""
     if "onnxruntime_extensions" in sys.modules:
         return sys.modules["onnxruntime_extensions"]
-    blocked = [m for m in ("torch", "transformers") if m not in sys.modules]
     saved = os.environ.get(_PROTOBUF_ENV)
+    try:
+        return _import_ortx(blocked=[m for m in ("torch", "transformers") if m not in sys.modules])
+    except ImportError:  # a release that imports them unguarded (0.14.0 imports transformers): import them then
+        for m in [m for m in sys.modules if m == "onnxruntime_extensions" or m.startswith("onnxruntime_extensions.")]:
+            del sys.modules[m]
+        try:
+            return _import_ortx(blocked=[])
+        except ImportError as e:
+            from edgesdk.errors import EdgeSDKError
+
+            raise EdgeSDKError(f"onnxruntime-extensions cannot be imported ({e}); edgesdk runs its plugin nodes' "
+                               "reference ops on ONNX Runtime through it.",
+                               "pip install 'onnxruntime-extensions>=0.15,<0.16' (0.14.0 also needs transformers)."
+                               ) from None
+    finally:
+        if saved is None:
+            os.environ.pop(_PROTOBUF_ENV, None)
+        else:
+            os.environ[_PROTOBUF_ENV] = saved
+
+
+def _import_ortx(blocked: list[str]):
     for m in blocked:
         sys.modules[m] = None  # `import m` raises ImportError, which the package catches
     try:
@@ -46,10 +67,6 @@ def import_ortx():
         for m in blocked:
             if sys.modules.get(m, 0) is None:
                 del sys.modules[m]
-        if saved is None:
-            os.environ.pop(_PROTOBUF_ENV, None)
-        else:
-            os.environ[_PROTOBUF_ENV] = saved
     return onnxruntime_extensions
 
 
