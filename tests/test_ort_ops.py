@@ -188,15 +188,20 @@ def test_wrong_x_width_returns_nan_instead_of_aborting(capfd):
 def test_reference_ops_load_without_torch_or_a_protobuf_switch(tmp_path):
     """onnxruntime_extensions' package import pulls in torch and transformers where installed (seconds) and sets
     PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python for the process; edgesdk's import of it does neither, and both
-    packages still import afterwards. A fresh interpreter, since this one may have imported them already."""
+    packages still import afterwards. A fresh interpreter, since this one may have imported them already.
+    (onnxruntime-extensions 0.14 needs transformers to import at all: there only the variable is checked.)"""
     import subprocess
     import sys
 
+    from edgesdk.ort import _imports_hf_unguarded
+
+    pulled = "" if _imports_hf_unguarded() else (
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'pulled in'\n")
     code = ("import importlib.util, os, sys\n"
             "import edgesdk.ort as o\n"
             "o.register_ops()\n"
             "assert 'onnxruntime_extensions' in sys.modules\n"
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'pulled in'\n"
+            + pulled +
             "assert os.environ.get('PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION') == 'upb', 'changed'\n"
             "for m in ('torch', 'transformers'):\n"
             "    if importlib.util.find_spec(m) is not None:\n"
@@ -206,18 +211,22 @@ def test_reference_ops_load_without_torch_or_a_protobuf_switch(tmp_path):
     assert r.returncode == 0, r.stderr[-1500:]
 
 
-@pytest.mark.parametrize("needs, ok", [("transformers", True), ("a_package_nobody_installed", False)])
-def test_import_ortx_falls_back_where_the_package_imports_transformers(tmp_path, needs, ok):
-    """onnxruntime-extensions 0.14.0 imports transformers unconditionally: the import with torch/transformers blocked
+@pytest.mark.parametrize("release, needs, ok", [("0.14.0", "transformers", True),
+                                                ("0.15.2", "a_package_nobody_installed", False)])
+def test_import_ortx_where_the_package_imports_transformers(tmp_path, release, needs, ok):
+    """onnxruntime-extensions 0.14 imports transformers unconditionally: its import with torch/transformers blocked
     (to skip their cost) failed, so every ONNX Runtime run of a plugin graph failed where 0.14 and transformers were
-    installed (found on the GPU machine). Now it imports again without the block; a package that cannot import at
-    all gives an error naming the fix. Fake packages in a subprocess keep this machine's modules out of it."""
+    installed (found on the GPU machine). 0.14 is now imported unblocked; a package that cannot import at all gives
+    an error naming the fix. Fake packages (with their dist-info) in a subprocess keep this machine's out of it."""
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[1]
     (tmp_path / "onnxruntime_extensions").mkdir()
     (tmp_path / "onnxruntime_extensions" / "__init__.py").write_text(f"import {needs}\nVALUE = 7\n")
+    info = tmp_path / f"onnxruntime_extensions-{release}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: onnxruntime-extensions\nVersion: {release}\n")
     (tmp_path / "transformers").mkdir()
     (tmp_path / "transformers" / "__init__.py").write_text("")
     code = ("import sys\nfrom edgesdk.errors import EdgeSDKError\nfrom edgesdk.ort import import_ortx\n"

@@ -33,29 +33,35 @@ def import_ortx():
     ``PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python`` in ``os.environ`` (every child process would then parse ONNX
     with pure-Python protobuf). While it imports, the two packages, if not imported yet, read as absent (a first
     import of torch in another thread at that moment would fail); afterwards they import normally and the variable
-    is as before."""
+    is as before. onnxruntime-extensions 0.14, which imports transformers unguarded, is imported without the block."""
     if "onnxruntime_extensions" in sys.modules:
         return sys.modules["onnxruntime_extensions"]
     saved = os.environ.get(_PROTOBUF_ENV)
     try:
-        return _import_ortx(blocked=[m for m in ("torch", "transformers") if m not in sys.modules])
-    except ImportError:  # a release that imports them unguarded (0.14.0 imports transformers): import them then
-        for m in [m for m in sys.modules if m == "onnxruntime_extensions" or m.startswith("onnxruntime_extensions.")]:
-            del sys.modules[m]
-        try:
-            return _import_ortx(blocked=[])
-        except ImportError as e:
-            from edgesdk.errors import EdgeSDKError
+        return _import_ortx(blocked=[] if _imports_hf_unguarded() else
+                            [m for m in ("torch", "transformers") if m not in sys.modules])
+    except ImportError as e:  # not retried: a second import of its C extension registers its ops twice
+        from edgesdk.errors import EdgeSDKError
 
-            raise EdgeSDKError(f"onnxruntime-extensions cannot be imported ({e}); edgesdk runs its plugin nodes' "
-                               "reference ops on ONNX Runtime through it.",
-                               "pip install 'onnxruntime-extensions>=0.15,<0.16' (0.14.0 also needs transformers)."
-                               ) from None
+        raise EdgeSDKError(f"onnxruntime-extensions cannot be imported ({e}); edgesdk runs its plugin nodes' "
+                           "reference ops on ONNX Runtime through it.",
+                           "pip install 'onnxruntime-extensions>=0.15,<0.16' (0.14 also needs transformers).") from None
     finally:
         if saved is None:
             os.environ.pop(_PROTOBUF_ENV, None)
         else:
             os.environ[_PROTOBUF_ENV] = saved
+
+
+def _imports_hf_unguarded() -> bool:
+    """onnxruntime-extensions 0.14 imports transformers unconditionally (0.12, 0.13 and 0.15 guard it), so it must
+    not be imported with transformers blocked."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("onnxruntime-extensions").startswith("0.14.")
+    except PackageNotFoundError:
+        return False
 
 
 def _import_ortx(blocked: list[str]):
