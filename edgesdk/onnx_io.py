@@ -210,6 +210,29 @@ def dim_names(text: str) -> list[str]:
         return []
 
 
+class UnboundShape(EdgeSDKError):
+    """An input whose dynamic dims no hint binds (``input``: its name)."""
+
+    def __init__(self, input: str, problem: str, fix: str | None = None):
+        super().__init__(problem, fix)
+        self.input = input
+
+
+def shapes_with_fallback(model: onnx.ModelProto, hints: dict[str, list[int]], fallback: dict[str, list[int]]
+                         ) -> dict[str, list[int]]:
+    """Every input's shape from ``hints`` (binding dim names as :func:`shape_ranges` does), taking an input's
+    ``fallback`` shape only where the hints leave it unbound: ``edgesdk bench --shape past_key_values.0.key=...`` on a
+    build folder sizes the other cache inputs and the attention mask from that one hint, the rest from the build."""
+    hints = dict(hints)
+    while True:
+        try:
+            return {k: v[1] for k, v in shape_ranges(model, hints).items()}
+        except UnboundShape as e:
+            if e.input in hints or e.input not in fallback:
+                raise
+            hints[e.input] = list(fallback[e.input])
+
+
 def shape_ranges(model: onnx.ModelProto, opt: dict[str, list[int]], lo: dict[str, list[int]] | None = None,
                  hi: dict[str, list[int]] | None = None, max_batch: int = 8) -> dict[str, tuple[list[int], ...]]:
     """``{input: (min, opt, max)}``: every input's concrete shape at the build shape (opt) and its range.
@@ -302,7 +325,7 @@ def shape_ranges(model: onnx.ModelProto, opt: dict[str, list[int]], lo: dict[str
                                       if n not in bound[flag]})
                     also = (f" (or a hint for another input that has dim {', '.join(map(repr, unbound))})"
                             if unbound else "")
-                    raise EdgeSDKError(f"input {name!r} has dynamic dims {dims} and no shape hint.",
+                    raise UnboundShape(name, f"input {name!r} has dynamic dims {dims} and no shape hint.",
                                        f"pass --shape {name}:{example}{also} (N = the size to build and verify for).")
         lo_shape, opt_shape, hi_shape = per[1], per[0], per[2]
         for i, d in enumerate(dims):

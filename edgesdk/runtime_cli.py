@@ -102,8 +102,9 @@ def load_inputs(specs: list[str], inputs: list[TensorInfo]) -> dict[str, np.ndar
 
 
 def random_inputs(inputs: list[TensorInfo], batch: int = 1, shapes: dict[str, tuple] | None = None,
-                  seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random feeds: dynamic leading dims → ``batch``; other dynamic dims from ``shapes``.
+                  seed: int = 0, defaults: dict[str, tuple] | None = None) -> dict[str, np.ndarray]:
+    """Seeded random feeds: dynamic leading dims → ``batch``; other dynamic dims from ``shapes``, else from
+    ``defaults`` (a build folder's build shape, ``Engine.profile``'s opt: its leading dim still ``batch``).
 
     Raises:
         EdgeSDKError: an input has a dynamic dimension that neither rule fixes; batch < 1, seed < 0;
@@ -120,6 +121,9 @@ def random_inputs(inputs: list[TensorInfo], batch: int = 1, shapes: dict[str, tu
     for t in inputs:
         shape = tuple(shapes[t.name]) if shapes and t.name in shapes else tuple(
             batch if (d < 0 and i == 0) else d for i, d in enumerate(t.shape or ()))  # None: rank unknown, a scalar
+        opt = (defaults or {}).get(t.name)
+        if any(d < 0 for d in shape) and opt is not None and len(opt) == len(shape):
+            shape = tuple(d if d >= 0 else int(o) for d, o in zip(shape, opt))
         if any(d < 0 for d in shape):
             raise EdgeSDKError(f"input {t.name!r} has dynamic dims {_dims(t.shape)} (N = any size)",
                                f"pass --shape {t.name}={_example(t.shape, batch)} with a size for each N")
@@ -134,6 +138,24 @@ def random_inputs(inputs: list[TensorInfo], batch: int = 1, shapes: dict[str, tu
             raise EdgeSDKError(f"random input {t.name!r} of shape {'x'.join(map(str, shape))} does not fit "
                                f"in memory ({e})", "use a smaller --batch or --shape") from None
     return feeds
+
+
+def _bind_shapes(build: Path, shapes: dict[str, tuple], defaults: dict[str, tuple], batch: int) -> dict[str, tuple]:
+    """``--shape`` values completed through the ONNX model's symbolic dim names (a build folder's ``model.onnx``, or
+    an ``.onnx``): inputs sharing a name with a given one follow it, the rest take ``defaults`` (the build shape)
+    with ``batch`` for their dynamic leading dim. Unchanged where there is no ONNX model or no --shape."""
+    path = Path(build) / "model.onnx" if Path(build).is_dir() else Path(build)
+    if not shapes or path.suffix != ".onnx" or not path.is_file():
+        return shapes
+    import onnx
+
+    from edgesdk.onnx_io import graph_inputs, shapes_with_fallback, tensor_dims
+
+    model = onnx.load(str(path), load_external_data=False)
+    lead = {vi.name for vi in graph_inputs(model) if tensor_dims(vi) and not isinstance(tensor_dims(vi)[0], int)}
+    fallback = {k: [batch if i == 0 and k in lead else d for i, d in enumerate(v)] for k, v in defaults.items()}
+    bound = shapes_with_fallback(model, {k: list(v) for k, v in shapes.items()}, fallback)
+    return {k: tuple(v) for k, v in bound.items()}
 
 
 def _dims(shape: tuple) -> str:
@@ -319,7 +341,7 @@ def run(build: BuildArg,
 
 def bench(build: BuildArg, backend: BackendOpt = "tensorrt", cuda_graph: GraphOpt = False,
           batch: Annotated[int, typer.Option(help="Size of a dynamic leading (batch) dim.")] = 1,
-          shape: Annotated[Optional[list[str]], typer.Option(help="NAME=DxDxD (or NAME:DxDxD) for inputs with other dynamic dims.")] = None,
+          shape: Annotated[Optional[list[str]], typer.Option(help="NAME=DxDxD (or NAME:DxDxD) for inputs with other dynamic dims. \\[default for a build folder: its build shape]")] = None,
           warmup: Annotated[int, typer.Option(help="Untimed runs first.")] = 10,
           iterations: Annotated[int, typer.Option(help="Timed runs.")] = 100,
           json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the results here.")] = None,
@@ -333,7 +355,10 @@ def bench(build: BuildArg, backend: BackendOpt = "tensorrt", cuda_graph: GraphOp
         if json_path is not None:
             _check_writable(json_path, "--json", "bench.json")
         with _open_engine(build, backend, cuda_graph) as engine:
-            feeds = random_inputs(engine.inputs, batch, shapes, seed)
+            defaults = {k: v[1] for k, v in (getattr(engine, "profile", None) or {}).items()}
+            _check_shapes(engine.inputs, shapes, batch)  # the runtime's own messages for a --shape that cannot fit
+            shapes = _bind_shapes(build, shapes, defaults, batch)
+            feeds = random_inputs(engine.inputs, batch, shapes, seed, defaults)
             sizes = ", ".join(f"{k} {'x'.join(map(str, v.shape))}" for k, v in feeds.items())
             with _foreign_errors(f"the {backend} backend failed on random inputs {sizes}",
                                  "check --batch and --shape against `edgesdk inspect` of the model"):

@@ -297,3 +297,21 @@ def test_decoder_with_cache_calibrates_on_prefills_and_verifies_on_decode_steps(
         split_feeds(m, input_specs(m, cfg.shape_hints), cfg.model_copy(update={"calibration": short}),
                     longest_specs(m, ranges))
     assert "too few tokens" in e.value.problem and "--calibration-count" in e.value.fix
+
+
+def test_bench_takes_the_build_shape_and_binds_one_hint(past_build, tmp_path):
+    """`edgesdk bench` on a build folder of a decoder with a cache: no --shape runs the build shape (it asked for a
+    --shape per input before); one --shape on a cache input sizes the other cache inputs and the mask."""
+    out, _ = past_build
+    base = ["bench", str(out), "--backend", "onnxruntime", "--iterations", "2", "--warmup", "0", "--json"]
+    res = runner.invoke(app, [*base, str(tmp_path / "a.json")])
+    assert res.exit_code == 0, res.output
+    got = json.loads((tmp_path / "a.json").read_text())["inputs"]
+    assert got == {"input_ids": [1, 1], "attention_mask": [1, 32], "position_ids": [1, 1], PAST[0]: [1, 2, 31, 8],
+                   PAST[1]: [1, 2, 31, 8]}
+    res = runner.invoke(app, [*base, str(tmp_path / "b.json"), "--shape", f"{PAST[0]}=1x2x90x8"])
+    assert res.exit_code == 0, res.output
+    got = json.loads((tmp_path / "b.json").read_text())["inputs"]
+    assert got["attention_mask"] == [1, 91] and got[PAST[1]] == [1, 2, 90, 8] and got["input_ids"] == [1, 1]
+    res = runner.invoke(app, [*base, str(tmp_path / "c.json"), "--shape", f"{PAST[0]}=1x2x96x8"])
+    assert res.exit_code == 1 and "outside the build's optimization profile" in res.output
