@@ -220,17 +220,32 @@ class UnboundShape(EdgeSDKError):
 
 def shapes_with_fallback(model: onnx.ModelProto, hints: dict[str, list[int]], fallback: dict[str, list[int]]
                          ) -> dict[str, list[int]]:
-    """Every input's shape from ``hints`` (binding dim names as :func:`shape_ranges` does), taking an input's
-    ``fallback`` shape only where the hints leave it unbound: ``edgesdk bench --shape past_key_values.0.key=...`` on a
-    build folder sizes the other cache inputs and the attention mask from that one hint, the rest from the build."""
+    """Every input's shape from ``hints`` (binding dim names as :func:`shape_ranges` does), taking ``fallback``
+    values only for names the hints leave unbound: ``edgesdk bench --shape past_key_values.0.key=...`` on a build
+    folder sizes the other cache inputs and the attention mask from that one hint, the rest from the build."""
     hints = dict(hints)
+    dims_of = {vi.name: tensor_dims(vi) for vi in graph_inputs(model)}
+
+    def named(d) -> bool:
+        return isinstance(d, str) and d.isidentifier()
+
+    values = {d: v for k, shape in hints.items() for d, v in zip(dims_of.get(k, []), shape) if named(d)}
+    # inputs whose dims are plain names first (their fallback values bind the names the hints leave free), so that
+    # dims written as expressions of those names follow
+    for name, dims in dims_of.items():
+        if name in hints or name not in fallback or len(fallback[name]) != len(dims):
+            continue
+        if all(isinstance(d, int) or d == "?" or named(d) for d in dims):
+            hints[name] = [values.get(d, f) if named(d) else f for d, f in zip(dims, fallback[name])]
+            values.update({d: v for d, v in zip(dims, hints[name]) if named(d)})
     while True:
         try:
             return {k: v[1] for k, v in shape_ranges(model, hints).items()}
         except UnboundShape as e:
             if e.input in hints or e.input not in fallback:
                 raise
-            hints[e.input] = list(fallback[e.input])
+            hints[e.input] = [dim_expression(d, values) or f if isinstance(d, str) and d != "?" else f
+                              for d, f in zip(dims_of[e.input], fallback[e.input])]
 
 
 def shape_ranges(model: onnx.ModelProto, opt: dict[str, list[int]], lo: dict[str, list[int]] | None = None,

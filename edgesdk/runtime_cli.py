@@ -152,7 +152,8 @@ def _bind_shapes(build: Path, shapes: dict[str, tuple], defaults: dict[str, tupl
     from edgesdk.onnx_io import graph_inputs, shapes_with_fallback, tensor_dims
 
     model = onnx.load(str(path), load_external_data=False)
-    lead = {vi.name for vi in graph_inputs(model) if tensor_dims(vi) and not isinstance(tensor_dims(vi)[0], int)}
+    dims = {vi.name: tensor_dims(vi) for vi in graph_inputs(model)}
+    lead = {k for k, d in dims.items() if d and not isinstance(d[0], int)}
     fallback = {k: [batch if i == 0 and k in lead else d for i, d in enumerate(v)] for k, v in defaults.items()}
     bound = shapes_with_fallback(model, {k: list(v) for k, v in shapes.items()}, fallback)
     return {k: tuple(v) for k, v in bound.items()}

@@ -315,3 +315,17 @@ def test_bench_takes_the_build_shape_and_binds_one_hint(past_build, tmp_path):
     assert got["attention_mask"] == [1, 91] and got[PAST[1]] == [1, 2, 90, 8] and got["input_ids"] == [1, 1]
     res = runner.invoke(app, [*base, str(tmp_path / "c.json"), "--shape", f"{PAST[0]}=1x2x96x8"])
     assert res.exit_code == 1 and "outside the build's optimization profile" in res.output
+
+
+def test_shapes_with_fallback_binds_names_before_expressions():
+    from edgesdk.onnx_io import shapes_with_fallback
+
+    m = _model(LLAMA_PAST)
+    build = {"input_ids": [1, 1], "attention_mask": [1, 32], "position_ids": [1, 1], PAST[0]: [1, 2, 31, 8],
+             PAST[1]: [1, 2, 31, 8]}
+    got = shapes_with_fallback(m, {"input_ids": [1, 3]}, build)  # 3 new tokens after the build's 31 cached
+    assert got == {**build, "input_ids": [1, 3], "position_ids": [1, 3], "attention_mask": [1, 34]}
+    got = shapes_with_fallback(m, {PAST[1]: [4, 2, 90, 8]}, build)  # the hint's batch and cache length win
+    assert got["input_ids"] == [4, 1] and got["attention_mask"] == [4, 91] and got[PAST[0]] == [4, 2, 90, 8]
+    with pytest.raises(EdgeSDKError, match="make it 32"):  # a mask length alone does not say cache vs new tokens
+        shapes_with_fallback(m, {"attention_mask": [1, 50]}, build)
