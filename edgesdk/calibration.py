@@ -135,6 +135,11 @@ def _split(arrays: dict[str, np.ndarray], specs: Specs, count: int, source: str)
     return feeds
 
 
+def _token_inputs(specs: Specs) -> list[str]:
+    """Integer inputs that carry tokens (``input_ids``): not masks or positions."""
+    return [n for n, (_, d) in specs.items() if np.issubdtype(d, np.integer) and _filler(n) is None]
+
+
 def _filler(name: str):
     low = name.lower()
     if "attention_mask" in low:
@@ -190,7 +195,7 @@ def _images(paths: list[Path], specs: Specs, mean, std) -> dict[str, np.ndarray]
 def _tokens(path: Path, specs: Specs, count: int, model: onnx.ModelProto | None = None,
             prefill: bool = False, skip: int = 0) -> list[dict[str, np.ndarray]]:
     past = past_inputs(model, specs) if model is not None else {}
-    ints = [n for n, (s, d) in specs.items() if np.issubdtype(d, np.integer) and _filler(n) is None]
+    ints = _token_inputs(specs)
     if len(ints) != 1:
         raise EdgeSDKError(f"token-id calibration needs one integer input (input_ids); the model has {list(specs)}.",
                            "pass arrays in an .npz instead.")
@@ -215,7 +220,7 @@ def sample_tokens(specs: Specs, model: onnx.ModelProto | None = None) -> int:
     """Token ids one sample of a token-id source takes: batch x sequence, and the cached tokens of a decoder with a
     KV cache (:func:`past_inputs`)."""
     past = past_inputs(model, specs) if model is not None else {}
-    ints = [n for n, (s, d) in specs.items() if np.issubdtype(d, np.integer) and _filler(n) is None]
+    ints = _token_inputs(specs)
     if len(ints) != 1:
         return 0
     shape = specs[ints[0]][0]
@@ -329,7 +334,7 @@ def random_feeds(specs: Specs, count: int, seed: int = 0, model: onnx.ModelProto
     KV cache (:func:`past_inputs`) is the model's own, computed from random tokens before each sample."""
     rng = np.random.default_rng(seed)
     past = past_inputs(model, specs) if model is not None else {}
-    ints = [n for n, (s, d) in specs.items() if np.issubdtype(d, np.integer) and _filler(n) is None]
+    ints = _token_inputs(specs)
     if past and len(ints) == 1:
         shape = specs[ints[0]][0]
         first = next(iter(past))
