@@ -28,7 +28,7 @@ from edgesdk.devices import DeviceProfile, get_profile
 from edgesdk.errors import EdgeSDKError
 from edgesdk.inspect import find_linears, quant_state
 from edgesdk.manifest import MANIFEST_NAME, make_manifest, tensorrt_version
-from edgesdk.onnx_io import (NP_TYPES, _umask, graph_inputs, load_model, opset, save_model, sha256_file, shape_ranges,
+from edgesdk.onnx_io import (NP_TYPES, _umask, graph_inputs, load_model, model_sha256, opset, save_model, sha256_file, shape_ranges,
                              tensor_dims)
 from edgesdk.quantize import check_not_qoperator, quantize_int8, select_layers
 from edgesdk.report import REPORT_NAME, write_json
@@ -255,7 +255,7 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
                                    + (f"; passed over: {said}{more}." if said else "."),
                                    "edgesdk accelerates transformer linears; deploy this model with TensorRT directly.")
             state = quant_state(model)
-            model_sha = sha256_file(model_path)
+            model_sha = model_sha256(model_path)
 
         with step("Read calibration data"):
             calib, check_feeds = split_feeds(model, specs, config, longest_specs(model, ranges))
@@ -401,7 +401,7 @@ def check_build(build_dir: Path | str, model_path: Path | str | None = None, ove
     src = Path(model_path or report["model"]["path"])
     if not src.is_file():
         raise EdgeSDKError(f"the original model {src} is not there any more.", "pass its new path with --model.")
-    if sha256_file(src) != report["model"]["sha256"]:
+    if model_sha256(src) != report["model"]["sha256"]:
         raise EdgeSDKError(f"{src} is not the model this folder was built from (sha256 differs).",
                            "pass the original with --model, or rebuild.")
     config = BuildConfig.model_validate({**report["config"], **{k: v for k, v in (overrides or {}).items()

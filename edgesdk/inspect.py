@@ -29,6 +29,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from edgesdk.onnx_io import infer_shapes
+
 QOPERATOR_OPS = frozenset(
     {"QLinearMatMul", "MatMulInteger", "DynamicQuantizeLinear", "ConvInteger", "QLinearConv",
      "QLinearAdd", "QLinearMul", "QGemm", "QAttention", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
@@ -155,11 +157,10 @@ class GraphIndex:
                 return self.ranks[t]
         if self._inferred is None:
             self._inferred = {}
-            if self._model.ByteSize() < 2**31:  # in-memory inference serialises the model (protobuf's 2 GB limit)
-                try:
-                    self._inferred = _ranks(onnx.shape_inference.infer_shapes(self._model, strict_mode=False).graph)
-                except Exception:  # inference is an aid here (e.g. ops it does not know): no ranks from it
-                    pass
+            try:
+                self._inferred = _ranks(infer_shapes(self._model, strict_mode=False).graph)
+            except Exception:  # inference is an aid here (e.g. ops it does not know): no ranks from it
+                pass
         return next((self._inferred[t] for t in tensors if t in self._inferred), None)
 
     def from_constants(self, name: str) -> bool:

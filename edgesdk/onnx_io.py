@@ -67,10 +67,10 @@ def load_model(path: Path | str) -> onnx.ModelProto:
                                "keep the .onnx file next to its external data file(s).") from None
     check_opset(model, str(path))
     try:
-        if model.ByteSize() < EXTERNAL_DATA_BYTES:
-            onnx.checker.check_model(model)
-        else:
+        if is_large(model):
             onnx.checker.check_model(str(path))
+        else:
+            onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError) as e:
         raise EdgeSDKError(f"{path} is not a valid ONNX model: {str(e).splitlines()[0]}", EXPORT_FIX) from None
     ensure_node_names(model)
@@ -110,7 +110,8 @@ def ensure_node_names(model: onnx.ModelProto) -> None:
 
 
 def save_model(model: onnx.ModelProto, path: Path | str) -> Path:
-    """Write ``model`` to ``path`` atomically with IR version 10 (external data when > ~1.8 GB).
+    """Write ``model`` to ``path`` atomically with IR version 10; a model over ~1.8 GB keeps its large tensors in
+    ``<name>.data`` beside it (ONNX external data: protobuf cannot hold 2 GB); ``model``'s tensors stay in memory.
 
     Returns:
         The path written.
@@ -119,20 +120,175 @@ def save_model(model: onnx.ModelProto, path: Path | str) -> Path:
     model.ir_version = IR_VERSION
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    data = path.parent / (path.name + ".data")
+    tmp_data = Path(tmp + ".data")
     try:
-        if model.ByteSize() > EXTERNAL_DATA_BYTES:
-            data_name = path.name + ".data"
-            onnx.save_model(model, tmp, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=data_name, size_threshold=1024)
-            os.replace(Path(tmp).parent / data_name, path.parent / data_name)
+        if is_large(model):
+            light = light_copy(model, tmp_data, location=data.name)
+            onnx.save_model(light, tmp)
+            os.chmod(tmp_data, 0o666 & ~_umask())
+            os.replace(tmp_data, data)
         else:
             onnx.save_model(model, tmp)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for p in (tmp, tmp_data):
+            if os.path.exists(p):
+                os.unlink(p)
     return path
+
+
+# ------------------------------------------------------------------------------ models over 2 GB
+def _tensor_nbytes(t: onnx.TensorProto) -> int:
+    """Bytes of ``t``'s data, from its dims and type (reading ``raw_data``'s length would copy it)."""
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        return 0
+    try:
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        itemsize = 0
+    if t.data_type == onnx.TensorProto.STRING or not itemsize:
+        return t.ByteSize()
+    return int(np.prod(t.dims, dtype=np.int64)) * itemsize
+
+
+def _graphs(g: onnx.GraphProto):
+    yield g
+    for n in g.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sub in a.graphs:
+                    yield from _graphs(sub)
+
+
+def model_nbytes(model: onnx.ModelProto) -> int:
+    """The data of ``model``'s tensors (initializers and Constant nodes, subgraphs included) in bytes: its size
+    serialized, less the graph structure, computed without serializing (protobuf refuses 2 GB and over)."""
+    total = 0
+    for g in _graphs(model.graph):
+        total += sum(_tensor_nbytes(t) for t in g.initializer)
+        total += sum(_tensor_nbytes(a.t) for n in g.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR)
+    return total
+
+
+def is_large(model: onnx.ModelProto) -> bool:
+    """Too large to serialize in one protobuf (over ``EXTERNAL_DATA_BYTES``): save, check, infer shapes and run it
+    through files with external data."""
+    return model_nbytes(model) > EXTERNAL_DATA_BYTES
+
+
+def light_copy(model: onnx.ModelProto, data: Path | None = None, location: str | None = None,
+               arrays: list | None = None, threshold: int = 1024) -> onnx.ModelProto:
+    """A copy of ``model`` whose top-level initializers of more than ``threshold`` bytes are placeholders, each
+    referenced as ONNX external data at ``location``:
+
+    * with ``data``, their bytes are written there (4 KB aligned; ``location`` defaults to its name, relative to
+      the folder the copy is saved in);
+    * with ``arrays``, ``(name, numpy array)`` pairs are appended to it instead, for
+      ``SessionOptions.add_external_initializers`` (nothing written);
+    * with neither, the placeholders carry name, type and dims only, enough for shape inference.
+
+    The large tensors are never copied into the new proto, so this is how a model over 2 GB is saved, checked,
+    shape-inferred and handed to ONNX Runtime.
+    """
+    out = onnx.ModelProto()
+    for fd, value in model.ListFields():
+        if fd.name != "graph":
+            _copy_field(out, fd.name, value)
+    g, lg = model.graph, out.graph
+    for fd, value in g.ListFields():
+        if fd.name != "initializer":
+            _copy_field(lg, fd.name, value)
+    f = open(data, "wb") if data is not None else None
+    try:
+        offset = 0
+        for t in g.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL or _tensor_nbytes(t) <= threshold:
+                lg.initializer.add().CopyFrom(t)
+                continue
+            stub = lg.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
+            if t.doc_string:
+                stub.doc_string = t.doc_string
+            if f is None and arrays is None:
+                continue
+            if f is not None:
+                blob = t.raw_data if t.HasField("raw_data") else onnx.numpy_helper.to_array(t).astype(
+                    np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<"), copy=False).tobytes()
+                pad = -offset % 4096
+                f.write(b"\0" * pad)
+                offset += pad
+                f.write(blob)
+                where = (location or data.name, offset, len(blob))
+                offset += len(blob)
+            else:
+                arrays.append((t.name, onnx.numpy_helper.to_array(t)))
+                where = (location or "edgesdk-in-memory.bin", 0, _tensor_nbytes(t))
+            stub.data_location = onnx.TensorProto.EXTERNAL
+            for k, v in zip(("location", "offset", "length"), where):
+                stub.external_data.add(key=k, value=str(v))
+    finally:
+        if f is not None:
+            f.close()
+    return out
+
+
+def _copy_field(msg, name: str, value) -> None:
+    if hasattr(value, "extend"):  # repeated
+        getattr(msg, name).extend(value)
+    elif hasattr(value, "CopyFrom"):
+        getattr(msg, name).CopyFrom(value)
+    else:
+        setattr(msg, name, value)
+
+
+def infer_shapes(model: onnx.ModelProto, **kwargs) -> onnx.ModelProto:
+    """``onnx.shape_inference.infer_shapes``, for models over 2 GB too (on a :func:`light_copy`: shape inference
+    needs the large tensors' dims, not their values). The result's large initializers are placeholders then; use
+    it for its types and shapes only."""
+    return onnx.shape_inference.infer_shapes(light_copy(model) if is_large(model) else model, **kwargs)
+
+
+def check_model(model: onnx.ModelProto, full_check: bool = False) -> None:
+    """``onnx.checker.check_model``, for models over 2 GB too (through a temporary file with external data)."""
+    if not is_large(model):
+        onnx.checker.check_model(model, full_check=full_check)
+        return
+    with tempfile.TemporaryDirectory(prefix="edgesdk-check-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        onnx.save_model(light_copy(model, Path(tmp) / "model.onnx.data"), str(path))
+        onnx.checker.check_model(str(path), full_check=full_check)
+
+
+def external_data_files(path: Path | str) -> list[Path]:
+    """The external data files ``path``'s tensors name (without reading them), sorted."""
+    path = Path(path)
+    m = onnx.load(str(path), load_external_data=False)
+    names = set()
+    for g in _graphs(m.graph):
+        tensors = list(g.initializer) + [a.t for n in g.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+        for t in tensors:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                names.update(e.value for e in t.external_data if e.key == "location")
+    return sorted(path.parent / n for n in names)
+
+
+def model_sha256(path: Path | str) -> str:
+    """sha256 of an ONNX model file, or, where its weights are in external data files, of the model file's and each
+    data file's sha256 together (so that ``edgesdk check`` notices a changed data file too)."""
+    path = Path(path)
+    try:
+        files = external_data_files(path)
+    except Exception:  # not ONNX: its bytes are all there is
+        files = []
+    if not files:
+        return sha256_file(path)
+    h = hashlib.sha256(sha256_file(path).encode())
+    for f in files:
+        h.update(f"\n{f.name} {sha256_file(f)}".encode())
+    return h.hexdigest()
 
 
 NP_TYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,

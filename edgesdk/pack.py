@@ -97,7 +97,7 @@ def pack_model(model_path: Path | str, out_dir: Path | str, config=None, calibra
     from edgesdk.build import _move_into_place, check_output, split_feeds
     from edgesdk.config import BuildConfig
     from edgesdk.devices import get_profile
-    from edgesdk.onnx_io import input_specs, load_model, sha256_file
+    from edgesdk.onnx_io import input_specs, load_model, model_sha256
 
     if config is None:
         config = BuildConfig(kernels="bitmap", prune="magnitude")
@@ -150,7 +150,7 @@ def pack_model(model_path: Path | str, out_dir: Path | str, config=None, calibra
             entry["sparsity"] = row.get("sparsity")
             layers.append(entry)
         index = {"format": FORMAT, "version": VERSION, "edgesdk": _version(),
-                 "source": {"file": model_path.name, "sha256": sha256_file(model_path)},
+                 "source": {"file": model_path.name, "sha256": model_sha256(model_path)},
                  "options": {k: getattr(config, k, None) for k in ("sparsity", "prune", "kernels", "device")},
                  "layers": layers, "skipped": skipped}
         (tmp / INDEX).write_text(json.dumps(index, indent=1, default=str))

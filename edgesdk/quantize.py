@@ -19,6 +19,7 @@ import onnx
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.inspect import LinearInfo, find_linears, quant_state, subgraph_inputs
+from edgesdk.onnx_io import check_model, is_large, save_model
 
 QOPERATOR_FIX = (
     "TensorRT only reads explicit QuantizeLinear/DequantizeLinear (Q/DQ) graphs. Quantize the float "
@@ -123,7 +124,9 @@ def quantize_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], la
         extra.update({"CalibPercentile": 99.999, "CalibTensorRangeSymmetric": True})
     with tempfile.TemporaryDirectory(prefix="edgesdk-q-") as tmp:
         src, dst = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
-        onnx.save(model, str(src))
+        large = is_large(model)
+        save_model(model, src)  # beside it float.onnx.data, over 2 GB
+        del model  # quantize_static reads the file: a model of several GB is not held twice more
         root = logging.getLogger()
         level = root.level
         root.setLevel(logging.ERROR)  # quantize_static's "consider pre-processing" advice does not apply here
@@ -138,9 +141,10 @@ def quantize_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], la
                 weight_type=QuantType.QInt8,
                 calibrate_method=methods[method],
                 extra_options=extra,
+                use_external_data_format=large,
             )
         except Exception as e:  # a bug or limit of onnxruntime.quantization on this graph: no traceback
-            raise _quantize_failed(e, model, layers) from None
+            raise _quantize_failed(e, source, layers) from None
         finally:
             root.setLevel(level)
         out = onnx.load(str(dst))
@@ -189,7 +193,7 @@ def smooth_activations(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]
     Returns:
         The smoothed model and, per smoothed layer name, where its input scale went.
     """
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     from edgesdk.inspect import GraphIndex, bias_values, weight_kn
     from edgesdk.ort import make_session
@@ -225,17 +229,14 @@ def smooth_activations(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]
                 plans[x] = ("up", node, ups[0])
     if not plans:
         return model, {}
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    probe.graph.output.extend([helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, None) for x in plans])
-    sess = make_session(probe)
+    sess = make_session(model, outputs=list(plans))
     names = [o.name for o in sess.get_outputs()]
     amax = {x: np.zeros(groups[x][0].k) for x in plans}
     for f in feeds:
         for n, v in zip(names, sess.run(None, f)):
             if n in amax:
                 amax[n] = np.maximum(amax[n], np.abs(v.astype(np.float64)).reshape(-1, v.shape[-1]).max(0))
-    del sess, probe
+    del sess
 
     taken = {t.name for t in model.graph.initializer} | {o for n in model.graph.node for o in n.output}
 
@@ -495,10 +496,10 @@ def _check_valid(model: onnx.ModelProto, source: onnx.ModelProto) -> None:
     fails it too (then the quantization is not what broke it: e.g. graph outputs declared without a shape)."""
     for full in (False, True):
         try:
-            onnx.checker.check_model(model, full_check=full)
+            check_model(model, full_check=full)
         except Exception as e:
             try:
-                onnx.checker.check_model(source, full_check=full)
+                check_model(source, full_check=full)
             except Exception:
                 return
             raise EdgeSDKError(f"INT8 quantization produced an invalid ONNX model: {_short(e)}",

@@ -15,9 +15,12 @@ import importlib
 import os
 import pkgutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import onnx
+
+from edgesdk.onnx_io import is_large, light_copy
 
 PLUGIN_DOMAIN = "edgesdk"
 ORT_CONTRIB_DOMAIN = "ai.onnx.contrib"
@@ -91,10 +94,15 @@ def uses_plugins(model: onnx.ModelProto) -> bool:
     return any(n.domain == PLUGIN_DOMAIN for n in model.graph.node)
 
 
-def for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` whose plugin nodes sit in the domain onnxruntime-extensions serves."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
+def for_onnxruntime(model: onnx.ModelProto, copy: bool = True, source: onnx.ModelProto | None = None
+                    ) -> onnx.ModelProto:
+    """``model`` (a copy of it unless ``copy`` is False) with its plugin nodes in the domain onnxruntime-extensions
+    serves; ``source``: the model holding the weights, where ``model`` is a light copy (see ``adapt``)."""
+    if copy:
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+    else:
+        m = model
     for n in m.graph.node:
         if n.domain == PLUGIN_DOMAIN:
             n.domain = ORT_CONTRIB_DOMAIN
@@ -107,30 +115,59 @@ def for_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
     from edgesdk.ort._pyop import adapt  # fp16 X and optional bias, which Python ops cannot take
 
     register_ops()
-    adapt(m, ORT_CONTRIB_DOMAIN)
+    adapt(m, ORT_CONTRIB_DOMAIN, source)
     return m
 
 
-def make_session(model: onnx.ModelProto | bytes | str | Path, threads: int | None = None, quiet: bool = False):
+def make_session(model: onnx.ModelProto | bytes | str | Path, threads: int | None = None, quiet: bool = False,
+                 outputs: Sequence[str] = ()):
     """An ``onnxruntime.InferenceSession`` on the CPU with all graph optimizations off.
 
     ``ORT_DISABLE_ALL`` keeps ORT from rewriting DequantizeLinear→MatMul into MatMulNBits, which
     changes numerics (``../shared/DESIGN.md`` §6). Plugin nodes run through our reference ops.
     ``quiet``: ONNX Runtime logs nothing, not even the errors it also raises (for runs whose failure is handled).
+    ``outputs``: intermediate tensors to return too, after the graph's outputs (calibration probes); ``model`` is
+    not changed.
+
+    A model over 2 GB (protobuf's limit) reaches ONNX Runtime without being serialized whole: a path is opened where
+    it is (its external data beside it); a ``ModelProto``'s large initializers are handed over as arrays
+    (``SessionOptions.add_external_initializers``), held by the session (``edgesdk_weights``) while it lives.
     """
     import onnxruntime as ort
 
-    if isinstance(model, (str, Path)):
-        model = onnx.load(str(model))
-    elif isinstance(model, (bytes, bytearray)):
-        model = onnx.load_from_string(bytes(model))
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 4 if quiet else 3
     if threads:
         so.intra_op_num_threads = threads
-    if uses_plugins(model):
+    providers = ["CPUExecutionProvider"]
+    if isinstance(model, (str, Path)):
+        head = onnx.load(str(model), load_external_data=False)
+        if not uses_plugins(head) and not outputs:
+            return ort.InferenceSession(str(model), so, providers=providers)
+        model = onnx.load(str(model))
+    elif isinstance(model, (bytes, bytearray)):
+        model = onnx.load_from_string(bytes(model))
+    large = is_large(model)
+    plugins = uses_plugins(model)
+    weights: list = []
+    if large:
+        m = light_copy(model, arrays=weights)
+    elif outputs or plugins:
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+    else:
+        m = model
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(onnx.ValueInfoProto(name=t) for t in dict.fromkeys(outputs) if t not in have)
+    if plugins:
         register_ops()
         so.register_custom_ops_library(import_ortx().get_library_path())
-        model = for_onnxruntime(model)
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        m = for_onnxruntime(m, copy=False, source=model if large else None)
+    if weights:
+        values = [ort.OrtValue.ortvalue_from_numpy(a) for _, a in weights]
+        so.add_external_initializers([n for n, _ in weights], values)
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=providers)
+    if weights:
+        sess.edgesdk_weights = values
+    return sess

@@ -33,6 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.onnx_io import infer_shapes
 
 #: op_type → number of inputs after X (bias included) for every registered op.
 REGISTERED: dict[str, int] = {}
@@ -114,8 +115,9 @@ def _known_types(model: onnx.ModelProto) -> dict[str, int]:
     return out
 
 
-def adapt(model: onnx.ModelProto, domain: str) -> None:
-    """Rewrite plugin nodes of ``domain`` in place into what the Python ops accept (module doc).
+def adapt(model: onnx.ModelProto, domain: str, source: onnx.ModelProto | None = None) -> None:
+    """Rewrite plugin nodes of ``domain`` in place into what the Python ops accept (module doc). ``source``: the
+    model whose initializers hold the weights, where ``model`` is a :func:`~edgesdk.onnx_io.light_copy` of it.
 
     Raises:
         EdgeSDKError: The dtype of a plugin node's X cannot be determined or is not fp16/fp32.
@@ -127,7 +129,7 @@ def adapt(model: onnx.ModelProto, domain: str) -> None:
     types = _known_types(model)
     if any(n.input[0] not in types for n in plugin):
         try:
-            types.update(_known_types(onnx.shape_inference.infer_shapes(model, strict_mode=False)))
+            types.update(_known_types(infer_shapes(model, strict_mode=False)))
         except Exception:
             pass
     for n in g.node:  # onnx < 1.17 may stop inferring at a plugin node; a QuantizeLinear's output type is
@@ -135,7 +137,7 @@ def adapt(model: onnx.ModelProto, domain: str) -> None:
             zp = n.input[2] if len(n.input) > 2 else ""  # its zero point's, else output_dtype's, else uint8
             given = {a.name: a.i for a in n.attribute}.get("output_dtype", 0)
             types[n.output[0]] = types.get(zp, 0) if zp else (given or TensorProto.UINT8)
-    inits = {t.name: t for t in g.initializer}
+    inits = {t.name: t for t in (source or model).graph.initializer}
     for n in plugin:
         _validate(n, inits)
     taken = {o for n in g.node for o in n.output} | {t.name for t in g.initializer} | {i.name for i in g.input}

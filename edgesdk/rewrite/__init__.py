@@ -44,7 +44,7 @@ from edgesdk.errors import EdgeSDKError, FormatError
 from edgesdk.formats import bitmap_linear as bitmap_fmt
 from edgesdk.formats import vitbit_gemm as vitbit_fmt
 from edgesdk.inspect import GraphIndex, LinearInfo, _attr, bias_values, find_linears, subgraph_inputs, weight_kn
-from edgesdk.onnx_io import shape_ranges
+from edgesdk.onnx_io import check_model, infer_shapes, shape_ranges
 from edgesdk.rewrite.choose import KERNELS, MEASURE, LayerFacts, choose, decide_measured, measure_plan
 from edgesdk.sparsify import activation_norms, prune
 
@@ -60,7 +60,7 @@ VITBIT_INPUTS = ("int8", "float")
 def _types(model: onnx.ModelProto) -> dict[str, tuple[int, list]]:
     """Tensor name → (elem_type, dims with None for unknown/symbolic), via ONNX shape inference."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        inferred = infer_shapes(model, strict_mode=False)
     except Exception:  # shape inference is an aid here, never a requirement
         inferred = model
     g = inferred.graph
@@ -226,12 +226,9 @@ def _probe_rows(model: onnx.ModelProto, tensors: Sequence[str],
             return {}
         shape = opt.get(i.name) or [d.dim_value if d.dim_value > 0 else 1 for d in t.shape.dim]
         feed[i.name] = np.zeros(shape, dtypes[t.elem_type])
-    m = _copy(model)
-    have = {o.name for o in m.graph.output}
     wanted = [t for t in dict.fromkeys(tensors) if t not in feed]
-    m.graph.output.extend(onnx.ValueInfoProto(name=t) for t in wanted if t not in have)
     try:
-        sess = make_session(m, quiet=True)
+        sess = make_session(model, quiet=True, outputs=wanted)
         outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
     except Exception:
         return {}
@@ -269,13 +266,7 @@ def input_norms(model: onnx.ModelProto, tensors: Sequence[str], calibration,
         raise EdgeSDKError("Wanda pruning needs calibration data, none was given",
                            "pass --calibration (inputs of the model) or use --prune magnitude")
     wanted = list(dict.fromkeys(tensors))
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    have = {o.name for o in m.graph.output}
-    for t in wanted:
-        if t not in have:
-            m.graph.output.append(onnx.ValueInfoProto(name=t))
-    sess = make_session(m)
+    sess = make_session(model, outputs=wanted)
     names = [o.name for o in sess.get_outputs()]
     sq: dict[str, np.ndarray] = {}
     for feed in feeds:
@@ -700,7 +691,7 @@ def _finish(model: onnx.ModelProto, new_nodes: dict, drop: set[int], new_inits: 
         model.opset_import.append(helper.make_opsetid(PLUGIN_DOMAIN, 1))
     model.ir_version = IR_VERSION
     try:
-        onnx.checker.check_model(model)
+        check_model(model)
     except onnx.checker.ValidationError as err:
         raise EdgeSDKError(f"the rewritten model fails onnx.checker: {err}",
                            "report this with the input model; run with --kernels none to skip the rewrite") from None
