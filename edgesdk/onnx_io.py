@@ -66,6 +66,9 @@ def load_model(path: Path | str) -> onnx.ModelProto:
             raise EdgeSDKError(f"{path}: its external weight data cannot be read ({e}).",
                                "keep the .onnx file next to its external data file(s).") from None
     check_opset(model, str(path))
+    # onnx >= 1.19's helpers write IR 11-14, which ONNX Runtime 1.18-1.23, TensorRT 10 and onnx < 1.19's checker
+    # refuse although such a model seldom uses anything past IR 10 (a newer element type is refused where used).
+    model.ir_version = min(model.ir_version, IR_VERSION)
     try:
         if is_large(model):
             onnx.checker.check_model(str(path))

@@ -116,6 +116,15 @@ def test_save_model_large_is_atomic_and_complete(tiny_limit, tmp_path):
         [numpy_helper.to_array(t).tolist() for t in m.graph.initializer]
 
 
+def test_ir_version_past_10_is_read_as_10(tmp_path):
+    """onnx 1.23's helpers write IR 14, which ONNX Runtime < 1.24 refuses ("Unsupported model IR version")."""
+    m = _mlp(ir=14)
+    onnx.save(m, str(tmp_path / "ir14.onnx"))
+    loaded = onnx_io.load_model(tmp_path / "ir14.onnx")
+    assert loaded.ir_version == 10
+    make_session(loaded).run(None, {"x": RNG.standard_normal((1, 3, 37)).astype(np.float32)})
+
+
 def test_model_sha256_covers_external_data(tmp_path):
     m = _mlp()
     onnx.save(m, str(tmp_path / "a.onnx"), save_as_external_data=True, location="a.weights", size_threshold=64)
