@@ -167,6 +167,7 @@ def make_session(model: onnx.ModelProto | bytes | str | Path, threads: int | Non
     if weights:
         values = [ort.OrtValue.ortvalue_from_numpy(a) for _, a in weights]
         so.add_external_initializers([n for n, _ in weights], values)
+        so.add_session_config_entry("session.disable_prepacking", "1")  # MLAS would hold the weights a 2nd time
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=providers)
     if weights:
         sess.edgesdk_weights = values
