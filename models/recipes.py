@@ -54,7 +54,7 @@ def export_onnx(module, args: tuple, path: Path | str, input_names: list[str], o
                     dyn = {n: {ax: torch.export.Dim.AUTO for ax in axes} for n, axes in dynamic_axes.items()
                            if n in input_names}
                 torch.onnx.export(module, args, str(raw), input_names=input_names, output_names=output_names,
-                                  opset_version=OPSET, dynamo=True, dynamic_shapes=dyn, external_data=False)
+                                  opset_version=OPSET, dynamo=True, dynamic_shapes=dyn, external_data=True)
             else:
                 torch.onnx.export(module, args, str(raw), input_names=input_names, output_names=output_names,
                                   opset_version=OPSET, dynamic_axes=dynamic_axes, dynamo=False,

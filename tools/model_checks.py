@@ -11,12 +11,17 @@
 * ``smollm2-past --onnx PATH``: the same model exported by optimum with its KV cache (``tools/optimum_fixtures.py
   --smollm2 DIR``, in a venv with optimum), built for decode steps of one token after 63 cached (profile 0 to 255
   cached), calibrated on the same text, verified at 63, 0 and 255 cached tokens.
+* ``decoder-past --onnx PATH``: a decoder of a real model's shape with KV cache and random weights (``tools/
+  optimum_fixtures.py --decoder tinyllama DIR``: 4.4 GB of external data, over protobuf's 2 GB), built the same way
+  on random token ids (31 cached, profile 0 to 127): wall time, peak RSS, the build folder's files. Random weights
+  make its accuracy figures no guide to a trained model's.
 
 Usage::
 
     python tools/model_checks.py vit-b16 [--workdir DIR] [--kernels none|auto]
     python tools/model_checks.py smollm2 [--workdir DIR] [--kernels none|auto]
     python tools/model_checks.py smollm2-past --onnx DIR/model.onnx [--workdir DIR] [--kernels none|auto]
+    python tools/model_checks.py decoder-past --onnx DIR/model.onnx [--workdir DIR] [--kernels none|auto]
 """
 
 from __future__ import annotations
@@ -116,10 +121,29 @@ def check_smollm2_past(work: Path, kernels: str, onnx_path: Path, cached: int = 
     return _summary(out, res) if res["exit_code"] in (0, 2) else res
 
 
+def check_decoder_past(work: Path, kernels: str, onnx_path: Path, cached: int = 31, most: int = 127) -> dict:
+    import onnx
+
+    past = onnx.load(str(onnx_path), load_external_data=False).graph.input[3]  # past_key_values.0.key [B, H, P, D]
+    h, d = (x.dim_value for x in past.type.tensor_type.shape.dim[1::2])
+    out = work / f"decoder_past_{kernels}"
+    res = timed_build([str(onnx_path), "--device", "orin", "-o", str(out), "--force", "--kernels", kernels,
+                       "--shape", "input_ids:1x1", "--shape", f"{past.name}:1x{h}x{cached}x{d}",
+                       "--min-shape", f"{past.name}:1x{h}x0x{d}", "--max-shape", f"{past.name}:1x{h}x{most}x{d}",
+                       "--calibration-count", "8", "--verify-count", "2"])
+    res.update({"check": "decoder-past (random weights)", "kernels_flag": kernels, "cached": cached,
+                "max_cached": most,
+                "source_files": {p.name: p.stat().st_size for p in sorted(onnx_path.parent.iterdir()) if p.is_file()}})
+    if res["exit_code"] not in (0, 2):
+        return res
+    res["build_files"] = {p.name: p.stat().st_size for p in sorted(out.iterdir())}
+    return _summary(out, res)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("check", choices=["vit-b16", "smollm2", "smollm2-past"])
-    ap.add_argument("--onnx", type=Path, default=None, help="smollm2-past: the optimum export")
+    ap.add_argument("check", choices=["vit-b16", "smollm2", "smollm2-past", "decoder-past"])
+    ap.add_argument("--onnx", type=Path, default=None, help="smollm2-past, decoder-past: the optimum export")
     ap.add_argument("--workdir", type=Path, default=None, help="keep exports here (default: a temp dir)")
     ap.add_argument("--kernels", default="none", choices=["none", "auto", "bitmap", "vitbit"])
     a = ap.parse_args()
@@ -130,6 +154,10 @@ def main() -> None:
             if a.onnx is None:
                 ap.error("smollm2-past needs --onnx (tools/optimum_fixtures.py --smollm2 DIR writes it)")
             res = check_smollm2_past(work, a.kernels, a.onnx.resolve())
+        elif a.check == "decoder-past":
+            if a.onnx is None:
+                ap.error("decoder-past needs --onnx (tools/optimum_fixtures.py --decoder tinyllama DIR writes it)")
+            res = check_decoder_past(work, a.kernels, a.onnx.resolve())
         else:
             res = (check_vit_b16 if a.check == "vit-b16" else check_smollm2)(work, a.kernels)
     res.update({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
