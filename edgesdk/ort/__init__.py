@@ -145,7 +145,8 @@ def make_session(model: onnx.ModelProto | bytes | str | Path, threads: int | Non
         head = onnx.load(str(model), load_external_data=False)
         if not uses_plugins(head) and not outputs:
             return ort.InferenceSession(str(model), so, providers=providers)
-        model = onnx.load(str(model))
+        onnx.external_data_helper.load_external_data_for_model(head, str(Path(model).parent))
+        model = head
     elif isinstance(model, (bytes, bytearray)):
         model = onnx.load_from_string(bytes(model))
     large = is_large(model)
