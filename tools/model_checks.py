@@ -99,21 +99,27 @@ def check_smollm2(work: Path, kernels: str, seq: int = 64, alpha: float = 0.75) 
     return _summary(out, res) if res["exit_code"] in (0, 2) else res
 
 
-def check_smollm2_past(work: Path, kernels: str, onnx_path: Path, cached: int = 63, most: int = 255,
-                       alpha: float = 0.75) -> dict:
+def decode_shapes(onnx_path: Path, cached: int, most: int) -> list[str]:
+    """Build flags of a decode step: one new token after ``cached`` ones, the profile from an empty cache to
+    ``most`` cached (the cache's heads and head dim read from the export's first past input)."""
     import onnx
 
+    past = onnx.load(str(onnx_path), load_external_data=False).graph.input[3]  # past_key_values.0.key [B, H, P, D]
+    h, d = (x.dim_value for x in past.type.tensor_type.shape.dim[1::2])
+    return ["--shape", "input_ids:1x1", "--shape", f"{past.name}:1x{h}x{cached}x{d}",
+            "--min-shape", f"{past.name}:1x{h}x0x{d}", "--max-shape", f"{past.name}:1x{h}x{most}x{d}"]
+
+
+def check_smollm2_past(work: Path, kernels: str, onnx_path: Path, cached: int = 63, most: int = 255,
+                       alpha: float = 0.75) -> dict:
     from models.recipes import english_text, load_smollm2
 
     _, tok = load_smollm2()
     ids = tok(english_text())["input_ids"]
     (work / "tokens.txt").write_text(" ".join(map(str, ids)) + "\n")
-    past = onnx.load(str(onnx_path), load_external_data=False).graph.input[3]  # past_key_values.0.key [B, H, P, D]
-    h, d = (x.dim_value for x in past.type.tensor_type.shape.dim[1::2])
     out = work / f"smollm2_past_{kernels}"
     res = timed_build([str(onnx_path), "--device", "orin", "-o", str(out), "--force", "--kernels", kernels,
-                       "--shape", "input_ids:1x1", "--shape", f"{past.name}:1x{h}x{cached}x{d}",
-                       "--min-shape", f"{past.name}:1x{h}x0x{d}", "--max-shape", f"{past.name}:1x{h}x{most}x{d}",
+                       *decode_shapes(onnx_path, cached, most),
                        "--calibration", str(work / "tokens.txt"), "--calibration-count", "16",
                        "--smooth-quant", str(alpha), "--atol", "1.0"])
     res.update({"check": "smollm2-135m-past", "kernels_flag": kernels, "tokens_of_real_text": len(ids),
@@ -122,15 +128,9 @@ def check_smollm2_past(work: Path, kernels: str, onnx_path: Path, cached: int = 
 
 
 def check_decoder_past(work: Path, kernels: str, onnx_path: Path, cached: int = 31, most: int = 127) -> dict:
-    import onnx
-
-    past = onnx.load(str(onnx_path), load_external_data=False).graph.input[3]  # past_key_values.0.key [B, H, P, D]
-    h, d = (x.dim_value for x in past.type.tensor_type.shape.dim[1::2])
     out = work / f"decoder_past_{kernels}"
     res = timed_build([str(onnx_path), "--device", "orin", "-o", str(out), "--force", "--kernels", kernels,
-                       "--shape", "input_ids:1x1", "--shape", f"{past.name}:1x{h}x{cached}x{d}",
-                       "--min-shape", f"{past.name}:1x{h}x0x{d}", "--max-shape", f"{past.name}:1x{h}x{most}x{d}",
-                       "--calibration-count", "8", "--verify-count", "2"])
+                       *decode_shapes(onnx_path, cached, most), "--calibration-count", "8", "--verify-count", "2"])
     res.update({"check": "decoder-past (random weights)", "kernels_flag": kernels, "cached": cached,
                 "max_cached": most,
                 "source_files": {p.name: p.stat().st_size for p in sorted(onnx_path.parent.iterdir()) if p.is_file()}})
