@@ -125,13 +125,25 @@ def why(row: dict, within_tolerance: bool) -> str:
     def g(v):
         return "-" if v is None else format(v, ".3g")
 
+    def flag(v):  # a threshold as the user gave it (--min-cosine 0.99999 is not "1")
+        return "-" if v is None else format(v, ".15g")
+
     out = []
     if not within_tolerance:
-        out.append(f"mean abs error {g(row['worst_mean_abs'])} > --atol {g(row['atol'])} and mean rel error "
-                   f"{g(row['worst_mean_rel'])} > --rtol {g(row['rtol'])} (worst sample)")
+        out.append(f"mean abs error {g(row['worst_mean_abs'])} > --atol {flag(row['atol'])} and mean rel error "
+                   f"{g(row['worst_mean_rel'])} > --rtol {flag(row['rtol'])} (worst sample)")
     if row["cosine"] < row["min_cosine"]:
-        out.append(f"cosine {row['cosine']:.5f} < --min-cosine {g(row['min_cosine'])}")
+        out.append(f"cosine {_below(row['cosine'], row['min_cosine'])} < --min-cosine {flag(row['min_cosine'])}")
     return "; ".join(out)
+
+
+def _below(value: float, limit: float) -> str:
+    """``value`` with as few decimals (5 at least) as show it below ``limit`` (0.999994 < 0.999995, not 0.99999)."""
+    for d in range(5, 13):
+        text = f"{value:.{d}f}"
+        if float(text) < limit:
+            return text
+    return repr(value)
 
 
 def metrics(ref: np.ndarray, out: np.ndarray) -> dict:

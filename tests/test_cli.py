@@ -158,6 +158,17 @@ def test_usage_errors_exit_1_and_verification_failures_keep_2(tmp_path):
     assert f"FAIL logits (processed vs original): {row['why']}" in text and "loosen --atol/--rtol" in text
 
 
+def test_why_shows_thresholds_as_given():
+    from edgesdk.verify import why
+
+    row = {"worst_mean_abs": 0.51, "worst_mean_rel": 0.2, "atol": 0.125, "rtol": 0.1, "cosine": 0.99976,
+           "min_cosine": 0.99999}
+    assert why(row, True) == "cosine 0.99976 < --min-cosine 0.99999"  # was "< --min-cosine 1"
+    row.update(cosine=0.9999994, min_cosine=0.9999995)
+    assert why(row, False) == ("mean abs error 0.51 > --atol 0.125 and mean rel error 0.2 > --rtol 0.1 (worst "
+                               "sample); cosine 0.999999 < --min-cosine 0.9999995")
+
+
 def test_build_help_shows_the_defaults():
     out = " ".join(runner.invoke(app, ["build", "--help"], terminal_width=200).output.replace("│", " ").split())
     for text in ("[default: orin]", "[default: 16]", "[default: wanda]", "[default: 0.99]", "e.g. 0.75 for SmolLM2"):
