@@ -267,7 +267,7 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
                          "or more samples (or lower --calibration-count) to verify on held-out data")
         if not config.verify:
             notes.append("verification skipped (--no-verify)")
-        quantized, skipped = quantize_step(model, linears, state, calib, config, step)
+        quantized, skipped, smoothing = quantize_step(model, linears, state, calib, config, step)
 
         if config.kernels == "none" and config.sparsity == 0:
             processed, layers = quantized, plain_layers(quantized, "kernels=none", skipped)
@@ -276,6 +276,8 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
             with step(f"Rewrite linears (kernels={config.kernels}, sparsity={config.sparsity})"):
                 processed, layers = rewrite_model(quantized, config, calib, device)
 
+        for r in layers:  # SmoothQuant's alpha of the layer's group (None: not smoothed); the INT8 error comes below
+            r.update({"smooth_alpha": (smoothing.get(r["name"]) or (None, None, None))[2], **dict.fromkeys(SQNR_KEYS)})
         verify_rows = []
         if config.verify:
             pruned_ref = None
@@ -284,6 +286,10 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
                     pruned_ref = pruned_reference(quantized, calib, config, device)
             extra_feeds = range_feeds(model, ranges, config)
             verify_rows = verify_all(model, processed, pruned_ref, check_feeds, config, step, extra_feeds)
+            if any(r["quantized"] for r in layers):
+                with step("Measure each INT8 layer's error (output SQNR)"):
+                    layer_sqnr(layers, quantized, [*check_feeds, *(f for fs in extra_feeds.values() for f in fs)],
+                               None if state == "qdq" else model, smoothing)
 
         try:
             with step("Write the build folder"):
@@ -419,7 +425,7 @@ def check_build(build_dir: Path | str, model_path: Path | str | None = None, ove
     pruned_ref = None
     if config.sparsity > 0 and config.kernels != "none":
         # Same calibration data and options as the build, so the same quantization and masks.
-        quantized, _ = quantize_step(original, find_linears(original), quant_state(original), calib, config, step)
+        quantized, _, _ = quantize_step(original, find_linears(original), quant_state(original), calib, config, step)
         with step("Prune a dense reference with the same masks (for the verification)"):
             pruned_ref = pruned_reference(quantized, calib, config, get_profile(config.device))
     extra_feeds = range_feeds(original, ranges, config)
@@ -443,13 +449,28 @@ def _check_calibration(path: Path, recorded: dict | None) -> str:
 
 
 def quantize_step(model, linears, state: str, calib, config: BuildConfig, step: StepFn):
-    """INT8 Q/DQ on the chosen linears (or the model as is). Returns ``(model, skipped layers)``."""
+    """INT8 Q/DQ on the chosen linears (or the model as is). Returns ``(model, skipped layers, smoothing factors)``
+    (see :func:`edgesdk.quantize.quantize_int8`)."""
     if state == "qdq" or config.quantize != "int8":
-        return model, {}
+        return model, {}, {}
     chosen, skipped = select_layers(model, linears, config.exclude, config.include_lm_head)
+    smoothing: dict = {}
     with step(f"Quantize {len(chosen)} linears to INT8 (calibrating on {len(calib)} samples)") as advance:
-        q = quantize_int8(model, calib, chosen, config.calibrate_method, progress=advance, smooth=config.smooth_quant)
-    return q, skipped
+        q = quantize_int8(model, calib, chosen, config.calibrate_method, progress=advance, smooth=config.smooth_quant,
+                          smoothing=smoothing)
+    return q, skipped, smoothing
+
+
+SQNR_KEYS = ("sqnr_db", "sqnr_act_db", "sqnr_weight_db")
+
+
+def layer_sqnr(layers: list[dict], quantized, feeds, source, smoothing: dict) -> None:
+    """Add each INT8 layer's output SQNR (:mod:`edgesdk.sensitivity`) to its report row; None where not measured."""
+    from edgesdk.sensitivity import layer_errors
+
+    errs = layer_errors(quantized, feeds, source, smoothing)
+    for r in layers:
+        r.update(errs.get(r["name"], {}))
 
 
 def _rewrite_fn():

@@ -137,7 +137,7 @@ def build(
     if not quiet:
         print_summary(report, console)
     if report["verified"] is False:
-        verification_failed(report["verify"], build_dir=report["output"])
+        verification_failed(report["verify"], build_dir=report["output"], layers=report["layers"])
 
 
 @app.command("inspect")
@@ -270,8 +270,13 @@ def check(
         verification_failed(rows)
 
 
-def verification_failed(rows: list[dict], build_dir: str | None = None):
-    """Say which gating comparison failed and why (on stderr, even with --quiet), then exit 2."""
+def verification_failed(rows: list[dict], build_dir: str | None = None, layers: list[dict] | None = None):
+    """Say which gating comparison failed and why, and the INT8 layers of largest error where they were measured
+    (on stderr, even with --quiet), then exit 2."""
+    import re
+
+    from edgesdk.report import lowest_sqnr
+
     for v in rows:
         if not v["passed"] and v.get("gate", True):
             against = {"pruned_reference": "pruned dense", "tensorrt": "TensorRT"}.get(v.get("against"), "original")
@@ -283,6 +288,13 @@ def verification_failed(rows: list[dict], build_dir: str | None = None):
                            "logits of ±20), loosen --atol/--rtol/--min-cosine; else calibrate on more, real samples "
                            "(--calibration, --calibration-count), keep sensitive layers float (--exclude), try "
                            "--smooth-quant, or lower --sparsity."), soft_wrap=True)
+    low = lowest_sqnr(layers or [])
+    if low and any(not v["passed"] and v.get("gate", True) and v.get("against", "original") == "original"
+                   for v in rows):  # INT8 error is what a failed comparison with the original can come from
+        said = ", ".join(f"{r['name']} ({r['sqnr_db']:.1f} dB)" for r in low)
+        names = "|".join(re.escape(r["name"]) for r in low)
+        err_console.print(Text(f"the INT8 layers of largest error (lowest output SQNR, report.json layers[].sqnr_db): "
+                               f"{said}; to keep them float: --exclude '^({names})$'"), soft_wrap=True)
     raise typer.Exit(2)
 
 

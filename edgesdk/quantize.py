@@ -83,7 +83,8 @@ class _Reader:
 
 
 def quantize_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], layers: list[LinearInfo],
-                  method: str = "minmax", progress=None, smooth: float | None = None) -> onnx.ModelProto:
+                  method: str = "minmax", progress=None, smooth: float | None = None,
+                  smoothing: dict | None = None) -> onnx.ModelProto:
     """Quantize ``layers`` of a float model to symmetric INT8 Q/DQ with ``quantize_static``.
 
     Args:
@@ -93,6 +94,9 @@ def quantize_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], la
         method: ``"minmax"`` or ``"percentile"`` (99.999th percentile of |x|) activation ranges.
         progress: Optional ``callback(done, total)`` called per calibration sample.
         smooth: SmoothQuant migration strength alpha (see :func:`smooth_activations`); None = off.
+        smoothing: Optional dict filled with the smoothing factors per smoothed layer (see
+            :func:`smooth_activations`' ``scales``), so that the float weights ONNX Runtime quantized can be rebuilt
+            from ``model``'s without holding them (:mod:`edgesdk.sensitivity`).
 
     Returns:
         The Q/DQ model (weights int8 per output channel, activations int8 per tensor, zero points 0).
@@ -106,7 +110,7 @@ def quantize_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], la
     model = fold_weight_transposes(model, layers)
     _check_float16_opset(model, layers)
     if smooth:
-        model, _ = smooth_activations(model, feeds, layers, smooth)
+        model, _ = smooth_activations(model, feeds, layers, smooth, scales=smoothing)
     if not feeds:
         raise EdgeSDKError("INT8 quantization needs at least one calibration sample.",
                            "pass --calibration DATA or raise --calibration-count.")
@@ -174,7 +178,7 @@ def _calibrate_softmax() -> list[str]:
 
 
 def smooth_activations(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], layers: list[LinearInfo],
-                       alpha: float = 0.5) -> tuple[onnx.ModelProto, dict[str, str]]:
+                       alpha: float = 0.5, scales: dict | None = None) -> tuple[onnx.ModelProto, dict[str, str]]:
     """SmoothQuant (Xiao et al., 2023): move activation outliers into the weights before INT8.
 
     For the linears reading one activation X (e.g. q/k/v), per input channel j:
@@ -189,6 +193,10 @@ def smooth_activations(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]
         feeds: Calibration inputs (for max|X_j|).
         layers: Linears to be quantized.
         alpha: Migration strength in (0, 1).
+        scales: Optional dict filled per smoothed layer name with ``(rows, cols, alpha)``: float64 factors over K
+            that multiplied the weight's rows, over N that divided its columns (and bias), or None where there were
+            none, and the alpha of the layer's own group (None where only its columns were divided).
+            The smoothed weight is ``float32(W · rows[:, None] / cols[None, :])`` of the ``[K, N]`` weight.
 
     Returns:
         The smoothed model and, per smoothed layer name, where its input scale went.
@@ -251,6 +259,7 @@ def smooth_activations(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]
     done = {}
     row_scale: dict[str, np.ndarray] = {}  # linear name -> s over K (weight rows multiplied)
     col_scale: dict[str, np.ndarray] = {}  # linear name -> s over N (weight columns and bias divided)
+    chosen: dict[str, float | None] = {}  # linear name -> alpha of its group
     for x, (kind, node, extra) in plans.items():
         group = groups[x]
         wmax = np.max([np.abs(weight_kn(model, li, ix)).max(1) for li in group], axis=0).astype(np.float64)
@@ -259,6 +268,7 @@ def smooth_activations(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]
         sc[ok] = np.clip(amax[x][ok] ** alpha / wmax[ok] ** (1 - alpha), 1e-5, 1e5)
         for li in group:
             row_scale[li.name] = sc
+            chosen[li.name] = alpha
             done[li.name] = kind
         if kind == "layernorm":
             node.input[1] = put(ix.array(node.input[1]).astype(np.float64) / sc, f"{node.input[1]}_smooth")
@@ -280,6 +290,9 @@ def smooth_activations(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]
             holder = ix.nodes[li.bias_node] if li.bias_node else ix.nodes[li.node]
             j = list(holder.input).index(li.bias)
             holder.input[j] = put(b.astype(np.float64) / col_scale[name], f"{li.bias}_smooth")
+    if scales is not None:
+        scales.update({name: (row_scale.get(name), col_scale.get(name), chosen.get(name))
+                       for name in set(row_scale) | set(col_scale)})
     used = {i for n in model.graph.node for i in n.input}
     keep = [t for t in model.graph.initializer if t.name in used]
     del model.graph.initializer[:]

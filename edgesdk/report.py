@@ -48,7 +48,8 @@ def _timed(r: dict) -> str:
 
 def _layers_grid(layers: list[dict], title: str, notes: bool) -> Grid:
     """INT8 state and sparsity, where every layer shares them, may move above the table (``Grid``); the shape,
-    kernel and sizes stay in it."""
+    kernel, sizes and INT8 error stay in it."""
+    sqnr = any(r.get("sqnr_db") is not None for r in layers)
     t = Grid(title)
     t.key("layer")
     t.num("K×N", shared=False)  # the op kind: `edgesdk inspect`
@@ -57,14 +58,35 @@ def _layers_grid(layers: list[dict], title: str, notes: bool) -> Grid:
     t.num("kernel", justify="left", shared=False)
     t.num("MB\ndense", shared=False)
     t.num("MB\npacked", shared=False)
+    if sqnr:
+        t.num("SQNR\ndB", shared=False)
     if notes:
         t.text("note", shared=False)
     for r in layers:
         k, n = r["shape"]
         cells = [r["name"], f"{k}×{n}", "yes" if r["quantized"] else "no", f"{r['sparsity']:.2f}",
                  r["kernel"], _mb(r.get("bytes_dense")), _mb(r.get("bytes_packed"))]
+        if sqnr:
+            cells.append(_num(r.get("sqnr_db"), ".1f"))
         t.add_row(*cells, *([_note(r)] if notes else []))
     return t
+
+
+def lowest_sqnr(layers: list[dict], count: int = 3) -> list[dict]:
+    """The ``count`` INT8 layers of lowest output SQNR (``sqnr_db``, :mod:`edgesdk.sensitivity`), lowest first."""
+    return sorted((r for r in layers if r.get("sqnr_db") is not None), key=lambda r: r["sqnr_db"])[:count]
+
+
+def sqnr_line(layers: list[dict], count: int = 3) -> str | None:
+    """One line on the INT8 error of the layers: the lowest output SQNRs and the median, or None if not measured."""
+    low = lowest_sqnr(layers, count)
+    if not low:
+        return None
+    vals = sorted(r["sqnr_db"] for r in layers if r.get("sqnr_db") is not None)
+    mid = vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
+    said = ", ".join(f"{r['name']} {r['sqnr_db']:.1f} dB" for r in low)
+    return (f"INT8 error per layer (output SQNR, higher is better; layers[].sqnr_db): lowest {said}; median "
+            f"{mid:.1f} dB over {len(vals)} layers")
 
 
 def _note(r: dict) -> str:
@@ -137,6 +159,9 @@ def print_summary(report: dict, console: Console | None = None) -> None:
         console.print(layers_table(shown, f"Linear layers ({len(layers)}; first 12 and last 4 shown, all in report.json)"))
     else:
         console.print(layers_table(layers))
+    line = sqnr_line(layers)
+    if line:
+        console.print(Text(line))
     for note in sorted({r["choice"] for r in layers if r.get("choice")}):
         console.print(Text(f"Kernel choice (--kernels auto): {note}"))
     for note in report.get("notes", []):

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "models" / "digits_vit.onnx"
 CALIB = ROOT / "calibration" / "digits.npz"
 LAYER_KEYS = {"name", "kind", "shape", "quantized", "sparsity", "kernel", "bytes_dense", "bytes_packed", "reason",
-              "measured", "choice"}
+              "measured", "choice", "smooth_alpha", "sqnr_db", "sqnr_act_db", "sqnr_weight_db"}
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,7 @@ def test_report_contract(built):
         assert row["quantized"] and row["kernel"] == "none" and row["reason"] == "kernels=none"
         k, n = row["shape"]
         assert row["bytes_dense"] == k * n + 4 * n
+        assert 25 < row["sqnr_db"] <= min(row["sqnr_act_db"], row["sqnr_weight_db"]) and row["smooth_alpha"] is None
     assert {row["name"] for row in r["layers"]} >= {"blocks.0.qkv", "blocks.1.fc2", "head"}
     (v,) = r["verify"]
     assert v["output"] == "logits" and v["samples"] == 8 and v["runners"] == ["onnxrt-original", "onnxrt-processed"]
@@ -120,6 +121,9 @@ def test_float_build_is_exact_and_already_qdq_is_kept(tmp_path):
     r2 = build(q, BuildConfig(output=tmp_path / "q2", kernels="none", calibration_count=2, verify_count=2))
     assert r2["model"]["quant_state"] == "qdq" and "used as is" in r2["notes"][0]
     assert r2["verify"][0]["max_abs"] == 0.0  # not quantized twice
+    assert not any(row["sqnr_db"] is not None for row in r["layers"])  # nothing quantized: nothing measured
+    for row in r2["layers"]:  # came quantized: no float weights, the activation's error only
+        assert row["sqnr_weight_db"] is None and row["sqnr_db"] == row["sqnr_act_db"] > 25
     m1, m2 = onnx.load(str(q)), onnx.load(str(tmp_path / "q2" / "model.onnx"))
     assert len(m1.graph.node) == len(m2.graph.node)
 
@@ -130,6 +134,7 @@ def test_exclude_keeps_layers_float(tmp_path):
     by = {row["name"]: row for row in r["layers"]}
     assert not by["head"]["quantized"] and not by["blocks.0.fc1"]["quantized"] and by["blocks.0.qkv"]["quantized"]
     assert "excluded by --exclude" in by["blocks.1.fc2"]["reason"]
+    assert by["head"]["sqnr_db"] is None and by["blocks.0.qkv"]["sqnr_db"] > 25
 
 
 def test_default_kernels_use_the_rewrite(tmp_path):

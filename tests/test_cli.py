@@ -1,6 +1,7 @@
 """The edgesdk CLI: help, devices, inspect, build with a YAML config + overriding flags, check, config parsing."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -156,6 +157,13 @@ def test_usage_errors_exit_1_and_verification_failures_keep_2(tmp_path):
     assert row["why"].startswith(f"mean abs error {row['worst_mean_abs']:.3g} > --atol 0 and mean rel error")
     text = " ".join(r.stderr.split())  # said on stderr even with --quiet, with the fix
     assert f"FAIL logits (processed vs original): {row['why']}" in text and "loosen --atol/--rtol" in text
+    # and the INT8 layers of largest error, with an --exclude that names exactly them
+    layers = json.loads((tmp_path / "q" / "report.json").read_text())["layers"]
+    assert all(r["sqnr_db"] is not None and 20 < r["sqnr_db"] < 80 for r in layers), layers
+    low = sorted(layers, key=lambda r: r["sqnr_db"])[:3]
+    assert ", ".join(f"{r['name']} ({r['sqnr_db']:.1f} dB)" for r in low) in text
+    pat = re.search(r"--exclude '([^']+)'", text).group(1)
+    assert sorted(r["name"] for r in layers if re.search(pat, r["name"])) == sorted(r["name"] for r in low)
 
 
 def test_why_shows_thresholds_as_given():

@@ -1,0 +1,127 @@
+"""Per-layer INT8 error (``edgesdk.sensitivity``): checked against the Q/DQ model's own outputs, exact cases, and
+the build's report and failure message."""
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from edgesdk.inspect import GraphIndex, find_linears, weight_kn
+from edgesdk.ort import make_session
+from edgesdk.quantize import quantize_int8
+from edgesdk.sensitivity import EXACT_DB, layer_errors, qdq, worst
+from tests.test_quantize import _llama_like_block
+
+
+def _probe(model, feeds, tensors):
+    sess = make_session(model, outputs=tensors)
+    names = [o.name for o in sess.get_outputs()]
+    got = {t: [] for t in tensors}
+    for f in feeds:
+        for n, v in zip(names, sess.run(None, f)):
+            if n in got:
+                got[n].append(v.astype(np.float64))
+    return {t: np.concatenate(v, 0) for t, v in got.items()}
+
+
+def _db(ref, out):
+    return 10 * math.log10(np.sum(ref ** 2) / np.sum((ref - out) ** 2))
+
+
+@pytest.mark.parametrize("smooth", [None, 0.5])
+def test_matches_the_qdq_models_own_layer_outputs(smooth):
+    """For layers whose input is not touched by quantization upstream (q, k, gate, up: RMSNorm stays float), the
+    layer's SQNR equals the one between the float model's and the Q/DQ model's layer outputs, run by ONNX Runtime."""
+    m, feeds = _llama_like_block()
+    factors = {}
+    q = quantize_int8(m, feeds[:4], find_linears(m), smooth=smooth, smoothing=factors)
+    assert bool(factors) == bool(smooth)
+    errs = layer_errors(q, feeds[4:], m, factors)
+    assert set(errs) == {"q_proj", "k_proj", "gate_proj", "up_proj", "down_proj"}
+    lin = {li.name: li for li in find_linears(m)}
+    ql = {li.name: li for li in find_linears(q)}
+    # the layers' product outputs (before up_proj's bias, which both sides add alike: subtracted below)
+    outs = {name: GraphIndex(q).nodes[ql[name].node].output[0] for name in ql}
+    ref = _probe(m, feeds[4:], [GraphIndex(m).nodes[lin[n].node].output[0] for n in ("q_proj", "k_proj", "gate_proj", "up_proj")])
+    got = _probe(q, feeds[4:], [outs[n] for n in ("q_proj", "k_proj", "gate_proj", "up_proj")])
+    for name in ("q_proj", "k_proj", "gate_proj", "up_proj"):
+        a = ref[GraphIndex(m).nodes[lin[name].node].output[0]]
+        b = got[outs[name]]
+        if smooth and name == "up_proj":  # its output columns were divided by the down projection's factors
+            a = a / factors["up_proj"][1]
+        if name == "up_proj":
+            bias = onnx.numpy_helper.to_array(GraphIndex(q).constants[ql[name].bias]).astype(np.float64)
+            a, b = a - bias, b - bias  # the Q/DQ model's bias (divided by the factors when smoothed)
+        assert errs[name]["sqnr_db"] == pytest.approx(_db(a, b), abs=0.05), name
+        assert errs[name]["sqnr_db"] < min(errs[name]["sqnr_act_db"], errs[name]["sqnr_weight_db"]) + 0.5
+    # the rebuilt float weight is the one ONNX Runtime quantized: its per-channel INT8 rounding gives the stored codes
+    for name, li in ql.items():
+        w = weight_kn(m, lin[name]).astype(np.float64)
+        r, c, _ = factors.get(name, (None, None, None))
+        w = w * (r[:, None] if r is not None else 1) / (c[None, :] if c is not None else 1)
+        w = w.astype(np.float32)
+        codes = GraphIndex(q).array(li.weight)
+        codes = codes.T if li.weight_layout == "NK" else codes
+        scale = np.abs(w).max(0) / np.float32(127)
+        np.testing.assert_array_equal(np.clip(np.rint(w / scale), -127, 127).astype(np.int8), codes)
+
+
+def _single(w: np.ndarray, x: np.ndarray):
+    k, n = w.shape
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")], "one",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])],
+                          [onnx.numpy_helper.from_array(w.astype(np.float32), "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+    x = x.astype(np.float32)
+    return m, [{"x": x[i:i + 3]} for i in range(0, len(x), 3)]
+
+
+def test_values_on_the_int8_grid_have_no_error_and_one_step_off_does():
+    rng = np.random.default_rng(11)
+    k, n = 37, 23
+    codes = rng.integers(-127, 128, (k, n))
+    codes[0] = 127  # every column reaches 127: scale = max|w| / 127 exactly
+    w = codes * (2.0 ** -rng.integers(3, 8, n))[None, :]
+    x = rng.integers(-127, 128, (9, k)) * 2.0 ** -4
+    x[0, 0] = 127 * 2.0 ** -4
+    m, feeds = _single(w, x)
+    q = quantize_int8(m, feeds, find_linears(m))
+    e = layer_errors(q, feeds, m)["fc"]
+    assert e == {"sqnr_db": EXACT_DB, "sqnr_act_db": EXACT_DB, "sqnr_weight_db": EXACT_DB}
+    w2 = w.copy()
+    w2[5, 3] += 0.5 * abs(w[:, 3]).max() / 127 * 0.6  # 0.3 of a step: rounds back to the code, an error of 0.3 step
+    m2, _ = _single(w2, x)
+    e2 = layer_errors(q, feeds, m2)["fc"]  # the same Q/DQ model measured against a float weight that differs
+    assert e2["sqnr_act_db"] == EXACT_DB and math.isfinite(e2["sqnr_weight_db"]) and e2["sqnr_db"] == e2["sqnr_weight_db"]
+    y = x @ w2
+    err = (x[:, 5] * (w2[5, 3] - w[5, 3]))
+    assert e2["sqnr_weight_db"] == pytest.approx(10 * math.log10(np.sum(y ** 2) / np.sum(err ** 2)), abs=0.01)
+
+
+def test_activation_error_against_float64_numpy():
+    rng = np.random.default_rng(3)
+    k, n = 29, 13
+    w = rng.standard_normal((k, n))
+    x = rng.standard_normal((12, k)) * rng.uniform(0.1, 6, k)
+    m, feeds = _single(w, x)
+    q = quantize_int8(m, feeds, find_linears(m))
+    e = layer_errors(q, feeds, m)["fc"]
+    s = np.float32(np.abs(x.astype(np.float32)).max() / 127)  # minmax, symmetric
+    xq = np.clip(np.rint(x.astype(np.float32) / s), -128, 127).astype(np.float64) * s
+    np.testing.assert_array_equal(qdq(x, s), xq.astype(np.float32))
+    wf = w.astype(np.float32).astype(np.float64)
+    y = x.astype(np.float32).astype(np.float64) @ wf
+    assert e["sqnr_act_db"] == pytest.approx(10 * math.log10(np.sum(y ** 2) / np.sum(((x.astype(np.float32) - xq) @ wf) ** 2)), abs=0.01)
+    # a model that came quantized: no float weights, the activation figure only
+    e0 = layer_errors(q, feeds, None)["fc"]
+    assert e0["sqnr_weight_db"] is None and e0["sqnr_db"] == e0["sqnr_act_db"]
+    assert e0["sqnr_act_db"] == pytest.approx(e["sqnr_act_db"], abs=0.3)  # measured through Ŵ instead of W
+
+
+def test_worst_orders_lowest_first():
+    errs = {"a": {"sqnr_db": 30.0}, "b": {"sqnr_db": 12.5}, "c": {"sqnr_db": None}, "d": {"sqnr_db": 20.0}}
+    assert [k for k, _ in worst(errs, 2)] == ["b", "d"]
+
