@@ -65,6 +65,9 @@ def _summary(out: Path, res: dict) -> dict:
     res.update({"layers_reported": len(r["layers"]), "quantized_layers": sum(x["quantized"] for x in r["layers"]),
                 "kernels": sorted({x["kernel"] for x in r["layers"]}), "verify": r["verify"],
                 "verified": r["verified"], "report_seconds": r["seconds"]})
+    sq = sorted((x["sqnr_db"], x["name"]) for x in r["layers"] if x.get("sqnr_db") is not None)
+    if sq:
+        res["layer_sqnr_db"] = {"min": sq[0][0], "median": sq[len(sq) // 2][0], "lowest": sq[:5]}
     return res
 
 
@@ -146,6 +149,7 @@ def main() -> None:
     ap.add_argument("--onnx", type=Path, default=None, help="smollm2-past, decoder-past: the optimum export")
     ap.add_argument("--workdir", type=Path, default=None, help="keep exports here (default: a temp dir)")
     ap.add_argument("--kernels", default="none", choices=["none", "auto", "bitmap", "vitbit"])
+    ap.add_argument("--smooth-quant", type=float, default=0.75, help="smollm2, smollm2-past: SmoothQuant alpha")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="edgesdk-check-") as tmp:
         work = a.workdir or Path(tmp)
@@ -153,13 +157,15 @@ def main() -> None:
         if a.check == "smollm2-past":
             if a.onnx is None:
                 ap.error("smollm2-past needs --onnx (tools/optimum_fixtures.py --smollm2 DIR writes it)")
-            res = check_smollm2_past(work, a.kernels, a.onnx.resolve())
+            res = check_smollm2_past(work, a.kernels, a.onnx.resolve(), alpha=a.smooth_quant)
         elif a.check == "decoder-past":
             if a.onnx is None:
                 ap.error("decoder-past needs --onnx (tools/optimum_fixtures.py --decoder tinyllama DIR writes it)")
             res = check_decoder_past(work, a.kernels, a.onnx.resolve())
+        elif a.check == "smollm2":
+            res = check_smollm2(work, a.kernels, alpha=a.smooth_quant)
         else:
-            res = (check_vit_b16 if a.check == "vit-b16" else check_smollm2)(work, a.kernels)
+            res = check_vit_b16(work, a.kernels)
     res.update({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "commit": _git(), "machine": "CPU only"})
     print(json.dumps(res, indent=2))
