@@ -154,9 +154,28 @@ def quantize_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], la
         out = onnx.load(str(dst))
         out.ir_version = min(out.ir_version, 10)
         toposort(out.graph)  # quantize_static can put an If/Loop before the producers of the outer tensors it reads
+        _float_inputs_elsewhere(out, {li.node for li in layers})
         _check_valid(out, source)
     _check_placement(out, {li.node for li in layers})
     return out
+
+
+def _float_inputs_elsewhere(model: onnx.ModelProto, quantized: set[str]) -> None:
+    """Give every node outside ``quantized`` the float tensor again where it reads an activation's DequantizeLinear.
+
+    onnxruntime's quantizer points every consumer of a quantized activation at its DequantizeLinear, including nodes
+    it was not asked to quantize: a linear left out with --exclude beside one that is quantized (k_proj excluded,
+    q_proj not) would read INT8-rounded activations with its float weight. What is left float stays float.
+    """
+    producer = {o: n for n in model.graph.node for o in n.output}
+    for node in model.graph.node:
+        if node.name in quantized or node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        for j, name in enumerate(node.input):
+            dq = producer.get(name)
+            q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+            if q is not None and q.op_type == "QuantizeLinear":
+                node.input[j] = q.input[0]
 
 
 def _calibrate_softmax() -> list[str]:
@@ -206,7 +225,13 @@ def smooth_activations(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]
     from edgesdk.inspect import GraphIndex, bias_values, weight_kn
     from edgesdk.ort import make_session
 
-    model = fold_weight_transposes(model, [li for li in layers if not li.quantized])
+    # float linears left out of ``layers`` (--exclude) that read the same activation as a layer to quantize: X / s
+    # reaches them too, so their weight rows take s as well (their float function unchanged)
+    chosen = {li.name for li in layers}
+    inputs = {li.input for li in layers}
+    bystanders = [li for li in find_linears(model) if li.name not in chosen and li.input in inputs and not li.quantized
+                  and not li.trans_a]
+    model = fold_weight_transposes(model, [li for li in layers if not li.quantized] + bystanders)
     ix = GraphIndex(model)
     lin = {li.name: li for li in find_linears(model)}
     groups: dict[str, list[LinearInfo]] = {}
@@ -214,6 +239,10 @@ def smooth_activations(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]
         li = lin.get(li.name)
         if li is not None and not li.quantized and not li.trans_a:
             groups.setdefault(li.input, []).append(li)
+    riders: dict[str, list[LinearInfo]] = {}
+    for li in bystanders:
+        if li.name in lin and li.input in groups:
+            riders.setdefault(li.input, []).append(lin[li.name])
 
     def only_for(tensor: str, allowed: set[str]) -> bool:
         return tensor not in ix.graph_outputs and all(
@@ -224,7 +253,8 @@ def smooth_activations(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]
     for x, group in groups.items():
         node = ix.producer.get(x)
         k = group[0].k
-        if node is None or not only_for(x, {li.node for li in group}) or any(li.k != k for li in group):
+        if (node is None or not only_for(x, {li.node for li in group + riders.get(x, [])})
+                or any(li.k != k for li in group + riders.get(x, []))):
             continue
         if node.op_type == "LayerNormalization" and ix.const(node.input[1]) is not None:
             plans[x] = ("layernorm", node, None)
@@ -259,16 +289,16 @@ def smooth_activations(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]
     done = {}
     row_scale: dict[str, np.ndarray] = {}  # linear name -> s over K (weight rows multiplied)
     col_scale: dict[str, np.ndarray] = {}  # linear name -> s over N (weight columns and bias divided)
-    chosen: dict[str, float | None] = {}  # linear name -> alpha of its group
+    alphas: dict[str, float | None] = {}  # linear name -> alpha of its group
     for x, (kind, node, extra) in plans.items():
         group = groups[x]
         wmax = np.max([np.abs(weight_kn(model, li, ix)).max(1) for li in group], axis=0).astype(np.float64)
         ok = (amax[x] > 0) & (wmax > 0)
         sc = np.ones_like(wmax)
         sc[ok] = np.clip(amax[x][ok] ** alpha / wmax[ok] ** (1 - alpha), 1e-5, 1e5)
-        for li in group:
+        for li in group + riders.get(x, []):
             row_scale[li.name] = sc
-            chosen[li.name] = alpha
+            alphas[li.name] = alpha
             done[li.name] = kind
         if kind == "layernorm":
             node.input[1] = put(ix.array(node.input[1]).astype(np.float64) / sc, f"{node.input[1]}_smooth")
@@ -291,7 +321,7 @@ def smooth_activations(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]
             j = list(holder.input).index(li.bias)
             holder.input[j] = put(b.astype(np.float64) / col_scale[name], f"{li.bias}_smooth")
     if scales is not None:
-        scales.update({name: (row_scale.get(name), col_scale.get(name), chosen.get(name))
+        scales.update({name: (row_scale.get(name), col_scale.get(name), alphas.get(name))
                        for name in set(row_scale) | set(col_scale)})
     used = {i for n in model.graph.node for i in n.input}
     keep = [t for t in model.graph.initializer if t.name in used]

@@ -185,3 +185,27 @@ def test_smoothquant_keeps_the_float_function_and_helps_int8():
 
     plain, smooth = err(quantize_int8(m, feeds[:4], layers)), err(quantize_int8(m, feeds[:4], layers, smooth=0.5))
     assert smooth < plain, (smooth, plain)
+
+
+@pytest.mark.parametrize("smooth", [None, 0.5])
+def test_an_excluded_layer_that_shares_its_input_stays_float(smooth):
+    """q_proj and k_proj read one activation. With k_proj excluded, onnxruntime's quantizer still points k_proj at the
+    activation's DequantizeLinear (INT8 activations into a "float" layer), and the shared input used to stop
+    SmoothQuant for q_proj too. k must be the float model's k, and q_proj still smoothed."""
+    from edgesdk.inspect import GraphIndex
+
+    m, feeds = _llama_like_block()
+    layers = [li for li in find_linears(m) if li.name != "k_proj"]
+    factors = {}
+    q = quantize_int8(m, feeds[:4], layers, smooth=smooth, smoothing=factors)
+    ix = GraphIndex(q)
+    k_node = ix.nodes["k_proj"]
+    assert ix.producer[k_node.input[0]].op_type != "DequantizeLinear"
+    assert ix.producer[k_node.input[1]].op_type != "DequantizeLinear" if k_node.input[1] in ix.producer else True
+    ref, got = make_session(m), make_session(q)
+    kk = [o.name for o in q.graph.output].index("kk")
+    for f in feeds[4:]:
+        a, b = ref.run(None, f)[kk], got.run(None, f)[kk]
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+    if smooth:
+        assert "q_proj" in factors and "k_proj" in factors  # k's weight rows carry the factors the RMSNorm lost
