@@ -288,7 +288,7 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
             verify_rows = verify_all(model, processed, pruned_ref, check_feeds, config, step, extra_feeds)
             if any(r["quantized"] for r in layers):
                 with step("Measure each INT8 layer's error (output SQNR)"):
-                    layer_sqnr(layers, quantized, [*check_feeds, *(f for fs in extra_feeds.values() for f in fs)],
+                    layer_sqnr(layers, quantized, {"build": check_feeds, **extra_feeds},
                                None if state == "qdq" else model, smoothing)
 
         try:
@@ -461,16 +461,23 @@ def quantize_step(model, linears, state: str, calib, config: BuildConfig, step: 
     return q, skipped, smoothing
 
 
-SQNR_KEYS = ("sqnr_db", "sqnr_act_db", "sqnr_weight_db")
+SQNR_KEYS = ("sqnr_db", "sqnr_act_db", "sqnr_weight_db", "sqnr_by_shape")
 
 
-def layer_sqnr(layers: list[dict], quantized, feeds, source, smoothing: dict) -> None:
-    """Add each INT8 layer's output SQNR (:mod:`edgesdk.sensitivity`) to its report row; None where not measured."""
-    from edgesdk.sensitivity import layer_errors
+def layer_sqnr(layers: list[dict], quantized, groups: dict[str, list[dict]], source, smoothing: dict) -> None:
+    """Add each INT8 layer's output SQNR (:mod:`edgesdk.sensitivity`) to its report row, measured on the
+    verification inputs of each shape (``groups``: ``"build"`` and the profile's ``"min"``/``"max"`` where verified):
+    ``sqnr_by_shape`` (label → dB) and, at the shape where it is lowest, ``sqnr_db``/``sqnr_act_db``/
+    ``sqnr_weight_db``; None where not measured."""
+    from edgesdk.sensitivity import layer_errors_by
 
-    errs = layer_errors(quantized, feeds, source, smoothing)
+    by = layer_errors_by(quantized, groups, source, smoothing)
     for r in layers:
-        r.update(errs.get(r["name"], {}))
+        got = {label: e[r["name"]] for label, e in by.items() if r["name"] in e and e[r["name"]]["sqnr_db"] is not None}
+        if got:
+            worst = min(got, key=lambda label: got[label]["sqnr_db"])
+            r.update(got[worst])
+            r["sqnr_by_shape"] = {label: e["sqnr_db"] for label, e in got.items()}
 
 
 def _rewrite_fn():

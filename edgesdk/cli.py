@@ -288,13 +288,20 @@ def verification_failed(rows: list[dict], build_dir: str | None = None, layers: 
                            "logits of ±20), loosen --atol/--rtol/--min-cosine; else calibrate on more, real samples "
                            "(--calibration, --calibration-count), keep sensitive layers float (--exclude), try "
                            "--smooth-quant, or lower --sparsity."), soft_wrap=True)
-    low = lowest_sqnr(layers or [])
-    if low and any(not v["passed"] and v.get("gate", True) and v.get("against", "original") == "original"
-                   for v in rows):  # INT8 error is what a failed comparison with the original can come from
-        said = ", ".join(f"{r['name']} ({r['sqnr_db']:.1f} dB)" for r in low)
-        names = "|".join(re.escape(r["name"]) for r in low)
-        err_console.print(Text(f"the INT8 layers of largest error (lowest output SQNR, report.json layers[].sqnr_db): "
-                               f"{said}; to keep them float: --exclude '^({names})$'"), soft_wrap=True)
+    # INT8 error is what a failed comparison with the original can come from: per failing shape, its worst layers
+    failed = {v.get("shape") or "build" for v in rows
+              if not v["passed"] and v.get("gate", True) and v.get("against", "original") == "original"}
+    parts, names = [], []
+    for shape in ("build", "min", "max"):
+        low = lowest_sqnr(layers or [], 3, shape) if shape in failed else []
+        if low:
+            parts.append(f"at the {shape} shape " + ", ".join(f"{n} ({db:.1f} dB)" for n, db in low))
+            names += [n for n, _ in low if n not in names]
+    if names:
+        pattern = "|".join(re.escape(n) for n in names)
+        err_console.print(Text("the INT8 layers of largest error (lowest output SQNR, report.json layers[]."
+                               f"sqnr_by_shape): {'; '.join(parts)}; to keep them float: --exclude '^({pattern})$'"),
+                          soft_wrap=True)
     raise typer.Exit(2)
 
 

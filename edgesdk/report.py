@@ -72,9 +72,14 @@ def _layers_grid(layers: list[dict], title: str, notes: bool) -> Grid:
     return t
 
 
-def lowest_sqnr(layers: list[dict], count: int = 3) -> list[dict]:
-    """The ``count`` INT8 layers of lowest output SQNR (``sqnr_db``, :mod:`edgesdk.sensitivity`), lowest first."""
-    return sorted((r for r in layers if r.get("sqnr_db") is not None), key=lambda r: r["sqnr_db"])[:count]
+def lowest_sqnr(layers: list[dict], count: int = 3, shape: str | None = None) -> list[tuple[str, float]]:
+    """``(name, dB)`` of the ``count`` INT8 layers of lowest output SQNR (:mod:`edgesdk.sensitivity`), lowest first:
+    at the verified ``shape`` (``"build"``, ``"min"``, ``"max"``: ``sqnr_by_shape``), or at each layer's worst
+    (``sqnr_db``)."""
+    def value(r):
+        return r.get("sqnr_db") if shape is None else (r.get("sqnr_by_shape") or {}).get(shape)
+
+    return sorted(((r["name"], value(r)) for r in layers if value(r) is not None), key=lambda nv: nv[1])[:count]
 
 
 def sqnr_line(layers: list[dict], count: int = 3) -> str | None:
@@ -82,9 +87,15 @@ def sqnr_line(layers: list[dict], count: int = 3) -> str | None:
     low = lowest_sqnr(layers, count)
     if not low:
         return None
-    vals = sorted(r["sqnr_db"] for r in layers if r.get("sqnr_db") is not None)
+    vals = sorted(v for _, v in lowest_sqnr(layers, len(layers)))
     mid = vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
-    said = ", ".join(f"{r['name']} {r['sqnr_db']:.1f} dB" for r in low)
+    shapes = {k for r in layers for k in (r.get("sqnr_by_shape") or {})}
+    by = {r["name"]: r.get("sqnr_by_shape") or {} for r in layers}
+
+    def at(name, db):  # the shape where a layer's SQNR is lowest, where several shapes were verified
+        return next((f" at the {k} shape" for k, v in by[name].items() if v == db), "") if len(shapes) > 1 else ""
+
+    said = ", ".join(f"{n} {v:.1f} dB{at(n, v)}" for n, v in low)
     return (f"INT8 error per layer (output SQNR, higher is better; layers[].sqnr_db): lowest {said}; median "
             f"{mid:.1f} dB over {len(vals)} layers")
 

@@ -78,6 +78,15 @@ def layer_errors(quantized: onnx.ModelProto, feeds: Sequence[dict[str, np.ndarra
 
     Layers without a symmetric per-tensor activation scale (nothing to recompute exactly) are left out.
     """
+    return layer_errors_by(quantized, {"": feeds}, source, smoothing, rows)[""]
+
+
+def layer_errors_by(quantized: onnx.ModelProto, groups: dict[str, Sequence[dict[str, np.ndarray]]],
+                    source: onnx.ModelProto | None = None, smoothing: dict | None = None,
+                    rows: int = ROWS) -> dict[str, dict[str, dict[str, float | None]]]:
+    """:func:`layer_errors` of each group of inputs (label → feeds; e.g. the build shape and the optimization
+    profile's ends, whose activations can differ a lot: an LLM's first token alone), from one session.
+    Returns label → layer → errors."""
     from edgesdk.ort import make_session
     from edgesdk.rewrite import _act_scale
 
@@ -85,28 +94,27 @@ def layer_errors(quantized: onnx.ModelProto, feeds: Sequence[dict[str, np.ndarra
     layers = [li for li in find_linears(quantized) if li.quantized]
     scales = {li.name: _act_scale(ix, li) for li in layers}
     layers = [li for li in layers if scales[li.name] is not None]
-    if not layers or not feeds:
-        return {}
+    groups = {k: v for k, v in groups.items() if v}
+    if not layers or not groups:
+        return {k: {} for k in groups}
     src = {li.name: li for li in find_linears(source)} if source is not None else {}
     src_ix = GraphIndex(source) if source is not None else None
     probes = sorted({li.input for li in layers})
     sess = make_session(quantized, outputs=probes)
     names = [o.name for o in sess.get_outputs()]
-    got: dict[str, list[np.ndarray]] = {p: [] for p in probes}
-    for f in feeds:
-        for n, v in zip(names, sess.run(None, f)):
-            if n in got and np.asarray(v).size:
-                got[n].append(np.asarray(v))
+    got: dict[str, dict[str, list[np.ndarray]]] = {}
+    for label, feeds in groups.items():
+        got[label] = {p: [] for p in probes}
+        for f in feeds:
+            for n, v in zip(names, sess.run(None, f)):
+                if n in got[label] and np.asarray(v).size:
+                    got[label][n].append(np.asarray(v))
     del sess
-    out: dict[str, dict[str, float | None]] = {}
+    out: dict[str, dict[str, dict[str, float | None]]] = {label: {} for label in groups}
     for li in layers:
-        parts = [_rows(v, li) for v in got[li.input]]
-        parts = [p for p in parts if p.shape[-1] == li.k and len(p)]
-        if not parts:
-            continue
-        x = _pick(parts, rows)
         wq = weight_kn(quantized, li, ix).astype(np.float32)  # dequantized INT8 weight, [K, N]
         s = src.get(li.name)
+        w = None
         if s is not None and not s.quantized and (s.k, s.n) == (li.k, li.n):
             w = weight_kn(source, s, src_ix).astype(np.float64)
             r, c, _ = (smoothing or {}).get(li.name, (None, None, None))
@@ -115,24 +123,27 @@ def layer_errors(quantized: onnx.ModelProto, feeds: Sequence[dict[str, np.ndarra
             if c is not None:
                 w = w / np.asarray(c, np.float64)[None, :]
             w = w.astype(np.float32)
-        else:
-            w = None
-        xq = qdq(x, scales[li.name])
-        wf = w if w is not None else wq
-        y = x @ wf
-        e_act = (x - xq) @ wf
-        signal = float(np.sum(y.astype(np.float64) ** 2))
-        act = _sqnr(signal, float(np.sum(e_act.astype(np.float64) ** 2)))
-        if w is None:
-            out[li.name] = {"sqnr_db": act, "sqnr_act_db": act, "sqnr_weight_db": None}
-            continue
-        d = wf - wq
-        e_w = x @ d
-        e_both = e_act + xq @ d  # X·W − Q(X)·Ŵ = (X − Q(X))·W + Q(X)·(W − Ŵ)
-        out[li.name] = {"sqnr_db": _sqnr(signal, float(np.sum(e_both.astype(np.float64) ** 2))),
-                        "sqnr_act_db": act,
-                        "sqnr_weight_db": _sqnr(signal, float(np.sum(e_w.astype(np.float64) ** 2)))}
+        for label in groups:
+            parts = [p for p in (_rows(v, li) for v in got[label][li.input]) if p.shape[-1] == li.k and len(p)]
+            if parts:
+                out[label][li.name] = _errors(_pick(parts, rows), scales[li.name], w, wq)
     return out
+
+
+def _errors(x: np.ndarray, scale: float, w: np.ndarray | None, wq: np.ndarray) -> dict[str, float | None]:
+    xq = qdq(x, scale)
+    wf = w if w is not None else wq
+    y = x @ wf
+    e_act = (x - xq) @ wf
+    signal = float(np.sum(y.astype(np.float64) ** 2))
+    act = _sqnr(signal, float(np.sum(e_act.astype(np.float64) ** 2)))
+    if w is None:
+        return {"sqnr_db": act, "sqnr_act_db": act, "sqnr_weight_db": None}
+    d = wf - wq
+    e_w = x @ d
+    e_both = e_act + xq @ d  # X·W − Q(X)·Ŵ = (X − Q(X))·W + Q(X)·(W − Ŵ)
+    return {"sqnr_db": _sqnr(signal, float(np.sum(e_both.astype(np.float64) ** 2))), "sqnr_act_db": act,
+            "sqnr_weight_db": _sqnr(signal, float(np.sum(e_w.astype(np.float64) ** 2)))}
 
 
 def worst(errors: dict[str, dict], count: int = 5) -> list[tuple[str, dict]]:

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "models" / "digits_vit.onnx"
 CALIB = ROOT / "calibration" / "digits.npz"
 LAYER_KEYS = {"name", "kind", "shape", "quantized", "sparsity", "kernel", "bytes_dense", "bytes_packed", "reason",
-              "measured", "choice", "smooth_alpha", "sqnr_db", "sqnr_act_db", "sqnr_weight_db"}
+              "measured", "choice", "smooth_alpha", "sqnr_db", "sqnr_act_db", "sqnr_weight_db",
+              "sqnr_by_shape"}
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,7 @@ def test_report_contract(built):
         k, n = row["shape"]
         assert row["bytes_dense"] == k * n + 4 * n
         assert 25 < row["sqnr_db"] <= min(row["sqnr_act_db"], row["sqnr_weight_db"]) and row["smooth_alpha"] is None
+        assert row["sqnr_by_shape"] == {"build": row["sqnr_db"]}  # one shape verified (only the batch is dynamic)
     assert {row["name"] for row in r["layers"]} >= {"blocks.0.qkv", "blocks.1.fc2", "head"}
     (v,) = r["verify"]
     assert v["output"] == "logits" and v["samples"] == 8 and v["runners"] == ["onnxrt-original", "onnxrt-processed"]

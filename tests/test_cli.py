@@ -161,7 +161,7 @@ def test_usage_errors_exit_1_and_verification_failures_keep_2(tmp_path):
     layers = json.loads((tmp_path / "q" / "report.json").read_text())["layers"]
     assert all(r["sqnr_db"] is not None and 20 < r["sqnr_db"] < 80 for r in layers), layers
     low = sorted(layers, key=lambda r: r["sqnr_db"])[:3]
-    assert ", ".join(f"{r['name']} ({r['sqnr_db']:.1f} dB)" for r in low) in text
+    assert "at the build shape " + ", ".join(f"{r['name']} ({r['sqnr_db']:.1f} dB)" for r in low) in text
     pat = re.search(r"--exclude '([^']+)'", text).group(1)
     assert sorted(r["name"] for r in layers if re.search(pat, r["name"])) == sorted(r["name"] for r in low)
 

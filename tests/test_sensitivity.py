@@ -125,3 +125,41 @@ def test_worst_orders_lowest_first():
     errs = {"a": {"sqnr_db": 30.0}, "b": {"sqnr_db": 12.5}, "c": {"sqnr_db": None}, "d": {"sqnr_db": 20.0}}
     assert [k for k, _ in worst(errs, 2)] == ["b", "d"]
 
+
+
+def test_each_verified_shape_is_measured_and_the_worst_is_reported(capsys):
+    """An input group whose activations are far from the calibration data's (an LLM's first token alone) can hold a
+    layer's worst error: the report keeps every shape's SQNR and the lowest, and a failure names the layers of the
+    shapes that failed."""
+    import typer
+
+    from edgesdk.build import layer_sqnr
+    from edgesdk.cli import verification_failed
+
+    m, feeds = _llama_like_block()
+    layers = find_linears(m)
+    q = quantize_int8(m, feeds[:4], layers)
+    odd = []
+    for f in feeds[4:]:  # one channel 60x larger than calibration saw: clipped after the RMSNorm, the rest coarser
+        x = f["x"].copy()
+        x[:, 0] *= 60
+        odd.append({"x": x})
+    rows = [{"name": li.name} for li in layers]
+    layer_sqnr(rows, q, {"build": feeds[4:], "min": odd}, m, {})
+    for r in rows:
+        assert set(r["sqnr_by_shape"]) == {"build", "min"} and r["sqnr_db"] == min(r["sqnr_by_shape"].values())
+        worst = min(r["sqnr_by_shape"], key=r["sqnr_by_shape"].get)
+        alone = layer_errors(q, feeds[4:] if worst == "build" else odd, m)[r["name"]]
+        assert {k: r[k] for k in alone} == alone  # act/weight figures come from the same (worst) shape
+    assert all(r["sqnr_by_shape"]["min"] < r["sqnr_by_shape"]["build"] - 2 for r in rows)
+    failed = [{"output": "down", "passed": False, "gate": True, "against": "original", "shape": "min", "why": "x"}]
+    with pytest.raises(typer.Exit):
+        verification_failed(failed, layers=rows)
+    err = " ".join(capsys.readouterr().err.split())
+    low = sorted(rows, key=lambda r: r["sqnr_by_shape"]["min"])[:3]
+    assert "at the min shape " + ", ".join(f"{r['name']} ({r['sqnr_by_shape']['min']:.1f} dB)" for r in low) in err
+    assert "at the build shape" not in err
+    # a failure against the pruned reference (the kernels' semantics) is not an INT8 question: no layer named
+    with pytest.raises(typer.Exit):
+        verification_failed([{**failed[0], "against": "pruned_reference"}], layers=rows)
+    assert "lowest output SQNR" not in capsys.readouterr().err
