@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -87,8 +88,8 @@ def sqnr_line(layers: list[dict], count: int = 3) -> str | None:
     low = lowest_sqnr(layers, count)
     if not low:
         return None
-    vals = sorted(v for _, v in lowest_sqnr(layers, len(layers)))
-    mid = vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2
+    vals = [v for _, v in lowest_sqnr(layers, len(layers))]
+    mid = statistics.median(vals)
     shapes = {k for r in layers for k in (r.get("sqnr_by_shape") or {})}
     by = {r["name"]: r.get("sqnr_by_shape") or {} for r in layers}
 

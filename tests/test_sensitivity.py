@@ -163,3 +163,16 @@ def test_each_verified_shape_is_measured_and_the_worst_is_reported(capsys):
     with pytest.raises(typer.Exit):
         verification_failed([{**failed[0], "against": "pruned_reference"}], layers=rows)
     assert "lowest output SQNR" not in capsys.readouterr().err
+
+
+def test_summary_line_names_the_lowest_and_their_shape():
+    from edgesdk.report import sqnr_line
+
+    rows = [{"name": "a", "sqnr_db": 30.0, "sqnr_by_shape": {"build": 31.0, "min": 30.0}},
+            {"name": "b", "sqnr_db": 8.25, "sqnr_by_shape": {"build": 25.0, "min": 8.25}},
+            {"name": "c", "sqnr_db": 12.0, "sqnr_by_shape": {"build": 12.0, "min": 40.0}},
+            {"name": "d", "sqnr_db": None, "sqnr_by_shape": None}]
+    assert sqnr_line(rows, 2) == ("INT8 error per layer (output SQNR, higher is better; layers[].sqnr_db): lowest "
+                                  "b 8.2 dB at the min shape, c 12.0 dB at the build shape; median 12.0 dB over 3 "
+                                  "layers")
+    assert sqnr_line([{"name": "d", "sqnr_db": None}]) is None
