@@ -144,9 +144,3 @@ def _errors(x: np.ndarray, scale: float, w: np.ndarray | None, wq: np.ndarray) -
     e_both = e_act + xq @ d  # X·W − Q(X)·Ŵ = (X − Q(X))·W + Q(X)·(W − Ŵ)
     return {"sqnr_db": _sqnr(signal, float(np.sum(e_both.astype(np.float64) ** 2))), "sqnr_act_db": act,
             "sqnr_weight_db": _sqnr(signal, float(np.sum(e_w.astype(np.float64) ** 2)))}
-
-
-def worst(errors: dict[str, dict], count: int = 5) -> list[tuple[str, dict]]:
-    """The ``count`` layers of lowest ``sqnr_db``, lowest first."""
-    ranked = [(k, v) for k, v in errors.items() if v.get("sqnr_db") is not None]
-    return sorted(ranked, key=lambda kv: kv[1]["sqnr_db"])[:count]

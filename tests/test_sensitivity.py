@@ -11,7 +11,8 @@ from onnx import TensorProto, helper
 from edgesdk.inspect import GraphIndex, find_linears, weight_kn
 from edgesdk.ort import make_session
 from edgesdk.quantize import quantize_int8
-from edgesdk.sensitivity import EXACT_DB, layer_errors, qdq, worst
+from edgesdk.report import lowest_sqnr
+from edgesdk.sensitivity import EXACT_DB, layer_errors, qdq
 from tests.test_quantize import _llama_like_block
 
 
@@ -123,7 +124,7 @@ def test_activation_error_against_float64_numpy():
 
 def test_worst_orders_lowest_first():
     errs = {"a": {"sqnr_db": 30.0}, "b": {"sqnr_db": 12.5}, "c": {"sqnr_db": None}, "d": {"sqnr_db": 20.0}}
-    assert [k for k, _ in worst(errs, 2)] == ["b", "d"]
+    assert [k for k, _ in lowest_sqnr([{"name": k, **v} for k, v in errs.items()], 2)] == ["b", "d"]
 
 
 
