@@ -65,6 +65,12 @@ def keep_count(head_dim: int, sparsity: float) -> int:
     return max(1, head_dim - int(np.floor(float(sparsity) * head_dim + 0.5)))
 
 
+def n_compressed(length: int, window: int, group: int) -> int:
+    """Tokens held as records after ``length`` tokens: whenever the dense part reaches ``window + group``
+    tokens, its oldest ``group`` are compressed."""
+    return ((length - window) // group) * group if length >= window + group else 0
+
+
 def padded_keep(keep: int) -> int:
     """Stored value slots per record: ``round_up(keep, 4)`` (records stay 8-byte aligned)."""
     return -(-keep // 4) * 4
@@ -219,8 +225,7 @@ class SparseKVConfig:
 
     def n_compressed(self, length: int) -> int:
         """Tokens held as records after ``length`` tokens."""
-        w, a = self.window, self.group
-        return ((length - w) // a) * a if length >= w + a else 0
+        return n_compressed(length, self.window, self.group)
 
     def kv_bytes(self, length: int) -> int:
         """Bytes of K and V holding ``length`` tokens of one (sequence, KV head): records + window rows."""
