@@ -9,7 +9,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$1" -m venv "$work/venv"
 py="$work/venv/bin/python"
-"$py" -m pip install -q -c .ci/lowest.txt ".[gpu,dev]" nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 \
+"$py" -m pip install -q -c .ci/lowest.txt ".[gpu,dev,llm]" nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 \
   2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # cuda-python 12.6 loads libnvrtc.so.12 by name; the headers are those of the same wheel set

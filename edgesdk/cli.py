@@ -1,7 +1,7 @@
 """The ``edgesdk`` command line (typer + rich).
 
 Commands: ``build``, ``inspect``, ``check``, ``devices``, ``pack``, and those other modules add
-through a ``register(app)`` function listed in :data:`EXTENSIONS` (``run``, ``bench``).
+through a ``register(app)`` function listed in :data:`EXTENSIONS` (``run``, ``bench``, ``generate``, ``perplexity``).
 Every failure prints the problem and its fix and exits with code 1; a build or check whose
 verification fails exits with code 2.
 """
@@ -37,7 +37,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 # Modules that add commands with ``register(app: typer.Typer)``.
-EXTENSIONS = ("edgesdk.runtime_cli",)
+EXTENSIONS = ("edgesdk.runtime_cli", "edgesdk.generate_cli")
 
 
 def fail(e: EdgeSDKError, code: int = 1):

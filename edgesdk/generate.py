@@ -1,0 +1,341 @@
+"""Decoding with an LLM build that carries its KV cache: greedy generation and perplexity.
+
+A decoder exported with its cache (optimum's ``text-generation-with-past``: ``input_ids``, ``attention_mask``,
+``position_ids``, ``past_key_values.N.key/value`` in, ``logits`` and ``present.N.key/value`` out) runs one call
+per step; :class:`Decoder` feeds each call's ``present.*`` back as the next ``past_key_values.*``, fills the mask
+and positions, and keeps every call inside the build's optimization profile (the new tokens per call and the
+cache length it allows)::
+
+    import edgesdk
+    from edgesdk.generate import Decoder
+
+    with edgesdk.Engine("build/smollm2", backend="onnxruntime") as engine:
+        dec = Decoder(engine)
+        out = dec.generate([1, 504, 3458], max_new_tokens=32, eos=2)   # greedy
+        print(out.tokens, out.stopped)                                   # "eos", "length" or "cache_full"
+        print(dec.perplexity(ids, context=256)["perplexity"])
+
+**KV sparsity** (``kv_sparsity=0.7``): the cache is held as :mod:`edgesdk.formats.sparse_kv` holds it, so that
+its effect on a model's accuracy can be measured on the CPU before a kernel runs it: every cached K and V value
+rounded to fp16 (the format's dtype, so ``kv_sparsity=0`` is the fp16 cache), and once a token leaves the dense
+window (the most recent ``window`` tokens, compressed ``group`` at a time, MUSTAFAR's rule), its K and V rows
+pruned per (token, head) to the ``keep_count`` largest magnitudes, the GPU's tie rule included. The model
+computes attention on that pruned dense cache, which is what the sparse attention kernel computes on its
+compressed records (``edgesdk.reference.sparse_kv``). The build's own attention still runs dense: this measures
+accuracy, not speed. With more than one new token per call, the tokens of one call see each other densely (a
+prefill, as in MUSTAFAR); :meth:`Decoder.perplexity` therefore steps one token at a time under KV sparsity.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from edgesdk.errors import EdgeSDKError
+
+_EXPORT_FIX = ("export the decoder with its KV cache (optimum-cli export onnx --task text-generation-with-past) "
+               "and build that")
+
+
+@dataclass(frozen=True)
+class DecoderLayout:
+    """The names and limits of a decoder-with-cache model (see :func:`decoder_layout`).
+
+    Attributes:
+        tokens (str): The token-id input (``input_ids``).
+        mask (str | None), positions (str | None): ``attention_mask`` (past + new) and ``position_ids``, if any.
+        logits (str): The logits output.
+        cache (tuple): ``(past input, present output, cache axis)`` for every cached tensor.
+        new_range (tuple[int, int | None]): New tokens one call takes (the profile's; None = any).
+        max_cache (int | None): Most cached tokens a call takes (the profile's; None = any).
+    """
+
+    tokens: str
+    mask: str | None
+    positions: str | None
+    logits: str
+    cache: tuple[tuple[str, str, int], ...]
+    new_range: tuple[int, int | None]
+    max_cache: int | None
+
+
+def decoder_layout(engine) -> DecoderLayout:
+    """Find the decoder-with-cache inputs and outputs of an :class:`edgesdk.Engine` and its profile's limits.
+
+    The cache axis of each ``past...`` input is its dim whose ONNX name starts with ``past`` (read from the
+    build's ONNX model, weights not loaded), as :func:`edgesdk.calibration.past_inputs` finds it for calibration.
+
+    Raises:
+        EdgeSDKError: the model is not a decoder exported with its KV cache, or its profile allows no decoding.
+    """
+    import onnx
+
+    from edgesdk.calibration import _filler, _token_inputs, past_inputs
+    from edgesdk.runtime import find_build
+
+    specs = {t.name: (list(t.shape or ()), t.dtype) for t in engine.inputs}
+    onnx_path = find_build(engine.path).onnx
+    if onnx_path is None:
+        raise EdgeSDKError(f"{engine.path} has no ONNX model beside its plan, to read the KV-cache axes from",
+                           "pass the build folder written by `edgesdk build` (it holds model.onnx)")
+    try:
+        model = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as e:  # a damaged file: Engine() opened it, so this is rare
+        raise EdgeSDKError(f"cannot read {onnx_path} ({e})", "rebuild the folder with `edgesdk build`") from None
+    past = past_inputs(model, specs)
+    if not past:
+        raise EdgeSDKError(f"{engine.path} is not a decoder with a KV cache (no past_key_values.* inputs with "
+                           "matching present.* outputs)", _EXPORT_FIX)
+    ints = _token_inputs(specs)
+    if len(ints) != 1:
+        raise EdgeSDKError(f"the decoder needs one token-id input; its integer inputs are {ints}",
+                           "export it with input_ids (and attention_mask/position_ids) as its only integer inputs")
+    outputs = [t.name for t in engine.outputs]
+    presents = {p for p, _ in past.values()}
+    rest = [o for o in outputs if o not in presents]
+    logits = "logits" if "logits" in rest else (rest[0] if len(rest) == 1 else None)
+    if logits is None:
+        raise EdgeSDKError(f"cannot tell the logits among the outputs {rest}", "export the decoder with a 'logits' "
+                           "output (optimum does)")
+    cache = []
+    for name, (present, axis) in past.items():
+        rank = len(specs[name][0])
+        if axis in (0, rank - 1):
+            raise EdgeSDKError(f"{name}'s cache axis is {axis} of {rank}", "export the cache as "
+                               "[batch, heads, tokens, head_dim] (optimum's layout)")
+        cache.append((name, present, axis))
+    mask = next((n for n in specs if _filler(n) == "ones"), None)
+    positions = next((n for n in specs if _filler(n) == "positions"), None)
+    new_range, max_cache = (1, None), None
+    profile = engine.profile or {}
+    if ints[0] in profile:
+        lo, _, hi = profile[ints[0]]
+        if lo[0] > 1:
+            raise EdgeSDKError(f"the build's profile takes batches of {lo[0]} to {hi[0]}; decoding runs batch 1",
+                               "rebuild with a profile whose batch starts at 1 (the default)")
+        new_range = (max(1, lo[-1]), hi[-1])
+    first = cache[0]
+    if first[0] in profile:
+        max_cache = profile[first[0]][2][first[2]]
+    if max_cache is not None and max_cache < 1:
+        raise EdgeSDKError(f"the build's profile holds the cache at {max_cache} tokens", "rebuild with --max-shape "
+                           f"{first[0]}:...x<most cached tokens>x... covering the context you decode")
+    return DecoderLayout(ints[0], mask, positions, logits, tuple(cache), new_range, max_cache)
+
+
+class Generation(NamedTuple):
+    """Result of :meth:`Decoder.generate`: the new tokens and why it stopped (``"eos"``, ``"length"``, or
+    ``"cache_full"``: the build's profile holds no more cached tokens)."""
+
+    tokens: list[int]
+    stopped: str
+
+
+class Decoder:
+    """Decode with an :class:`edgesdk.Engine` of a decoder-with-cache build (batch 1).
+
+    Args:
+        engine: An open :class:`edgesdk.Engine` (either backend).
+        kv_sparsity (float | None): Hold the cache as ``sparse_kv`` does (module doc); None = as the model gives it.
+        window, group (int): The dense window and the compression group of ``kv_sparsity`` (MUSTAFAR: 32, 32).
+    """
+
+    def __init__(self, engine, *, kv_sparsity: float | None = None, window: int = 32, group: int = 32):
+        from edgesdk.formats import sparse_kv as skv
+
+        self.engine = engine
+        self.layout = decoder_layout(engine)
+        if window < 1 or group < 1:
+            raise EdgeSDKError(f"KV window {window} / group {group}", "pass window >= 1 and group >= 1")
+        self.kv_sparsity, self.window, self.group = kv_sparsity, window, group
+        self._keep = {}
+        if kv_sparsity is not None:
+            for past, _, _ in self.layout.cache:
+                d = int(self._spec(past)[0][-1])
+                if d < 1:
+                    raise EdgeSDKError(f"{past} has a dynamic head dim", "export the cache with a fixed head_dim")
+                self._keep[past] = skv.keep_count(d, kv_sparsity)
+        self.reset()
+
+    def _spec(self, name):
+        t = next(t for t in self.engine.inputs if t.name == name)
+        return t.shape, t.dtype
+
+    @property
+    def length(self) -> int:
+        """Tokens in the cache."""
+        return self._length
+
+    def reset(self) -> None:
+        """Empty the cache."""
+        self._cache = {}
+        for past, _, axis in self.layout.cache:
+            shape, dtype = self._spec(past)
+            shape = [1 if i == 0 else (0 if i == axis else int(d)) for i, d in enumerate(shape)]
+            if any(d < 0 for d in shape):
+                raise EdgeSDKError(f"{past} has dynamic dims besides batch and cache: {shape}",
+                                   "export the cache with fixed heads and head_dim")
+            self._cache[past] = np.zeros(shape, dtype)
+        self._length = 0
+        self._compressed = 0
+
+    def step(self, tokens: Sequence[int]) -> np.ndarray:
+        """Feed ``tokens`` (one call; their count within the profile's new-token range) after the cache.
+
+        Returns:
+            np.ndarray: float logits ``[len(tokens), vocab]``.
+        """
+        lay = self.layout
+        n = len(tokens)
+        lo, hi = lay.new_range
+        if n < lo or (hi is not None and n > hi):
+            raise EdgeSDKError(f"{n} new tokens in one call; the build's profile takes {lo} to {hi}",
+                               "feed the tokens in chunks the profile allows (Decoder.feed does)")
+        if lay.max_cache is not None and self._length > lay.max_cache:
+            raise EdgeSDKError(f"the cache holds {self._length} tokens; the build's profile takes at most "
+                               f"{lay.max_cache}", "reset() the decoder, or rebuild with a longer --max-shape")
+        tok_dtype = self._spec(lay.tokens)[1]
+        feeds = {lay.tokens: np.asarray(tokens, dtype=tok_dtype).reshape(1, n)}
+        if lay.mask is not None:
+            feeds[lay.mask] = np.ones((1, self._length + n), self._spec(lay.mask)[1])
+        if lay.positions is not None:
+            feeds[lay.positions] = np.arange(self._length, self._length + n, dtype=self._spec(lay.positions)[1])[None]
+        feeds.update(self._cache)
+        out = self.engine.infer(feeds)
+        for past, present, axis in lay.cache:
+            got = out[present]
+            if got.shape[axis] != self._length + n:
+                raise EdgeSDKError(f"{present} holds {got.shape[axis]} tokens after {self._length} cached + {n} new",
+                                   "export the decoder so that present.* = past_key_values.* + the new tokens")
+            self._cache[past] = np.ascontiguousarray(got, dtype=self._spec(past)[1])
+        self._length += n
+        if self.kv_sparsity is not None:
+            self._hold_sparse(self._length - n)
+        logits = out[lay.logits]
+        return np.asarray(logits).reshape(-1, logits.shape[-1])[-n:]
+
+    def _hold_sparse(self, start: int) -> None:
+        """fp16 for the tokens from ``start``; prune those that left the dense window (module doc)."""
+        from edgesdk.formats import sparse_kv as skv
+
+        comp = skv.n_compressed(self._length, self.window, self.group)
+        for past, _, axis in self.layout.cache:
+            c = np.moveaxis(self._cache[past], axis, -2)  # view [..., tokens, head_dim]
+            c[..., start:, :] = c[..., start:, :].astype(np.float16)
+            if comp > self._compressed:
+                rows = c[..., self._compressed:comp, :]
+                rows[...] = skv.prune(rows, self._keep[past])
+        self._compressed = max(self._compressed, comp)
+
+    def _chunks(self, count: int, chunk: int | None):
+        lo, hi = self.layout.new_range
+        size = hi if chunk is None else chunk
+        size = count if size is None else min(size, count)
+        if size < 1 or (hi is not None and size > hi) or size < lo:
+            raise EdgeSDKError(f"chunks of {size} new tokens; the build's profile takes {lo} to {hi}",
+                               f"pass a chunk between {lo} and {hi}")
+        i = 0
+        while i < count:
+            n = min(size, count - i)
+            if n < lo:
+                raise EdgeSDKError(f"{count} tokens end in a call of {n}, fewer than the {lo} the profile takes",
+                                   f"feed a multiple of {lo} tokens, or rebuild with --min-shape taking 1 new token")
+            yield i, n
+            i += n
+
+    def feed(self, tokens: Sequence[int], chunk: int | None = None) -> np.ndarray:
+        """Feed ``tokens`` in calls of ``chunk`` (default: as many as the profile allows; 1 under KV sparsity).
+
+        Returns:
+            np.ndarray: logits ``[len(tokens), vocab]`` (float64).
+        """
+        tokens = [int(t) for t in tokens]
+        if chunk is None and self.kv_sparsity is not None:
+            chunk = 1
+        cap = self.layout.max_cache
+        calls = list(self._chunks(len(tokens), chunk))
+        if cap is not None and calls and self._length + calls[-1][0] > cap:
+            raise EdgeSDKError(f"{self._length} cached + {len(tokens)} new tokens do not fit the build's profile: its "
+                               f"last call would find {self._length + calls[-1][0]} cached, at most {cap} allowed",
+                               "feed a shorter context, or rebuild with a longer --max-shape for the past_key_values "
+                               "inputs")
+        parts = [np.asarray(self.step(tokens[i:i + n]), np.float64) for i, n in calls]
+        return np.concatenate(parts) if parts else np.zeros((0, 0))
+
+    def generate(self, prompt: Sequence[int], max_new_tokens: int = 32, eos: int | Sequence[int] | None = None,
+                 chunk: int | None = None) -> Generation:
+        """Greedy decoding after ``prompt`` (the cache is reset first).
+
+        Returns:
+            Generation: the new tokens and why it stopped.
+        """
+        if len(prompt) < 1:
+            raise EdgeSDKError("the prompt is empty", "pass at least one token (e.g. the tokenizer's BOS)")
+        if max_new_tokens < 1:
+            raise EdgeSDKError(f"max_new_tokens {max_new_tokens}", "pass 1 or more")
+        stop = set() if eos is None else ({int(eos)} if isinstance(eos, (int, np.integer)) else {int(e) for e in eos})
+        self.reset()
+        cap = self.layout.max_cache
+        if cap is not None and len(prompt) - 1 > cap:
+            raise EdgeSDKError(f"the prompt has {len(prompt)} tokens; the build's profile holds at most {cap} cached",
+                               "shorten the prompt, or rebuild with a longer --max-shape for the past_key_values inputs")
+        logits = self.feed(prompt, chunk)[-1]
+        out: list[int] = []
+        while True:
+            t = int(np.argmax(logits))
+            out.append(t)
+            if t in stop:
+                return Generation(out, "eos")
+            if len(out) >= max_new_tokens:
+                return Generation(out, "length")
+            if cap is not None and self._length > cap:
+                return Generation(out, "cache_full")
+            logits = self.step([t])[-1]
+
+    def perplexity(self, tokens: Sequence[int], context: int | None = None, windows: int | None = None,
+                   chunk: int | None = None) -> dict:
+        """Perplexity of ``tokens`` cut into windows of ``context`` tokens, each from an empty cache.
+
+        Every token after a window's first is scored given the ones before it in its window (teacher forcing):
+        ``exp(mean −log p)`` over all scored tokens, log-softmax in float64.
+
+        Args:
+            context (int | None): Tokens per window; default and most: the profile's longest cache + 1.
+            windows (int | None): Score only the first this many windows.
+
+        Returns:
+            dict: ``perplexity``, ``nll`` (mean), ``scored`` tokens, ``windows``, ``context``, ``seconds``,
+            ``kv_sparsity``.
+        """
+        cap = self.layout.max_cache
+        most = None if cap is None else cap + 1
+        context = most if context is None else int(context)
+        if context is None:
+            raise EdgeSDKError("the model takes any cache length, so the window has no default",
+                               "pass the tokens per window (context=, or --context on the command line), e.g. 256")
+        if context < 2 or (most is not None and context > most):
+            raise EdgeSDKError(f"context {context}", f"pass 2 .. {most} (the build's profile caches at most {cap})"
+                               if most is not None else "pass 2 or more")
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        n = ids.size // context if windows is None else min(int(windows), ids.size // context)
+        if n < 1:
+            raise EdgeSDKError(f"{ids.size} tokens make no window of {context}", "pass more text or a shorter context")
+        nll, scored, t0 = 0.0, 0, time.perf_counter()
+        for w in range(n):
+            win = ids[w * context:(w + 1) * context]
+            self.reset()
+            logits = self.feed(win[:-1], chunk)
+            if logits.shape[0] != context - 1:
+                raise EdgeSDKError(f"the model returns logits for {logits.shape[0]} of {context - 1} tokens fed",
+                                   "score with chunk=1 (a model that returns the last token's logits only)")
+            m = logits.max(axis=-1, keepdims=True)
+            logp = logits - (m + np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)))
+            nll -= float(logp[np.arange(context - 1), win[1:]].sum())
+            scored += context - 1
+        mean = nll / scored
+        return {"perplexity": math.exp(mean), "nll": mean, "scored": scored, "windows": n, "context": context,
+                "seconds": time.perf_counter() - t0, "kv_sparsity": self.kv_sparsity}

@@ -1,0 +1,237 @@
+"""``edgesdk generate`` and ``edgesdk perplexity``: decode with an LLM build that carries its KV cache.
+
+Registered on the main CLI by :func:`register`::
+
+    edgesdk generate BUILD --prompt "The capital of France is" [--max-new-tokens 32] [--reference ORIG.onnx]
+    edgesdk perplexity BUILD --text notes.txt [--context 256] [--windows 8] [--kv-sparsity 0.5 --kv-sparsity 0.7]
+                             [--reference ORIG.onnx] [--json ppl.json]
+
+Text goes through a Hugging Face ``tokenizer.json`` (``--tokenizer``; default: the one beside the model the build
+was made from, as optimum exports it, or in the build folder), or token ids are given directly (``--prompt-ids``,
+``--tokens FILE`` of whitespace-separated ids, as ``--calibration`` takes). ``--reference`` runs the original
+model too (ONNX Runtime, as the build's verification does) and puts the two side by side. The work is
+:mod:`edgesdk.generate`'s; errors are printed as ``edgesdk build``'s are (problem + fix, exit 1).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from edgesdk.errors import EdgeSDKError
+from edgesdk.generate import Decoder
+from edgesdk.runtime_cli import BackendOpt, BuildArg, _at_least, _check_writable, _fail, _open_engine, _write_atomic
+from edgesdk.tables import Fit, compact_table, num_column, text_column
+
+console = Console()
+TOKENIZER_NAME = "tokenizer.json"
+
+TokenizerOpt = Annotated[Optional[Path], typer.Option(
+    "--tokenizer", help="A Hugging Face tokenizer.json. \\[default: beside the model the build was made from, or in "
+                        "the build folder]")]
+ReferenceOpt = Annotated[Optional[Path], typer.Option(
+    "--reference", help="The original .onnx (with its KV cache): run it too, with ONNX Runtime, side by side.")]
+KvOpt = Annotated[Optional[list[float]], typer.Option(
+    "--kv-sparsity", help="Also hold the KV cache as sparse_kv does at this sparsity (repeatable; 0 = fp16 cache).")]
+WindowOpt = Annotated[int, typer.Option("--kv-window", help="Dense window of the most recent tokens under --kv-sparsity.")]
+
+
+def find_tokenizer(build: Path, given: Path | None) -> Path | None:
+    """``given``, else ``tokenizer.json`` beside the build's source model (its report's ``model.path``) or in the
+    build folder; None if there is none."""
+    if given is not None:
+        if not given.is_file():
+            raise EdgeSDKError(f"--tokenizer {given} is not a file", "pass the tokenizer.json of the model "
+                                                                    "(optimum exports it beside model.onnx)")
+        return given
+    folder = build if build.is_dir() else build.parent
+    places = [folder / TOKENIZER_NAME]
+    try:
+        source = (json.loads((folder / "report.json").read_text()).get("model") or {}).get("path")
+        if source:
+            places.insert(0, Path(source).parent / TOKENIZER_NAME)
+    except (OSError, ValueError, AttributeError):
+        pass
+    return next((p for p in places if p.is_file()), None)
+
+
+class Tokenizer:
+    """A Hugging Face ``tokenizers`` tokenizer (the library optimum's exports are written for)."""
+
+    def __init__(self, path: Path):
+        try:
+            import tokenizers
+        except ImportError:
+            raise EdgeSDKError("reading text needs the `tokenizers` package", "pip install tokenizers (or give token "
+                               "ids: --prompt-ids / --tokens)") from None
+        try:
+            self._tok = tokenizers.Tokenizer.from_file(str(path))
+        except Exception as e:
+            raise EdgeSDKError(f"cannot read {path} as a tokenizer.json ({e})",
+                               "pass the tokenizer.json the model was exported with") from None
+        self.path = path
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+
+def parse_ids(text: str, where: str) -> list[int]:
+    """Whitespace-separated non-negative token ids."""
+    try:
+        ids = [int(t) for t in text.split()]
+    except ValueError:
+        raise EdgeSDKError(f"{where} must hold whitespace-separated integer token ids",
+                           "tokenize the text first, or pass text with --prompt/--text and a --tokenizer") from None
+    if any(i < 0 for i in ids):
+        raise EdgeSDKError(f"{where} holds negative token ids", "write the tokenizer's ids unchanged")
+    return ids
+
+
+def _read(path: Path, flag: str) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise EdgeSDKError(f"cannot read {flag} {path} ({getattr(e, 'strerror', None) or e})",
+                           "pass a readable UTF-8 text file") from None
+
+
+def _tokenizer(build: Path, given: Path | None, needed: bool) -> Tokenizer | None:
+    path = find_tokenizer(build, given)
+    if path is None:
+        if needed:
+            raise EdgeSDKError(f"no {TOKENIZER_NAME} given or found beside the build's source model or in {build}",
+                               "pass --tokenizer PATH/tokenizer.json, or token ids (--prompt-ids / --tokens)")
+        return None
+    return Tokenizer(path)
+
+
+def default_eos(tokenizer: Path | None) -> list[int] | None:
+    """``eos_token_id`` of the ``generation_config.json`` (else ``config.json``) beside the tokenizer, as optimum
+    exports them; None if neither says."""
+    if tokenizer is None:
+        return None
+    for name in ("generation_config.json", "config.json"):
+        try:
+            eos = json.loads((tokenizer.parent / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(eos, int):
+            return [eos]
+        if isinstance(eos, list) and eos and all(isinstance(e, int) for e in eos):
+            return eos
+    return None
+
+
+def generate(build: BuildArg,
+             prompt: Annotated[Optional[str], typer.Option(help="Prompt text (through the tokenizer).")] = None,
+             prompt_ids: Annotated[Optional[str], typer.Option("--prompt-ids", help="Prompt as token ids, e.g. '1 504 3458'.")] = None,
+             max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Most tokens to generate.")] = 32,
+             eos: Annotated[Optional[int], typer.Option(help="Stop at this token id. \\[default: eos_token_id of the generation_config.json or config.json beside the tokenizer]")] = None,
+             tokenizer: TokenizerOpt = None, reference: ReferenceOpt = None,
+             kv_sparsity: Annotated[Optional[float], typer.Option("--kv-sparsity", help="Hold the KV cache as sparse_kv does (0 = fp16 cache).")] = None,
+             kv_window: WindowOpt = 32, backend: BackendOpt = "tensorrt") -> None:
+    """Greedy generation after a prompt (batch 1), the KV cache fed back each step."""
+    try:
+        if (prompt is None) == (prompt_ids is None):
+            raise EdgeSDKError("give the prompt once: --prompt TEXT or --prompt-ids IDS",
+                               "e.g. --prompt 'The capital of France is'")
+        _at_least("--max-new-tokens", max_new_tokens, 1)
+        tok = _tokenizer(build, tokenizer, needed=prompt is not None)
+        ids = tok.encode(prompt) if prompt is not None else parse_ids(prompt_ids, "--prompt-ids")
+        stop = [eos] if eos is not None else default_eos(tok.path if tok is not None else None)
+        runs = [("build", build, backend)] + ([("reference", reference, "onnxruntime")] if reference else [])
+        results = []
+        for label, path, be in runs:
+            with _open_engine(path, be, False) as engine:
+                dec = Decoder(engine, kv_sparsity=kv_sparsity, window=kv_window, group=kv_window)
+                t0 = time.perf_counter()
+                out = dec.generate(ids, max_new_tokens, stop)
+                results.append((label, out, time.perf_counter() - t0))
+    except EdgeSDKError as e:
+        _fail(e)
+    console.print(Text(f"prompt: {len(ids)} tokens; stop at: {' '.join(map(str, stop)) if stop else 'none'}",
+                       style="dim"))
+    for label, out, sec in results:
+        path = build if label == "build" else reference
+        console.print(Text(f"{label} ({path}, {backend if label == 'build' else 'onnxruntime'}): {len(out.tokens)} "
+                           f"tokens in {sec:.2f} s, stopped: {out.stopped}", style="bold"))
+        console.print(Text(tok.decode(ids + out.tokens) if tok is not None else " ".join(map(str, out.tokens))))
+        if tok is not None:
+            console.print(Text("ids: " + " ".join(map(str, out.tokens)), style="dim"))
+    if len(results) == 2:
+        a, b = results[0][1].tokens, results[1][1].tokens
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        console.print(Text(f"the build and the reference agree on the first {same} of {max(len(a), len(b))} tokens"))
+
+
+def perplexity(build: BuildArg,
+               text: Annotated[Optional[Path], typer.Option(help="A UTF-8 text file (through the tokenizer).")] = None,
+               tokens: Annotated[Optional[Path], typer.Option(help="A file of whitespace-separated token ids.")] = None,
+               context: Annotated[Optional[int], typer.Option(help="Tokens per window, each from an empty cache. \\[default: the build's longest cache + 1]")] = None,
+               windows: Annotated[Optional[int], typer.Option(help="Score only the first N windows. \\[default: all]")] = None,
+               skip: Annotated[int, typer.Option(help="Tokens to skip first (e.g. the ones the build calibrated on).")] = 0,
+               kv_sparsity: KvOpt = None, kv_window: WindowOpt = 32,
+               tokenizer: TokenizerOpt = None, reference: ReferenceOpt = None, backend: BackendOpt = "tensorrt",
+               json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the results here.")] = None) -> None:
+    """Perplexity of a text under the build (and --reference), with the KV cache dense or held sparse."""
+    try:
+        if (text is None) == (tokens is None):
+            raise EdgeSDKError("give the text once: --text FILE or --tokens FILE", "e.g. --text notes.txt")
+        _at_least("--skip", skip, 0)
+        if windows is not None:
+            _at_least("--windows", windows, 1)
+        if json_path is not None:
+            _check_writable(json_path, "--json", "perplexity.json")
+        if text is not None:
+            ids = _tokenizer(build, tokenizer, needed=True).encode(_read(text, "--text"))
+        else:
+            ids = parse_ids(_read(tokens, "--tokens"), f"--tokens {tokens}")
+        ids = ids[skip:]
+        runs = [("build", build, backend)] + ([("reference", reference, "onnxruntime")] if reference else [])
+        rows = []
+        for label, path, be in runs:
+            with _open_engine(path, be, False) as engine:
+                for kv in [None, *(kv_sparsity or [])]:
+                    dec = Decoder(engine, kv_sparsity=kv, window=kv_window, group=kv_window)
+                    r = dec.perplexity(ids, context, windows)
+                    if context is None:  # the build's longest: the reference then scores the same windows
+                        context = r["context"]
+                    r.update(model=label, path=str(path), backend=be, kv_window=kv_window if kv is not None else None)
+                    rows.append(r)
+    except EdgeSDKError as e:
+        _fail(e)
+    base = next((r["perplexity"] for r in rows if r["model"] == "reference" and r["kv_sparsity"] is None), None)
+    table = compact_table()
+    text_column(table, "model")
+    for c in ("KV cache", "perplexity", "vs reference", "tokens", "s"):
+        num_column(table, c)
+    for r in rows:
+        kv = "dense" if r["kv_sparsity"] is None else f"{r['kv_sparsity']:.0%} sparse"
+        rel = "-" if base is None else f"{r['perplexity'] / base - 1:+.2%}"
+        table.add_row(r["model"], kv, f"{r['perplexity']:.3f}", rel, str(r["scored"]), f"{r['seconds']:.1f}")
+    console.print(Fit(table))
+    console.print(Text(f"build: {build} ({backend})" + (f"; reference: {reference} (onnxruntime)" if reference else ""),
+                       style="dim"))
+    console.print(Text(f"{rows[0]['windows']} windows of {rows[0]['context']} tokens after skipping {skip}; "
+                       "KV sparsity: K and V rows pruned per token outside the dense window, cache in fp16 "
+                       "(accuracy only: the build's attention runs dense)", style="dim"))
+    if json_path is not None:
+        try:
+            _write_atomic(json_path, "--json", lambda f: f.write(json.dumps({"skip": skip, "rows": rows}, indent=2).encode()))
+        except EdgeSDKError as e:
+            _fail(e)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``generate`` and ``perplexity`` to the main ``edgesdk`` app."""
+    app.command("generate")(generate)
+    app.command("perplexity")(perplexity)
