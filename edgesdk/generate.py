@@ -63,18 +63,12 @@ class DecoderLayout:
     max_cache: int | None
 
 
-def decoder_layout(engine) -> DecoderLayout:
-    """Find the decoder-with-cache inputs and outputs of an :class:`edgesdk.Engine` and its profile's limits.
-
-    The cache axis of each ``past...`` input is its dim whose ONNX name starts with ``past`` (read from the
-    build's ONNX model, weights not loaded), as :func:`edgesdk.calibration.past_inputs` finds it for calibration.
-
-    Raises:
-        EdgeSDKError: the model is not a decoder exported with its KV cache, or its profile allows no decoding.
-    """
+def _cache_inputs(engine) -> tuple[dict, dict]:
+    """``(specs, past)``: the engine's inputs as ``{name: (shape, dtype)}`` and
+    :func:`edgesdk.calibration.past_inputs` of its ONNX model (read without weights)."""
     import onnx
 
-    from edgesdk.calibration import _filler, _token_inputs, past_inputs
+    from edgesdk.calibration import past_inputs
     from edgesdk.runtime import find_build
 
     specs = {t.name: (list(t.shape or ()), t.dtype) for t in engine.inputs}
@@ -86,7 +80,21 @@ def decoder_layout(engine) -> DecoderLayout:
         model = onnx.load(str(onnx_path), load_external_data=False)
     except Exception as e:  # a damaged file: Engine() opened it, so this is rare
         raise EdgeSDKError(f"cannot read {onnx_path} ({e})", "rebuild the folder with `edgesdk build`") from None
-    past = past_inputs(model, specs)
+    return specs, past_inputs(model, specs)
+
+
+def decoder_layout(engine) -> DecoderLayout:
+    """Find the decoder-with-cache inputs and outputs of an :class:`edgesdk.Engine` and its profile's limits.
+
+    The cache axis of each ``past...`` input is its dim whose ONNX name starts with ``past`` (read from the
+    build's ONNX model, weights not loaded), as :func:`edgesdk.calibration.past_inputs` finds it for calibration.
+
+    Raises:
+        EdgeSDKError: the model is not a decoder exported with its KV cache, or its profile allows no decoding.
+    """
+    from edgesdk.calibration import _filler, _token_inputs
+
+    specs, past = _cache_inputs(engine)
     if not past:
         raise EdgeSDKError(f"{engine.path} is not a decoder with a KV cache (no past_key_values.* inputs with "
                            "matching present.* outputs)", _EXPORT_FIX)
@@ -120,7 +128,10 @@ def decoder_layout(engine) -> DecoderLayout:
         new_range = (max(1, lo[-1]), hi[-1])
     first = cache[0]
     if first[0] in profile:
-        max_cache = profile[first[0]][2][first[2]]
+        least, max_cache = profile[first[0]][0][first[2]], profile[first[0]][2][first[2]]
+        if least > 0:
+            raise EdgeSDKError(f"the build's profile takes at least {least} cached tokens; decoding starts from an "
+                               "empty cache", f"rebuild with --min-shape {first[0]}:...x0x... (an empty cache)")
     if max_cache is not None and max_cache < 1:
         raise EdgeSDKError(f"the build's profile holds the cache at {max_cache} tokens", "rebuild with --max-shape "
                            f"{first[0]}:...x<most cached tokens>x... covering the context you decode")
@@ -320,22 +331,97 @@ class Decoder:
         if context < 2 or (most is not None and context > most):
             raise EdgeSDKError(f"context {context}", f"pass 2 .. {most} (the build's profile caches at most {cap})"
                                if most is not None else "pass 2 or more")
-        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        n = ids.size // context if windows is None else min(int(windows), ids.size // context)
-        if n < 1:
-            raise EdgeSDKError(f"{ids.size} tokens make no window of {context}", "pass more text or a shorter context")
-        nll, scored, t0 = 0.0, 0, time.perf_counter()
-        for w in range(n):
-            win = ids[w * context:(w + 1) * context]
+
+        def window_logits(win):
             self.reset()
-            logits = self.feed(win[:-1], chunk)
-            if logits.shape[0] != context - 1:
-                raise EdgeSDKError(f"the model returns logits for {logits.shape[0]} of {context - 1} tokens fed",
-                                   "score with chunk=1 (a model that returns the last token's logits only)")
-            m = logits.max(axis=-1, keepdims=True)
-            logp = logits - (m + np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)))
-            nll -= float(logp[np.arange(context - 1), win[1:]].sum())
-            scored += context - 1
-        mean = nll / scored
-        return {"perplexity": math.exp(mean), "nll": mean, "scored": scored, "windows": n, "context": context,
-                "seconds": time.perf_counter() - t0, "kv_sparsity": self.kv_sparsity}
+            return self.feed(win[:-1], chunk)
+
+        out = _score(tokens, context, windows, window_logits)
+        out["kv_sparsity"] = self.kv_sparsity
+        return out
+
+
+def _score(tokens: Sequence[int], context: int, windows: int | None, window_logits) -> dict:
+    """Mean NLL over windows of ``context`` tokens; ``window_logits(window)`` gives the logits after each of its
+    first ``context - 1`` tokens."""
+    ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    n = ids.size // context if windows is None else min(int(windows), ids.size // context)
+    if n < 1:
+        raise EdgeSDKError(f"{ids.size} tokens make no window of {context}", "pass more text or a shorter context")
+    nll, scored, t0 = 0.0, 0, time.perf_counter()
+    for w in range(n):
+        win = ids[w * context:(w + 1) * context]
+        logits = np.asarray(window_logits(win), np.float64)
+        if logits.shape[0] != context - 1:
+            raise EdgeSDKError(f"the model returns logits for {logits.shape[0]} of {context - 1} tokens fed",
+                               "score with chunk=1 (a model that returns the last token's logits only)")
+        m = logits.max(axis=-1, keepdims=True)
+        logp = logits - (m + np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)))
+        nll -= float(logp[np.arange(context - 1), win[1:]].sum())
+        scored += context - 1
+    mean = nll / scored
+    return {"perplexity": math.exp(mean), "nll": mean, "scored": scored, "windows": n, "context": context,
+            "seconds": time.perf_counter() - t0}
+
+
+def perplexity(engine, tokens: Sequence[int], context: int | None = None, windows: int | None = None, *,
+               kv_sparsity: float | None = None, window: int = 32, chunk: int | None = None) -> dict:
+    """Perplexity of ``tokens`` under a causal LM build, with or without a KV cache.
+
+    A decoder with its cache goes through :meth:`Decoder.perplexity`. One without (``input_ids`` → ``logits``
+    for every position, as ``python -m models.recipes smollm2`` exports it) scores each window in one call, the
+    window as long as its fixed sequence length (or the profile's longest, or ``context``).
+
+    Raises:
+        EdgeSDKError: not a causal LM, a window the model cannot take, or ``kv_sparsity`` without a KV cache.
+    """
+    specs, past = _cache_inputs(engine)
+    if past:
+        dec = Decoder(engine, kv_sparsity=kv_sparsity, window=window, group=window)
+        return dec.perplexity(tokens, context, windows, chunk)
+    if kv_sparsity is not None:
+        raise EdgeSDKError(f"{engine.path} has no KV cache to hold sparse",
+                           "drop kv_sparsity (--kv-sparsity), or " + _EXPORT_FIX)
+    return _score_plain(engine, specs, tokens, context, windows)
+
+
+def _score_plain(engine, specs, tokens, context: int | None, windows: int | None) -> dict:
+    from edgesdk.calibration import _filler, _token_inputs
+
+    ints = _token_inputs(specs)
+    others = [n for n in specs if n not in ints and _filler(n) is None]
+    if len(ints) != 1 or others:
+        raise EdgeSDKError(f"{engine.path} is not a causal language model taking token ids (inputs: {list(specs)})",
+                           "score a model whose inputs are input_ids (and attention_mask/position_ids)")
+    name = ints[0]
+    fixed = specs[name][0][-1] if specs[name][0] else -1
+    prof = (engine.profile or {}).get(name)
+    lo, hi = (prof[0][-1], prof[2][-1]) if prof else (1, None)
+    if fixed > 0:
+        lo = hi = fixed
+    context = (hi if context is None else int(context))
+    if context is None:
+        raise EdgeSDKError("the model takes any sequence length, so the window has no default",
+                           "pass the tokens per window (context=, or --context on the command line), e.g. 256")
+    if context < 2 or context < lo or (hi is not None and context > hi):
+        raise EdgeSDKError(f"context {context}: the model takes sequences of {lo} to {hi} tokens",
+                           f"pass a context in {max(lo, 2)} .. {hi}" if hi is not None else "pass 2 or more")
+    logits_name = "logits" if any(t.name == "logits" for t in engine.outputs) else engine.outputs[0].name
+
+    def window_logits(win):
+        feeds = {name: np.asarray(win, specs[name][1])[None]}
+        for n, (_, dtype) in specs.items():
+            kind = _filler(n)
+            if kind == "ones":
+                feeds[n] = np.ones((1, context), dtype)
+            elif kind == "positions":
+                feeds[n] = np.arange(context, dtype=dtype)[None]
+        y = np.asarray(engine.infer(feeds)[logits_name])
+        if y.ndim < 2 or y.size != context * y.shape[-1]:
+            raise EdgeSDKError(f"output {logits_name!r} has shape {y.shape}, not logits for each of {context} tokens",
+                               "export the language model with logits for every position (a causal LM head)")
+        return y.reshape(context, -1)[:-1]
+
+    out = _score(tokens, context, windows, window_logits)
+    out["kv_sparsity"] = None
+    return out

@@ -26,6 +26,7 @@ from rich.text import Text
 
 from edgesdk.errors import EdgeSDKError
 from edgesdk.generate import Decoder
+from edgesdk.generate import perplexity as score
 from edgesdk.runtime_cli import BackendOpt, BuildArg, _at_least, _check_writable, _fail, _open_engine, _write_atomic
 from edgesdk.tables import Fit, compact_table, num_column, text_column
 
@@ -38,8 +39,8 @@ TokenizerOpt = Annotated[Optional[Path], typer.Option(
 ReferenceOpt = Annotated[Optional[Path], typer.Option(
     "--reference", help="The original .onnx (with its KV cache): run it too, with ONNX Runtime, side by side.")]
 KvOpt = Annotated[Optional[list[float]], typer.Option(
-    "--kv-sparsity", help="Also hold the KV cache as sparse_kv does at this sparsity (repeatable; 0 = fp16 cache).")]
-WindowOpt = Annotated[int, typer.Option("--kv-window", help="Dense window of the most recent tokens under --kv-sparsity.")]
+    "--kv-sparsity", metavar="S", help="Also hold the KV cache as sparse_kv does at this sparsity (repeatable; 0 = fp16 cache).")]
+WindowOpt = Annotated[int, typer.Option("--kv-window", help="Under --kv-sparsity: the dense window of the most recent tokens, also the tokens compressed at once (MUSTAFAR: 32).")]
 
 
 def find_tokenizer(build: Path, given: Path | None) -> Path | None:
@@ -176,13 +177,14 @@ def generate(build: BuildArg,
 def perplexity(build: BuildArg,
                text: Annotated[Optional[Path], typer.Option(help="A UTF-8 text file (through the tokenizer).")] = None,
                tokens: Annotated[Optional[Path], typer.Option(help="A file of whitespace-separated token ids.")] = None,
-               context: Annotated[Optional[int], typer.Option(help="Tokens per window, each from an empty cache. \\[default: the build's longest cache + 1]")] = None,
+               context: Annotated[Optional[int], typer.Option(help="Tokens per window, each from an empty cache. \\[default: the build's longest cache + 1; without a cache, its sequence length]")] = None,
                windows: Annotated[Optional[int], typer.Option(help="Score only the first N windows. \\[default: all]")] = None,
                skip: Annotated[int, typer.Option(help="Tokens to skip first (e.g. the ones the build calibrated on).")] = 0,
                kv_sparsity: KvOpt = None, kv_window: WindowOpt = 32,
                tokenizer: TokenizerOpt = None, reference: ReferenceOpt = None, backend: BackendOpt = "tensorrt",
                json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the results here.")] = None) -> None:
-    """Perplexity of a text under the build (and --reference), with the KV cache dense or held sparse."""
+    """Perplexity of a text under a causal LM build (and --reference): with a KV cache, fed back token by token
+    (dense or held sparse); without one, each window in one call."""
     try:
         if (text is None) == (tokens is None):
             raise EdgeSDKError("give the text once: --text FILE or --tokens FILE", "e.g. --text notes.txt")
@@ -201,8 +203,7 @@ def perplexity(build: BuildArg,
         for label, path, be in runs:
             with _open_engine(path, be, False) as engine:
                 for kv in [None, *(kv_sparsity or [])]:
-                    dec = Decoder(engine, kv_sparsity=kv, window=kv_window, group=kv_window)
-                    r = dec.perplexity(ids, context, windows)
+                    r = score(engine, ids, context, windows, kv_sparsity=kv, window=kv_window)
                     if context is None:  # the build's longest: the reference then scores the same windows
                         context = r["context"]
                     r.update(model=label, path=str(path), backend=be, kv_window=kv_window if kv is not None else None)

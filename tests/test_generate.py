@@ -20,7 +20,7 @@ from edgesdk.cli import app
 from edgesdk.config import BuildConfig
 from edgesdk.errors import EdgeSDKError
 from edgesdk.formats import sparse_kv as skv
-from edgesdk.generate import Decoder, decoder_layout
+from edgesdk.generate import Decoder, decoder_layout, perplexity
 
 MODEL = Path(__file__).resolve().parent / "data" / "optimum" / "llama_past" / "model.onnx"
 PAST = ["past_key_values.0.key", "past_key_values.0.value"]
@@ -163,6 +163,40 @@ def test_the_build_profile_bounds_decoding(past_build):
             dec.generate([], 4)
 
 
+def test_a_profile_without_an_empty_cache(tmp_path):
+    out = tmp_path / "b"
+    cfg = BuildConfig(output=out, quantize="none", kernels="none", shape_hints=["input_ids:1x1", f"{PAST[0]}:1x2x31x8"],
+                      min_shapes=[f"{PAST[0]}:1x2x4x8"], max_shapes=[f"{PAST[0]}:1x2x63x8"], verify_count=1)
+    build(MODEL, cfg)
+    with edgesdk.Engine(out, backend="onnxruntime") as e:
+        with pytest.raises(EdgeSDKError) as err:
+            Decoder(e)
+    assert "at least 4 cached" in err.value.problem and "x0x" in err.value.fix
+
+
+def test_perplexity_without_a_cache(bare, tmp_path):
+    """A causal LM exported without its cache (optimum's text-generation task) scores each window in one call: the
+    same figure as the decoder with its cache, which has the same weights (one tiny-random-Llama checkpoint)."""
+    plain = MODEL.parent.parent / "llama" / "model.onnx"
+    ids = _ids(130, seed=4)
+    want = Decoder(bare).perplexity(ids, context=40)
+    with edgesdk.Engine(plain, backend="onnxruntime") as e:
+        got = perplexity(e, ids, context=40)
+        assert (got["scored"], got["windows"]) == (117, 3)
+        assert got["perplexity"] == pytest.approx(want["perplexity"], rel=1e-5)
+        with pytest.raises(EdgeSDKError) as err:
+            perplexity(e, ids, context=40, kv_sparsity=0.5)
+        assert "no KV cache" in err.value.problem
+        with pytest.raises(EdgeSDKError) as err:
+            perplexity(e, ids)
+        assert "--context" in err.value.fix
+    vit = Path(__file__).resolve().parents[1] / "models" / "digits_vit.onnx"
+    with edgesdk.Engine(vit, backend="onnxruntime") as e:
+        with pytest.raises(EdgeSDKError) as err:
+            perplexity(e, ids, context=40)
+    assert "not a causal language model" in err.value.problem
+
+
 def test_not_a_decoder_with_a_cache():
     with edgesdk.Engine(MODEL.parent.parent / "llama" / "model.onnx", backend="onnxruntime") as e:
         with pytest.raises(EdgeSDKError) as err:
@@ -200,12 +234,15 @@ def test_cli_generate_and_perplexity(past_build, tmp_path):
     (["perplexity", "{b}", "--tokens", "{missing}"], "cannot read --tokens"),
     (["perplexity", "{b}", "--tokens", "{short}"], "make no window of 96"),
     (["generate", "{vit}", "--prompt-ids", "1"], "not a decoder with a KV cache"),
+    (["perplexity", "{plain}", "--tokens", "{ids}", "--context", "40", "--kv-sparsity", "0.5"], "no KV cache"),
+    (["perplexity", "{vit}", "--tokens", "{ids}", "--context", "40"], "not a causal language model"),
 ])
 def test_cli_errors(past_build, tmp_path, args, words):
     (tmp_path / "short.txt").write_text("1 2 3")
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, _ids(100))))
     vit = Path(__file__).resolve().parents[1] / "models" / "digits_vit.onnx"
     fill = {"b": str(past_build), "missing": str(tmp_path / "none.txt"), "short": str(tmp_path / "short.txt"),
-            "vit": str(vit)}
+            "vit": str(vit), "plain": str(MODEL.parent.parent / "llama" / "model.onnx"), "ids": str(tmp_path / "ids.txt")}
     res = runner.invoke(app, [a.format(**fill) for a in args] + ["--backend", "onnxruntime"])
     assert res.exit_code == 1 and words in res.output, res.output
     assert "fix:" in res.output
