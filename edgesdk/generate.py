@@ -15,15 +15,20 @@ cache length it allows)::
         print(out.tokens, out.stopped)                                   # "eos", "length" or "cache_full"
         print(dec.perplexity(ids, context=256)["perplexity"])
 
+:func:`perplexity` takes any causal LM build: one with its cache through :class:`Decoder`, one without (``input_ids``
+→ ``logits`` of every position) a window per call.
+
 **KV sparsity** (``kv_sparsity=0.7``): the cache is held as :mod:`edgesdk.formats.sparse_kv` holds it, so that
 its effect on a model's accuracy can be measured on the CPU before a kernel runs it: every cached K and V value
-rounded to fp16 (the format's dtype, so ``kv_sparsity=0`` is the fp16 cache), and once a token leaves the dense
-window (the most recent ``window`` tokens, compressed ``group`` at a time, MUSTAFAR's rule), its K and V rows
-pruned per (token, head) to the ``keep_count`` largest magnitudes, the GPU's tie rule included. The model
-computes attention on that pruned dense cache, which is what the sparse attention kernel computes on its
-compressed records (``edgesdk.reference.sparse_kv``). The build's own attention still runs dense: this measures
-accuracy, not speed. With more than one new token per call, the tokens of one call see each other densely (a
-prefill, as in MUSTAFAR); :meth:`Decoder.perplexity` therefore steps one token at a time under KV sparsity.
+rounded to fp16 (the format's dtype, so ``kv_sparsity=0`` is the fp16 cache), and the K and V rows of the tokens
+that have left the dense window (the most recent ``window`` tokens, compressed ``group`` at a time, MUSTAFAR's
+rule) pruned per (token, head) to the ``keep_count`` largest magnitudes, the GPU's tie rule included. Pruning
+happens before each call, to the tokens the kernel holds compressed once the call's new token is appended
+(``sparse_kv_append`` runs before the attention), so every query sees exactly the cache the sparse attention
+kernel reads; the model computes attention on that pruned dense cache, as ``edgesdk.reference.sparse_kv`` does
+for the kernel. The build's own attention still runs dense: this measures accuracy, not speed or memory. With
+more than one new token per call, the tokens of one call see each other densely (a prefill, as in MUSTAFAR), so
+:meth:`Decoder.perplexity` steps one token at a time under KV sparsity.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.formats import sparse_kv as skv
 
 _EXPORT_FIX = ("export the decoder with its KV cache (optimum-cli export onnx --task text-generation-with-past) "
                "and build that")
@@ -156,8 +162,6 @@ class Decoder:
     """
 
     def __init__(self, engine, *, kv_sparsity: float | None = None, window: int = 32, group: int = 32):
-        from edgesdk.formats import sparse_kv as skv
-
         self.engine = engine
         self.layout = decoder_layout(engine)
         if window < 1 or group < 1:
@@ -209,6 +213,8 @@ class Decoder:
         if lay.max_cache is not None and self._length > lay.max_cache:
             raise EdgeSDKError(f"the cache holds {self._length} tokens; the build's profile takes at most "
                                f"{lay.max_cache}", "reset() the decoder, or rebuild with a longer --max-shape")
+        if self.kv_sparsity is not None:  # what the kernel holds once these tokens are appended, of the cached ones
+            self._prune(min(self._length, skv.n_compressed(self._length + n, self.window, self.group)))
         tok_dtype = self._spec(lay.tokens)[1]
         feeds = {lay.tokens: np.asarray(tokens, dtype=tok_dtype).reshape(1, n)}
         if lay.mask is not None:
@@ -225,22 +231,20 @@ class Decoder:
             self._cache[past] = np.ascontiguousarray(got, dtype=self._spec(past)[1])
         self._length += n
         if self.kv_sparsity is not None:
-            self._hold_sparse(self._length - n)
+            for past, _, axis in lay.cache:  # the new rows in fp16, as the dense window holds them
+                c = np.moveaxis(self._cache[past], axis, -2)  # a view [..., tokens, head_dim]
+                c[..., -n:, :] = c[..., -n:, :].astype(np.float16)
         logits = out[lay.logits]
         return np.asarray(logits).reshape(-1, logits.shape[-1])[-n:]
 
-    def _hold_sparse(self, start: int) -> None:
-        """fp16 for the tokens from ``start``; prune those that left the dense window (module doc)."""
-        from edgesdk.formats import sparse_kv as skv
-
-        comp = skv.n_compressed(self._length, self.window, self.group)
+    def _prune(self, upto: int) -> None:
+        """Prune the cached tokens ``self._compressed .. upto`` per (token, head), as compression does."""
+        if upto <= self._compressed:
+            return
         for past, _, axis in self.layout.cache:
-            c = np.moveaxis(self._cache[past], axis, -2)  # view [..., tokens, head_dim]
-            c[..., start:, :] = c[..., start:, :].astype(np.float16)
-            if comp > self._compressed:
-                rows = c[..., self._compressed:comp, :]
-                rows[...] = skv.prune(rows, self._keep[past])
-        self._compressed = max(self._compressed, comp)
+            rows = np.moveaxis(self._cache[past], axis, -2)[..., self._compressed:upto, :]
+            rows[...] = skv.prune(rows, self._keep[past])
+        self._compressed = upto
 
     def _chunks(self, count: int, chunk: int | None):
         lo, hi = self.layout.new_range

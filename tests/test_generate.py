@@ -128,6 +128,27 @@ def test_kv_sparsity_holds_the_cache_as_sparse_kv(bare, sparsity):
         assert b == pytest.approx(a, rel=1e-3)
 
 
+def test_kv_sparsity_prunes_before_the_step_that_appends(bare):
+    """The kernel appends a token (compressing a group once the window holds window + group) and then attends: the
+    step that brings the length to 12 (window 8, group 4) already sees tokens 0..3 pruned."""
+    ids = _ids(12, seed=9)
+    dense = Decoder(bare)
+    dense.feed(ids[:11], chunk=1)  # the same calls as under KV sparsity: the same float32 K and V
+    dec = Decoder(bare, kv_sparsity=0.7, window=8, group=4)
+    dec.feed(ids[:11])
+    assert dec._compressed == 0  # n_compressed(11) = 0
+    keep = skv.keep_count(8, 0.7)
+    feeds = {"input_ids": np.array([[ids[11]]], np.int64), "attention_mask": np.ones((1, 12), np.int64),
+             "position_ids": np.array([[11]], np.int64)}
+    for p in PAST:
+        c = dense._cache[p].astype(np.float16)
+        c[:, :, :4] = skv.prune(c[:, :, :4], keep)
+        feeds[p] = c.astype(np.float32)
+    want = bare.infer(feeds)["logits"][0, -1]  # the same session: the same float32 arithmetic
+    np.testing.assert_array_equal(dec.step([int(ids[11])])[-1], want)
+    assert dec._compressed == 4
+
+
 def test_kv_sparsity_scores_as_a_token_by_token_decode(bare):
     """Under KV sparsity each query sees the cache a decode would hold at that point: the 45th token's logits
     equal one step after 44 tokens fed one by one, and differ from a dense cache's once tokens are pruned."""
