@@ -222,9 +222,9 @@ def perplexity(build: BuildArg,
     console.print(Fit(table))
     console.print(Text(f"build: {build} ({backend})" + (f"; reference: {reference} (onnxruntime)" if reference else ""),
                        style="dim"))
-    console.print(Text(f"{rows[0]['windows']} windows of {rows[0]['context']} tokens after skipping {skip}; "
-                       "KV sparsity: K and V rows pruned per token outside the dense window, cache in fp16 "
-                       "(accuracy only: the build's attention runs dense)", style="dim"))
+    console.print(Text(f"{rows[0]['windows']} windows of {rows[0]['context']} tokens after skipping {skip}" +
+                       ("; KV sparsity: K and V rows pruned per token outside the dense window, cache in fp16 "
+                        "(accuracy only: the build's attention runs dense)" if kv_sparsity else ""), style="dim"))
     if json_path is not None:
         try:
             _write_atomic(json_path, "--json", lambda f: f.write(json.dumps({"skip": skip, "rows": rows}, indent=2).encode()))
