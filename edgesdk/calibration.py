@@ -201,19 +201,23 @@ def _tokens(path: Path, specs: Specs, count: int, model: onnx.ModelProto | None 
                            "pass arrays in an .npz instead.")
     name = ints[0]
     shape = specs[name][0]
-    try:
-        ids = np.array(path.read_text().split(), dtype=np.int64)
-    except ValueError:
-        raise EdgeSDKError(f"{path} must hold whitespace-separated integer token ids.",
-                           "tokenize the text first (tokenizer(text)['input_ids']).") from None
-    if ids.size and ids.min() < 0:
-        raise EdgeSDKError(f"{path} holds negative token ids.", "write the tokenizer's ids unchanged.")
-    ids = ids[skip:]
+    ids = token_ids(path.read_text(), str(path))[skip:]
     if past:
         return _tokens_with_cache(ids, name, past, specs, count, model, str(path), prefill)
     seq = shape[-1]
     n = ids.size // seq
     return _split({name: ids[: n * seq].reshape(n, *shape[1:])}, specs, count, str(path))
+
+
+def token_ids(text: str, where: str, fix: str = "tokenize the text first (tokenizer(text)['input_ids']).") -> np.ndarray:
+    """Whitespace-separated non-negative integer token ids, as int64; ``where`` names the source in errors."""
+    try:
+        ids = np.array(text.split(), dtype=np.int64)
+    except ValueError:
+        raise EdgeSDKError(f"{where} must hold whitespace-separated integer token ids.", fix) from None
+    if ids.size and ids.min() < 0:
+        raise EdgeSDKError(f"{where} holds negative token ids.", "write the tokenizer's ids unchanged.")
+    return ids
 
 
 def sample_tokens(specs: Specs, model: onnx.ModelProto | None = None) -> int:

@@ -86,15 +86,11 @@ class Tokenizer:
 
 
 def parse_ids(text: str, where: str) -> list[int]:
-    """Whitespace-separated non-negative token ids."""
-    try:
-        ids = [int(t) for t in text.split()]
-    except ValueError:
-        raise EdgeSDKError(f"{where} must hold whitespace-separated integer token ids",
-                           "tokenize the text first, or pass text with --prompt/--text and a --tokenizer") from None
-    if any(i < 0 for i in ids):
-        raise EdgeSDKError(f"{where} holds negative token ids", "write the tokenizer's ids unchanged")
-    return ids
+    """Whitespace-separated non-negative token ids (:func:`edgesdk.calibration.token_ids`)."""
+    from edgesdk.calibration import token_ids
+
+    return token_ids(text, where, "tokenize the text first, or pass text with --prompt/--text and a "
+                                  "--tokenizer").tolist()
 
 
 def _read(path: Path, flag: str) -> str:

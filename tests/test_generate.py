@@ -250,6 +250,7 @@ def test_cli_generate_and_perplexity(past_build, tmp_path):
     (["generate", "{b}", "--prompt", "hi", "--prompt-ids", "1"], "give the prompt once"),
     (["generate", "{b}", "--prompt", "hi"], "no tokenizer.json"),
     (["generate", "{b}", "--prompt-ids", "1 x"], "integer token ids"),
+    (["generate", "{b}", "--prompt-ids", "1 -2"], "negative token ids"),
     (["generate", "{b}", "--prompt-ids", "1", "--max-new-tokens", "0"], "--max-new-tokens 0"),
     (["perplexity", "{b}"], "give the text once"),
     (["perplexity", "{b}", "--tokens", "{missing}"], "cannot read --tokens"),
