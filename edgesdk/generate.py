@@ -89,7 +89,7 @@ def _cache_inputs(engine) -> tuple[dict, dict]:
     return specs, past_inputs(model, specs)
 
 
-def decoder_layout(engine) -> DecoderLayout:
+def decoder_layout(engine, found: tuple[dict, dict] | None = None) -> DecoderLayout:
     """Find the decoder-with-cache inputs and outputs of an :class:`edgesdk.Engine` and its profile's limits.
 
     The cache axis of each ``past...`` input is its dim whose ONNX name starts with ``past`` (read from the
@@ -100,7 +100,7 @@ def decoder_layout(engine) -> DecoderLayout:
     """
     from edgesdk.calibration import _filler, _token_inputs
 
-    specs, past = _cache_inputs(engine)
+    specs, past = found if found is not None else _cache_inputs(engine)  # found: _cache_inputs' result, if known
     if not past:
         raise EdgeSDKError(f"{engine.path} is not a decoder with a KV cache (no past_key_values.* inputs with "
                            "matching present.* outputs)", _EXPORT_FIX)
@@ -159,11 +159,13 @@ class Decoder:
         engine: An open :class:`edgesdk.Engine` (either backend).
         kv_sparsity (float | None): Hold the cache as ``sparse_kv`` does (module doc); None = as the model gives it.
         window, group (int): The dense window and the compression group of ``kv_sparsity`` (MUSTAFAR: 32, 32).
+        layout (DecoderLayout | None): :func:`decoder_layout` of ``engine``, if already found.
     """
 
-    def __init__(self, engine, *, kv_sparsity: float | None = None, window: int = 32, group: int = 32):
+    def __init__(self, engine, *, kv_sparsity: float | None = None, window: int = 32, group: int = 32,
+                 layout: DecoderLayout | None = None):
         self.engine = engine
-        self.layout = decoder_layout(engine)
+        self.layout = layout if layout is not None else decoder_layout(engine)
         if window < 1 or group < 1:
             raise EdgeSDKError(f"KV window {window} / group {group}", "pass window >= 1 and group >= 1")
         self.kv_sparsity, self.window, self.group = kv_sparsity, window, group
@@ -380,8 +382,9 @@ def perplexity(engine, tokens: Sequence[int], context: int | None = None, window
         EdgeSDKError: not a causal LM, a window the model cannot take, or ``kv_sparsity`` without a KV cache.
     """
     specs, past = _cache_inputs(engine)
-    if past:
-        dec = Decoder(engine, kv_sparsity=kv_sparsity, window=window, group=window)
+    if past:  # the ONNX model is read once
+        dec = Decoder(engine, kv_sparsity=kv_sparsity, window=window, group=window,
+                      layout=decoder_layout(engine, (specs, past)))
         return dec.perplexity(tokens, context, windows, chunk)
     if kv_sparsity is not None:
         raise EdgeSDKError(f"{engine.path} has no KV cache to hold sparse",

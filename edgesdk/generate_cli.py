@@ -51,14 +51,14 @@ def find_tokenizer(build: Path, given: Path | None) -> Path | None:
             raise EdgeSDKError(f"--tokenizer {given} is not a file", "pass the tokenizer.json of the model "
                                                                     "(optimum exports it beside model.onnx)")
         return given
+    from edgesdk.runtime import _build_report, find_build
+
     folder = build if build.is_dir() else build.parent
     places = [folder / TOKENIZER_NAME]
-    try:
-        source = (json.loads((folder / "report.json").read_text()).get("model") or {}).get("path")
-        if source:
-            places.insert(0, Path(source).parent / TOKENIZER_NAME)
-    except (OSError, ValueError, AttributeError):
-        pass
+    onnx_path = find_build(build).onnx
+    source = ((_build_report(onnx_path) or {}).get("model") or {}).get("path") if onnx_path else None
+    if isinstance(source, str) and source:
+        places.insert(0, Path(source).parent / TOKENIZER_NAME)
     return next((p for p in places if p.is_file()), None)
 
 
