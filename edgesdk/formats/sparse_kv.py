@@ -333,3 +333,70 @@ class SparseKVCache:
                 k[b, :, t] = self.k_ring[b, :, t % c.ring]
                 v[b, :, t] = self.v_ring[b, :, t % c.ring]
         return k, v
+
+
+# --- The graph node: EdgeSparseKVAttention (edgesdk.rewrite.sparse_kv puts one per attention layer) -------------
+#
+# One node per layer takes the layer's new tokens (q after RoPE, k after RoPE, v: ``[B, H, S, head_dim]``), the
+# layer's cache state and the cached lengths, and gives the attention output and the updated state. Each of the S
+# tokens is one decode step, in order: append token i (``sparse_kv_append``: ring row, and a group compressed when
+# the window is full), then attend query i over the cache that now holds it (decode attention). So the node
+# computes exactly what the kernels compute for S steps, a prompt included (token by token).
+#
+# State outputs have the shapes and dtypes of the state inputs; output 1 + i replaces input 3 + i (TensorRT
+# aliases them: the cache is updated in place). Records travel as int8 (TensorRT takes UINT8 only at network I/O;
+# same bytes), windows as fp16, ``lengths`` int32 ``[B]`` = tokens cached *after* the call (each sequence takes
+# all S tokens, so ``lengths[b] >= S``).
+
+OP_TYPE = "EdgeSparseKVAttention"
+ATTRIBUTES: dict[str, type] = {"head_dim": int, "num_q_heads": int, "num_kv_heads": int, "k_sparsity": float,
+                               "v_sparsity": float, "capacity": int, "window": int, "group": int, "scale": float}
+INPUT_NAMES: tuple[str, ...] = ("q", "k", "v", "k_records", "v_records", "k_window", "v_window", "lengths")
+STATE_NAMES: tuple[str, ...] = ("k_records", "v_records", "k_window", "v_window")
+OUTPUT_NAMES: tuple[str, ...] = ("out",) + STATE_NAMES
+STATE_DTYPES: dict[str, str] = {"k_records": "int8", "v_records": "int8", "k_window": "float16",
+                                "v_window": "float16"}
+#: Graph input holding the cached lengths after the call, shared by every layer's node.
+LENGTHS_INPUT = "kv_lengths"
+
+
+def state_io_names(layer: int) -> tuple[list[str], list[str]]:
+    """``(inputs, outputs)``: the graph I/O names of layer ``layer``'s cache state (``past_sparse_kv.N.k_records``
+    → ``present_sparse_kv.N.k_records``, ...)."""
+    return ([f"past_sparse_kv.{layer}.{s}" for s in STATE_NAMES], [f"present_sparse_kv.{layer}.{s}" for s in STATE_NAMES])
+
+
+def node_attributes(config: SparseKVConfig, scale: float) -> dict:
+    """The node's attributes for ``config`` and the score scale."""
+    c = config
+    return {"head_dim": c.head_dim, "num_q_heads": c.num_q_heads, "num_kv_heads": c.num_kv_heads,
+            "k_sparsity": float(c.k_sparsity), "v_sparsity": float(c.v_sparsity), "capacity": c.capacity,
+            "window": c.window, "group": c.group, "scale": float(scale)}
+
+
+def config_from_attributes(attrs: dict) -> tuple[SparseKVConfig, float]:
+    """``(config, scale)`` of a node's attributes (strings of numbers accepted, as ONNX Runtime's Python ops pass
+    floats); raises :class:`~edgesdk.errors.FormatError` naming a missing or malformed one."""
+    fix = "rewrite the model with edgesdk.rewrite.sparse_kv (edgesdk kv-sparsify)"
+    vals = {}
+    for name, typ in ATTRIBUTES.items():
+        if name not in attrs:
+            raise FormatError(f"{OP_TYPE}: attribute {name!r} is missing", fix)
+        v = attrs[name]
+        try:
+            vals[name] = typ(float(v)) if typ is float else int(v)
+        except (TypeError, ValueError):
+            raise FormatError(f"{OP_TYPE}: attribute {name!r} = {v!r} is not a number", fix) from None
+    for k in ("k_sparsity", "v_sparsity"):  # stored as float32 (0.7 -> 0.699999988): back to what was asked
+        vals[k] = round(vals[k], 6)
+    scale = vals.pop("scale")
+    if not np.isfinite(scale) or scale <= 0:
+        raise FormatError(f"{OP_TYPE}: scale {scale} must be a positive number", fix)
+    return SparseKVConfig(**vals), scale
+
+
+def state_shapes(config: SparseKVConfig, batch: int) -> dict[str, tuple[int, ...]]:
+    """Shape of each state tensor for ``batch`` sequences."""
+    c, h = config, config.num_kv_heads
+    return {"k_records": (batch, h, c.record_capacity, c.rk), "v_records": (batch, h, c.record_capacity, c.rv),
+            "k_window": (batch, h, c.ring, c.head_dim), "v_window": (batch, h, c.ring, c.head_dim)}

@@ -45,6 +45,9 @@ _DTYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorP
 #: op_type → X dtypes the op takes, and attribute defaults (the format's X_DTYPES / ATTRIBUTE_DEFAULTS).
 _X_DTYPES: dict[str, tuple[str, ...]] = {}
 _DEFAULTS: dict[str, dict] = {}
+#: op_type → ``adapt(node, types, fresh) -> nodes`` for ops outside :func:`register`'s one-X form (several outputs,
+#: a cache state), registered by their ``edgesdk.ort.<op>`` module.
+ADAPTERS: dict[str, Callable] = {}
 
 
 def register(fmt, input_types: list[str], forward: Callable[[np.ndarray, dict, dict], np.ndarray],
@@ -123,7 +126,7 @@ def adapt(model: onnx.ModelProto, domain: str, source: onnx.ModelProto | None = 
         EdgeSDKError: The dtype of a plugin node's X cannot be determined or is not fp16/fp32.
     """
     g = model.graph
-    plugin = [n for n in g.node if n.domain == domain and n.op_type in REGISTERED]
+    plugin = [n for n in g.node if n.domain == domain and (n.op_type in REGISTERED or n.op_type in ADAPTERS)]
     if not plugin:
         return
     types = _known_types(model)
@@ -139,7 +142,8 @@ def adapt(model: onnx.ModelProto, domain: str, source: onnx.ModelProto | None = 
             types[n.output[0]] = types.get(zp, 0) if zp else (given or TensorProto.UINT8)
     inits = {t.name: t for t in (source or model).graph.initializer}
     for n in plugin:
-        _validate(n, inits)
+        if n.op_type in REGISTERED:
+            _validate(n, inits)
     taken = {o for n in g.node for o in n.output} | {t.name for t in g.initializer} | {i.name for i in g.input}
 
     def fresh(name: str) -> str:
@@ -154,6 +158,9 @@ def adapt(model: onnx.ModelProto, domain: str, source: onnx.ModelProto | None = 
     for n in g.node:
         if id(n) not in plugin_ids:
             nodes.append(n)
+            continue
+        if n.op_type in ADAPTERS:
+            nodes.extend(ADAPTERS[n.op_type](n, types, fresh))
             continue
         dt = _DTYPES.get(types.get(n.input[0], 0))
         if dt is None or dt not in _X_DTYPES[n.op_type]:
