@@ -7,7 +7,7 @@ Run in an environment with optimum's ONNX exporter (it pins transformers < 4.58,
     /tmp/venv-optimum/bin/python tools/optimum_fixtures.py
 
 Tiny random-weight models (seeded; no model hub): a ViT image classifier (optimum writes all four pixel dims as
-dynamic) and a Llama decoder exported with and without its KV cache (``text-generation-with-past``: inputs
+dynamic) and a Llama decoder exported with and without its KV cache, and one of head_dim 64 with two layers (with its cache only) (``text-generation-with-past``: inputs
 ``past_key_values.N.key/value`` and an ``attention_mask`` whose length is ``past_sequence_length +
 sequence_length``). Only ``model.onnx`` of each export is kept.
 
@@ -57,13 +57,22 @@ def main() -> None:
         "llama": (T.LlamaForCausalLM(T.LlamaConfig(
             vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128)), None),
+        # head_dim 64 (the sparse_kv kernels' smallest) on a hidden size of 32, two layers: edgesdk kv-sparsify
+        "llama_d64": (T.LlamaForCausalLM(T.LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=64, max_position_embeddings=256)), "past_only"),
     }
     with tempfile.TemporaryDirectory() as tmp:
         for name, (model, task) in models.items():
             src = Path(tmp) / name
             model.eval().save_pretrained(src)
-            for out_name, t in ([(name, task)] if task else [("llama_past", "text-generation-with-past"),
-                                                               ("llama", "text-generation")]):
+            if task == "past_only":
+                exports = [(f"{name}_past", "text-generation-with-past")]
+            elif task:
+                exports = [(name, task)]
+            else:
+                exports = [("llama_past", "text-generation-with-past"), ("llama", "text-generation")]
+            for out_name, t in exports:
                 dst = Path(tmp) / f"export_{out_name}"
                 ox.main_export(str(src), output=dst, task=t, opset=18, no_post_process=False)
                 (args.out / out_name).mkdir(parents=True, exist_ok=True)
