@@ -58,6 +58,11 @@ class DecoderLayout:
         cache (tuple): ``(past input, present output, cache axis)`` for every cached tensor.
         new_range (tuple[int, int | None]): New tokens one call takes (the profile's; None = any).
         max_cache (int | None): Most cached tokens a call takes (the profile's; None = any).
+        state (tuple): ``(input, output)`` of every cache-state tensor of a model whose attention runs on the sparse
+            KV cache (``edgesdk kv-sparsify``: ``EdgeSparseKVAttention`` nodes); ``cache`` is then empty.
+        lengths (str | None): That model's input of cached tokens after the call (``kv_lengths``).
+        sparse_kv (dict | None): That model's cache policy (``k_sparsity``, ``v_sparsity``, ``window``, ``group``,
+            ``capacity``: its nodes' attributes).
     """
 
     tokens: str
@@ -67,11 +72,41 @@ class DecoderLayout:
     cache: tuple[tuple[str, str, int], ...]
     new_range: tuple[int, int | None]
     max_cache: int | None
+    state: tuple[tuple[str, str], ...] = ()
+    lengths: str | None = None
+    sparse_kv: dict | None = None
 
 
-def _cache_inputs(engine) -> tuple[dict, dict]:
-    """``(specs, past)``: the engine's inputs as ``{name: (shape, dtype)}`` and
-    :func:`edgesdk.calibration.past_inputs` of its ONNX model (read without weights)."""
+def _sparse_state(model, specs: dict) -> tuple[tuple[tuple[str, str], ...], dict] | None:
+    """``(state pairs, policy)`` of a model rewritten by :func:`edgesdk.rewrite.sparse_kv.sparsify_kv`, else None."""
+    from onnx import helper
+
+    if skv.LENGTHS_INPUT not in specs:
+        return None
+    nodes = [n for n in model.graph.node if n.op_type == skv.OP_TYPE]
+    caps = {a.i for n in nodes for a in n.attribute if a.name == "capacity"}
+    if not nodes or len(caps) != 1:
+        raise EdgeSDKError(f"the model takes {skv.LENGTHS_INPUT} but has {len(nodes)} {skv.OP_TYPE} nodes with "
+                           f"capacities {sorted(caps)}", "rewrite the decoder again with `edgesdk kv-sparsify`")
+    outputs = {o.name for o in model.graph.output}
+    pairs = []
+    for n in nodes:
+        for past, present in zip(n.input[3:7], n.output[1:5]):
+            if past not in specs or present not in outputs:
+                raise EdgeSDKError(f"{n.name}: cache state {past} -> {present} is not graph input -> output",
+                                   "rewrite the decoder again with `edgesdk kv-sparsify`")
+            pairs.append((past, present))
+    attrs = {a.name: helper.get_attribute_value(a) for a in nodes[0].attribute}
+    policy = {k: attrs.get(k) for k in ("k_sparsity", "v_sparsity", "window", "group", "capacity")}
+    for k in ("k_sparsity", "v_sparsity"):
+        policy[k] = round(float(policy[k]), 6) if policy[k] is not None else None
+    return tuple(pairs), policy
+
+
+def _cache_inputs(engine) -> tuple[dict, dict, tuple | None]:
+    """``(specs, past, sparse)``: the engine's inputs as ``{name: (shape, dtype)}``,
+    :func:`edgesdk.calibration.past_inputs` of its ONNX model (read without weights) and, for a model on the sparse
+    KV cache, ``(state pairs, capacity)``."""
     import onnx
 
     from edgesdk.calibration import past_inputs
@@ -86,10 +121,10 @@ def _cache_inputs(engine) -> tuple[dict, dict]:
         model = onnx.load(str(onnx_path), load_external_data=False)
     except Exception as e:  # a damaged file: Engine() opened it, so this is rare
         raise EdgeSDKError(f"cannot read {onnx_path} ({e})", "rebuild the folder with `edgesdk build`") from None
-    return specs, past_inputs(model, specs)
+    return specs, past_inputs(model, specs), _sparse_state(model, specs)
 
 
-def decoder_layout(engine, found: tuple[dict, dict] | None = None) -> DecoderLayout:
+def decoder_layout(engine, found: tuple | None = None) -> DecoderLayout:
     """Find the decoder-with-cache inputs and outputs of an :class:`edgesdk.Engine` and its profile's limits.
 
     The cache axis of each ``past...`` input is its dim whose ONNX name starts with ``past`` (read from the
@@ -100,7 +135,9 @@ def decoder_layout(engine, found: tuple[dict, dict] | None = None) -> DecoderLay
     """
     from edgesdk.calibration import _filler, _token_inputs
 
-    specs, past = found if found is not None else _cache_inputs(engine)  # found: _cache_inputs' result, if known
+    specs, past, sparse = found if found is not None else _cache_inputs(engine)  # found: _cache_inputs', if known
+    if sparse is not None:
+        return _sparse_layout(engine, specs, *sparse)
     if not past:
         raise EdgeSDKError(f"{engine.path} is not a decoder with a KV cache (no past_key_values.* inputs with "
                            "matching present.* outputs)", _EXPORT_FIX)
@@ -144,6 +181,34 @@ def decoder_layout(engine, found: tuple[dict, dict] | None = None) -> DecoderLay
     return DecoderLayout(ints[0], mask, positions, logits, tuple(cache), new_range, max_cache)
 
 
+def _sparse_layout(engine, specs: dict, state: tuple, policy: dict) -> DecoderLayout:
+    from edgesdk.calibration import _filler, _token_inputs
+
+    cached = {p for p, _ in state} | {skv.LENGTHS_INPUT}
+    ints = [n for n in _token_inputs(specs) if n not in cached]
+    if len(ints) != 1:
+        raise EdgeSDKError(f"the decoder needs one token-id input; its integer inputs are {ints}",
+                           "export it with input_ids (and position_ids) as its only integer inputs")
+    presents = {p for _, p in state}
+    rest = [t.name for t in engine.outputs if t.name not in presents]
+    logits = "logits" if "logits" in rest else (rest[0] if len(rest) == 1 else None)
+    if logits is None:
+        raise EdgeSDKError(f"cannot tell the logits among the outputs {rest}", "export the decoder with a 'logits' "
+                           "output (optimum does)")
+    profile = engine.profile or {}
+    new_range = (1, None)
+    if ints[0] in profile:
+        lo, _, hi = profile[ints[0]]
+        if lo[0] > 1:
+            raise EdgeSDKError(f"the build's profile takes batches of {lo[0]} to {hi[0]}; decoding runs batch 1",
+                               "rebuild with a profile whose batch starts at 1 (the default)")
+        new_range = (max(1, lo[-1]), hi[-1])
+    mask = next((n for n in specs if _filler(n) == "ones"), None)
+    positions = next((n for n in specs if _filler(n) == "positions"), None)
+    return DecoderLayout(ints[0], mask, positions, logits, (), new_range, int(policy["capacity"]) - 1, tuple(state),
+                         skv.LENGTHS_INPUT, policy)
+
+
 class Generation(NamedTuple):
     """Result of :meth:`Decoder.generate`: the new tokens and why it stopped (``"eos"``, ``"length"``, or
     ``"cache_full"``: the build's profile holds no more cached tokens)."""
@@ -170,6 +235,9 @@ class Decoder:
             raise EdgeSDKError(f"KV window {window} / group {group}", "pass window >= 1 and group >= 1")
         self.kv_sparsity, self.window, self.group = kv_sparsity, window, group
         self._keep = {}
+        if kv_sparsity is not None and self.layout.state:
+            raise EdgeSDKError(f"{engine.path} already holds its KV cache sparse (EdgeSparseKVAttention nodes)",
+                               "drop kv_sparsity (--kv-sparsity): the model's own sparsity applies")
         if kv_sparsity is not None:
             for past, _, _ in self.layout.cache:
                 d = int(self._spec(past)[0][-1])
@@ -197,6 +265,13 @@ class Decoder:
                 raise EdgeSDKError(f"{past} has dynamic dims besides batch and cache: {shape}",
                                    "export the cache with fixed heads and head_dim")
             self._cache[past] = np.zeros(shape, dtype)
+        for past, _ in self.layout.state:  # the sparse cache's state: all zeros is an empty cache
+            shape, dtype = self._spec(past)
+            shape = [1 if i == 0 else int(d) for i, d in enumerate(shape)]
+            if any(d < 1 for d in shape):
+                raise EdgeSDKError(f"{past} has dynamic dims besides batch: {shape}",
+                                   "rewrite the decoder again with `edgesdk kv-sparsify`")
+            self._cache[past] = np.zeros(shape, dtype)
         self._length = 0
         self._compressed = 0
 
@@ -223,8 +298,15 @@ class Decoder:
             feeds[lay.mask] = np.ones((1, self._length + n), self._spec(lay.mask)[1])
         if lay.positions is not None:
             feeds[lay.positions] = np.arange(self._length, self._length + n, dtype=self._spec(lay.positions)[1])[None]
+        if lay.lengths is not None:
+            if self._length + n > lay.max_cache + 1:
+                raise EdgeSDKError(f"{self._length} cached + {n} new tokens exceed the sparse KV cache's capacity "
+                                   f"{lay.max_cache + 1}", "reset() the decoder, or rewrite with a larger --capacity")
+            feeds[lay.lengths] = np.array([self._length + n], self._spec(lay.lengths)[1])
         feeds.update(self._cache)
         out = self.engine.infer(feeds)
+        for past, present in lay.state:
+            self._cache[past] = np.asarray(out[present])
         for past, present, axis in lay.cache:
             got = out[present]
             if got.shape[axis] != self._length + n:
@@ -326,7 +408,8 @@ class Decoder:
 
         Returns:
             dict: ``perplexity``, ``nll`` (mean), ``scored`` tokens, ``windows``, ``context``, ``seconds``,
-            ``kv_sparsity``.
+            ``kv_sparsity``, ``kv_model`` (the sparse KV cache policy of a model that runs its attention on one,
+            else None).
         """
         cap = self.layout.max_cache
         most = None if cap is None else cap + 1
@@ -344,6 +427,7 @@ class Decoder:
 
         out = _score(tokens, context, windows, window_logits)
         out["kv_sparsity"] = self.kv_sparsity
+        out["kv_model"] = self.layout.sparse_kv
         return out
 
 
@@ -381,10 +465,10 @@ def perplexity(engine, tokens: Sequence[int], context: int | None = None, window
     Raises:
         EdgeSDKError: not a causal LM, a window the model cannot take, or ``kv_sparsity`` without a KV cache.
     """
-    specs, past = _cache_inputs(engine)
-    if past:  # the ONNX model is read once
+    specs, past, sparse = _cache_inputs(engine)
+    if past or sparse:  # the ONNX model is read once
         dec = Decoder(engine, kv_sparsity=kv_sparsity, window=window, group=window,
-                      layout=decoder_layout(engine, (specs, past)))
+                      layout=decoder_layout(engine, (specs, past, sparse)))
         return dec.perplexity(tokens, context, windows, chunk)
     if kv_sparsity is not None:
         raise EdgeSDKError(f"{engine.path} has no KV cache to hold sparse",

@@ -57,9 +57,23 @@ def find_tokenizer(build: Path, given: Path | None) -> Path | None:
     places = [folder / TOKENIZER_NAME]
     onnx_path = find_build(build).onnx
     source = ((_build_report(onnx_path) or {}).get("model") or {}).get("path") if onnx_path else None
+    if onnx_path is not None and source is None:  # written by `edgesdk kv-sparsify`: its source, recorded
+        source = _metadata(onnx_path).get(SOURCE_KEY)
     if isinstance(source, str) and source:
         places.insert(0, Path(source).parent / TOKENIZER_NAME)
     return next((p for p in places if p.is_file()), None)
+
+
+SOURCE_KEY = "edgesdk.source_model"
+
+
+def _metadata(onnx_path: Path) -> dict:
+    import onnx
+
+    try:
+        return {p.key: p.value for p in onnx.load(str(onnx_path), load_external_data=False).metadata_props}
+    except Exception:
+        return {}
 
 
 class Tokenizer:
@@ -198,7 +212,8 @@ def perplexity(build: BuildArg,
         rows = []
         for label, path, be in runs:
             with _open_engine(path, be, False) as engine:
-                for kv in [None, *(kv_sparsity or [])]:
+                own = kv_sparsity and _holds_sparse_kv(engine)  # emulating on top of the real thing: not asked for
+                for kv in [None] if own else [None, *(kv_sparsity or [])]:
                     r = score(engine, ids, context, windows, kv_sparsity=kv, window=kv_window)
                     if context is None:  # the build's longest: the reference then scores the same windows
                         context = r["context"]
@@ -213,14 +228,20 @@ def perplexity(build: BuildArg,
         num_column(table, c)
     for r in rows:
         kv = "dense" if r["kv_sparsity"] is None else f"{r['kv_sparsity']:.0%} sparse"
+        if r.get("kv_model"):
+            ks, vs = r["kv_model"]["k_sparsity"], r["kv_model"]["v_sparsity"]
+            kv = (f"{ks:.0%}" if ks == vs else f"K {ks:.0%} V {vs:.0%}") + " sparse (model)"
         rel = "-" if base is None else f"{r['perplexity'] / base - 1:+.2%}"
         table.add_row(r["model"], kv, f"{r['perplexity']:.3f}", rel, str(r["scored"]), f"{r['seconds']:.1f}")
     console.print(Fit(table))
     console.print(Text(f"build: {build} ({backend})" + (f"; reference: {reference} (onnxruntime)" if reference else ""),
                        style="dim"))
+    if any(r.get("kv_model") for r in rows):
+        console.print(Text("sparse (model): the model's attention runs on the sparse KV cache (EdgeSparseKVAttention "
+                           "nodes, edgesdk kv-sparsify)", style="dim"))
     console.print(Text(f"{rows[0]['windows']} windows of {rows[0]['context']} tokens after skipping {skip}" +
                        ("; KV sparsity: K and V rows pruned per token outside the dense window, cache in fp16 "
-                        "(accuracy only: the build's attention runs dense)" if kv_sparsity else ""), style="dim"))
+                        "(emulated on the dense cache: accuracy only)" if kv_sparsity else ""), style="dim"))
     if json_path is not None:
         try:
             _write_atomic(json_path, "--json", lambda f: f.write(json.dumps({"skip": skip, "rows": rows}, indent=2).encode()))
@@ -228,7 +249,67 @@ def perplexity(build: BuildArg,
             _fail(e)
 
 
+def _holds_sparse_kv(engine) -> bool:
+    from edgesdk.generate import _cache_inputs
+
+    return _cache_inputs(engine)[2] is not None
+
+
+def kv_sparsify(source: Annotated[Path, typer.Argument(help="A decoder exported with its KV cache (.onnx), or a build folder of one.")],
+                output: Annotated[Path, typer.Option("-o", "--output", help="The .onnx to write.")],
+                sparsity: Annotated[float, typer.Option(help="Fraction of each K row (and V row) pruned once its token leaves the dense window.")],
+                v_sparsity: Annotated[Optional[float], typer.Option("--v-sparsity", help="V's fraction, if not --sparsity's.")] = None,
+                capacity: Annotated[int, typer.Option(help="Most tokens one sequence caches (fixes the cache's size).")] = 2048,
+                window: Annotated[int, typer.Option(help="Dense window of the most recent tokens (MUSTAFAR: 32).")] = 32,
+                group: Annotated[int, typer.Option(help="Tokens compressed at once when the window is full.")] = 32) -> None:
+    """Run a decoder's attention on the bitmap-sparse KV cache: one EdgeSparseKVAttention node per layer."""
+    from edgesdk.onnx_io import is_large, load_model, save_model
+    from edgesdk.rewrite.sparse_kv import default_scale_check, sparsify_kv
+    from edgesdk.runtime import _build_report, find_build
+
+    try:
+        _check_writable(output, "-o", "model_kv.onnx")
+        if output.suffix != ".onnx":
+            raise EdgeSDKError(f"-o {output} is not an .onnx path", "pass e.g. -o build/model_kv70.onnx")
+        found = find_build(source)
+        if found.onnx is None:
+            raise EdgeSDKError(f"{source} holds no ONNX model", "pass the decoder's .onnx or its build folder")
+        if output.resolve() == found.onnx.resolve():
+            raise EdgeSDKError(f"-o {output} is the source model", "write the rewritten decoder to a new file")
+        _at_least("--capacity", capacity, 1)
+        _at_least("--window", window, 1)
+        _at_least("--group", group, 1)
+        t0 = time.perf_counter()
+        model = load_model(found.onnx)
+        out, layers, cfg = sparsify_kv(model, sparsity, v_sparsity, capacity=capacity, window=window, group=group)
+        origin = ((_build_report(found.onnx) or {}).get("model") or {}).get("path") or str(found.onnx.resolve())
+        meta = {p.key: p for p in out.metadata_props}
+        if SOURCE_KEY in meta:
+            meta[SOURCE_KEY].value = origin
+        else:
+            out.metadata_props.add(key=SOURCE_KEY, value=origin)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        save_model(out, output)
+    except EdgeSDKError as e:
+        _fail(e)
+    odd = default_scale_check(layers, cfg.head_dim)
+    console.print(Text(f"{len(layers)} attention layers on the sparse KV cache ({time.perf_counter() - t0:.1f} s): "
+                       f"{cfg.num_q_heads} query / {cfg.num_kv_heads} KV heads of {cfg.head_dim}; K {cfg.k_sparsity:.0%}"
+                       f" ({cfg.keep_k} of {cfg.head_dim} kept), V {cfg.v_sparsity:.0%} ({cfg.keep_v} kept); window "
+                       f"{cfg.window}, group {cfg.group}, capacity {cfg.capacity} tokens", style="bold"))
+    ratio = cfg.memory_ratio(cfg.capacity)
+    per = cfg.kv_bytes(cfg.capacity) * cfg.num_kv_heads * len(layers)
+    console.print(Text(f"KV cache at {cfg.capacity} tokens: {per / 2**20:.1f} MiB per sequence, {ratio:.3f} of dense "
+                       f"fp16 ({cfg.capacity * 4 * cfg.head_dim * cfg.num_kv_heads * len(layers) / 2**20:.1f} MiB)"))
+    if odd:
+        console.print(Text(f"layers {odd} scale scores by other than 1/sqrt({cfg.head_dim}) (kept as found)",
+                           style="yellow"))
+    console.print(Text(f"wrote {output}{' (+ external data)' if is_large(out) else ''}; decode it with "
+                       f"`edgesdk generate {output} --backend onnxruntime` or score it with `edgesdk perplexity`"))
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``generate`` and ``perplexity`` to the main ``edgesdk`` app."""
+    """Add ``generate``, ``perplexity`` and ``kv-sparsify`` to the main ``edgesdk`` app."""
     app.command("generate")(generate)
     app.command("perplexity")(perplexity)
+    app.command("kv-sparsify")(kv_sparsify)
