@@ -1,6 +1,6 @@
 """Launchers for the bitmap-sparse KV cache (``plugins/sparse_kv/sparse_kv.cu``): raw pointers + stream.
 
-API for the LLM runtime (no ONNX node yet). Every call launches on the caller's stream, allocates
+API for the LLM runtime and the ``EdgeSparseKVAttention`` node's plugin. Every call launches on the caller's stream, allocates
 nothing, never synchronises and compiles only on the first use of a (kernel, context), so a decode
 step can be captured in a CUDA graph. Cache arrays (:class:`CachePtrs`) are laid out exactly as
 :class:`edgesdk.formats.sparse_kv.SparseKVCache` describes; the caller owns them and ``lens``
@@ -17,16 +17,21 @@ step can be captured in a CUDA graph. Cache arrays (:class:`CachePtrs`) are laid
   :data:`SPLIT_V1` (the first kernel); default (``tactic=None``): :func:`default_tactic`. Measured per shape in ``docs/sparse_kv.md``.
 - :func:`dense_decode_attention` — the same kernels on a plain dense fp16 cache (the dense baseline,
   tactic :data:`SPLIT_V1` by default).
+- :func:`run_node` — one call of the graph node (S new tokens = S steps of ``append`` + ``decode_attention``, the
+  lengths kept on the device), with :func:`node_plan` for its workspace.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
+
 from edgesdk.errors import EdgeSDKError
-from edgesdk.formats.sparse_kv import SparseKVConfig
+from edgesdk.formats.sparse_kv import STATE_DTYPES, SparseKVConfig, state_shapes
 from edgesdk.kernels import _cuda
 
 SOURCE = "sparse_kv/sparse_kv.cu"
@@ -318,3 +323,81 @@ def dense_decode_attention(head_dim: int, num_q_heads: int, num_kv_heads: int, b
     geometry = [_i(1), _i(capacity), _i(_DENSE_WINDOW), _i(1), _i(1), _i(1), _i(0), _i(0)]
     _attention(head_dim, num_q_heads, num_kv_heads, batch, max_len, q, out, workspace, stream, tensors,
                geometry, 0, 0, scale, sms, tokens_per_split, tactic)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The EdgeSparseKVAttention node (edgesdk.formats.sparse_kv, "The graph node"): S new tokens = S decode steps.
+
+_ALIGN = 256
+
+
+def _up(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def node_plan(cfg: SparseKVConfig, batch: int, sms: int | None = None, tactic: int | None = None) -> tuple[int, int]:
+    """``(tactic, workspace bytes)`` of :func:`run_node` for ``batch`` sequences (split grid for ``capacity``)."""
+    if tactic is None:
+        tactic = default_tactic(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, batch, cfg.capacity, sms)
+    _, ns = plan_cache(cfg, batch, cfg.capacity, sms, tactic=tactic)
+    rows_q, rows_kv = batch * cfg.num_q_heads, batch * cfg.num_kv_heads
+    nbytes = (_up(workspace_bytes(cfg.num_q_heads, cfg.head_dim, batch, ns)) + _up(4 * batch)
+              + 2 * _up(2 * rows_q * cfg.head_dim) + 2 * _up(2 * rows_kv * cfg.head_dim))
+    return tactic, nbytes
+
+
+def run_node(cfg: SparseKVConfig, scale: float, batch: int, new_tokens: int, q: int, k: int, v: int,
+             state_in: Sequence[int], state_out: Sequence[int], lengths: int, out: int, workspace: int,
+             stream: int, sms: int | None = None, tactic: int | None = None) -> None:
+    """One call of the node on the device: for each of the ``new_tokens`` tokens, ``append`` it and run
+    ``decode_attention`` for its query (what :func:`edgesdk.reference.sparse_kv.attention_steps` computes).
+
+    Args:
+        q (int): fp16 ``[B, Hq, S, d]``; ``k``, ``v``: fp16 ``[B, Hkv, S, d]``; ``out``: fp16 ``[B, Hq, S, d]``.
+        state_in, state_out: device pointers of ``k_records, v_records, k_window, v_window`` before and after (the
+            same buffers where TensorRT aliases them; else the inputs are copied to the outputs first).
+        lengths (int): int32 ``[B]``, tokens cached after the call (each ≥ S; device).
+        workspace (int): :func:`node_plan` bytes; nothing in it needs to survive between calls.
+    """
+    if batch < 1 or new_tokens < 1:
+        raise EdgeSDKError(f"sparse_kv node call of batch {batch}, {new_tokens} new tokens",
+                           "pass batch >= 1 and at least one new token")
+    cu = _cuda._driver()
+    d, hq, hkv = cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads
+    shapes = state_shapes(cfg, batch)
+    for (name, shape), src, dst in zip(shapes.items(), state_in, state_out):
+        if int(src) != int(dst):
+            nbytes = int(np.prod(shape)) * (1 if STATE_DTYPES[name] == "int8" else 2)
+            _cuda.check(cu.cuMemcpyDtoDAsync(int(dst), int(src), nbytes, stream))
+    tactic, _ = node_plan(cfg, batch, sms, tactic)
+    _, ns = plan_cache(cfg, batch, cfg.capacity, sms, tactic=tactic)
+    ws = int(workspace)
+    lens = ws + _up(workspace_bytes(hq, d, batch, ns))
+    q_ws = lens + _up(4 * batch)
+    o_ws = q_ws + _up(2 * batch * hq * d)
+    k_ws = o_ws + _up(2 * batch * hq * d)
+    v_ws = k_ws + _up(2 * batch * hkv * d)
+    init_workspace(ws, batch, hq, stream)  # the merge counters: TensorRT's scratch holds anything on entry
+    cache = CachePtrs(*(int(p) for p in state_out), lens)
+    step_lens, copy = _kernel("sparse_kv_step_lens"), _kernel("sparse_kv_token_copy")
+    S = new_tokens
+
+    def gather(src, dst, rows, i, back=False):
+        grid = min(max(1, rows * d // 4 // 128), 1024)
+        args = [_p(src), _p(dst), _i(rows), _i(d), ctypes.c_longlong(d if back else S * d),
+                ctypes.c_longlong(S * d if back else d)]
+        copy.launch((grid,), (128,), args, stream)
+
+    for i in range(S):
+        step_lens.launch((-(-batch // 128),), (128,), [_p(lengths), _p(lens), _i(batch), _i(i + 1 - S)], stream)
+        if S == 1:
+            qi, ki, vi, oi = int(q), int(k), int(v), int(out)
+        else:
+            qi, ki, vi, oi = q_ws, k_ws, v_ws, o_ws
+            gather(int(q) + 2 * i * d, qi, batch * hq, i)
+            gather(int(k) + 2 * i * d, ki, batch * hkv, i)
+            gather(int(v) + 2 * i * d, vi, batch * hkv, i)
+        append(cfg, batch, ki, vi, cache, stream)
+        decode_attention(cfg, batch, cfg.capacity, qi, cache, oi, ws, stream, scale=scale, sms=sms, tactic=tactic)
+        if S > 1:
+            gather(oi, int(out) + 2 * i * d, batch * hq, i, back=True)

@@ -182,6 +182,9 @@ def _build(trt, onnx_path: Path, out_dir: Path, device, config, info: dict, prof
                            "that the TensorRT version is >= 10.3")
 
     cfg = builder.create_builder_config()
+    if uses_sparse_kv(onnx_path):
+        # EdgeSparseKVAttention writes its cache state in place (aliased plugin I/O, TensorRT >= 10.3)
+        cfg.set_preview_feature(trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03, True)
     workspace_mb = int(getattr(config, "workspace_mb", None) or getattr(device, "workspace_mb"))
     cfg.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_mb << 20)
     level = getattr(config, "builder_optimization_level", None)
@@ -238,6 +241,15 @@ def _build(trt, onnx_path: Path, out_dir: Path, device, config, info: dict, prof
     _atomic_write(out_dir / PLAN_NAME, memoryview(plan))  # last: the plan exists only for a build that finished
     return {"build_s": round(time.perf_counter() - t0, 2), "timing_cache": str(cache_path),
             "workspace_mb": workspace_mb, "dla_core": used_dla, "notes": notes}
+
+
+def uses_sparse_kv(onnx_path: Path) -> bool:
+    """Whether the ONNX model has ``EdgeSparseKVAttention`` nodes (read without its external data)."""
+    import onnx
+
+    from edgesdk.formats.sparse_kv import OP_TYPE
+
+    return any(n.op_type == OP_TYPE for n in onnx.load(str(onnx_path), load_external_data=False).graph.node)
 
 
 def _sm_count() -> int | None:

@@ -17,7 +17,8 @@ _creators: dict[str, object] = {}  # op_type → creator; keeps them alive for t
 
 
 def register_plugins(registry=None) -> list[str]:
-    """Register the creators of every operator in :data:`edgesdk.trt._logic.OPS` (idempotent).
+    """Register the creators of every operator in :data:`edgesdk.trt._logic.OPS` and of ``EdgeSparseKVAttention``
+    (idempotent).
 
     Args:
         registry (trt.IPluginRegistry): Default ``tensorrt.get_plugin_registry()``.
@@ -38,9 +39,12 @@ def register_plugins(registry=None) -> list[str]:
 
     registry = registry if registry is not None else trt.get_plugin_registry()
     names = []
+    from edgesdk.trt import sparse_kv
+
     with _lock:
-        for op in _logic.OPS:
-            _, creator_cls = plugin_classes(op)
+        for op in (*_logic.OPS, sparse_kv.OP):
+            # sparse_kv's plugin (several outputs, aliased state) is its own class pair, not the linears' template
+            _, creator_cls = sparse_kv.plugin_classes() if op == sparse_kv.OP else plugin_classes(op)
             creator = creator_cls()
             key = f"{_logic.PLUGIN_NAMESPACE}::{creator.name}"
             if key not in _creators and not _registered(registry, creator.name):

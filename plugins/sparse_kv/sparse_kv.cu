@@ -1052,3 +1052,27 @@ DEF_ATTN2(128, 8)
   }
 DEF_D(64)
 DEF_D(128)
+
+// ---- The EdgeSparseKVAttention node's steps (edgesdk.kernels.sparse_kv.run_node): a call of S new tokens runs S
+// decode steps. Both kernels keep everything on the device (no host read of the lengths; CUDA-graph safe).
+
+// lens[b] = lengths[b] + offset: the cached length at step i of S (lengths = tokens cached after the call,
+// offset = i + 1 - S).
+extern "C" __global__ void __launch_bounds__(128) sparse_kv_step_lens(const int* lengths, int* lens, int batch,
+                                                                     int offset) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b < batch) lens[b] = lengths[b] + offset;
+}
+
+// rows of d halves from src (row pitch src_stride halves) to dst (row pitch dst_stride): token i of
+// [B, H, S, d] to [B, H, d] (src_stride = S d) and back (dst_stride = S d). d is 64 or 128: 8-byte moves.
+extern "C" __global__ void __launch_bounds__(128) sparse_kv_token_copy(const __half* src, __half* dst, int rows,
+                                                                      int d, long long src_stride,
+                                                                      long long dst_stride) {
+  const int per_row = d / 4;
+  const long long n = (long long)rows * per_row;
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x) {
+    const long long r = e / per_row, c = (e % per_row) * 4;
+    *reinterpret_cast<uint2*>(dst + r * dst_stride + c) = *reinterpret_cast<const uint2*>(src + r * src_stride + c);
+  }
+}

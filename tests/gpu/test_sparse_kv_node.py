@@ -1,0 +1,79 @@
+"""GPU test of ``edgesdk.kernels.sparse_kv.run_node`` (what the ``EdgeSparseKVAttention`` TensorRT plugin launches)
+against the node's reference semantics (:func:`edgesdk.reference.sparse_kv.attention_steps`, which the ONNX Runtime
+op runs): calls of 1 to 33 new tokens, ragged cached lengths, K and V at different sparsities, the state updated in
+place (aliased, as TensorRT binds it) or into separate output buffers. Outputs, workspace and the separate state
+outputs are poisoned first; the state must equal the numpy cache byte for byte.
+"""
+
+import numpy as np
+import pytest
+
+from edgesdk.formats import sparse_kv as f
+from edgesdk.kernels import sparse_kv as ks
+from edgesdk.reference.sparse_kv import attention_steps
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+
+def _dev(a):
+    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
+
+
+def _state_dev(cache: f.SparseKVCache):
+    return [_dev(cache.k_rec.view(np.int8)), _dev(cache.v_rec.view(np.int8)), _dev(cache.k_ring), _dev(cache.v_ring)]
+
+
+def _poisoned_like(ts):
+    out = []
+    for t in ts:
+        p = torch.empty_like(t)
+        if p.dtype == torch.float16:
+            p.fill_(float("nan"))
+        else:
+            p.fill_(-85)  # 0xAB
+        out.append(p)
+    return out
+
+
+@pytest.mark.parametrize("d, hq, hkv, ks_, vs_, aliased", [
+    (64, 6, 2, 0.7, 0.5, True), (64, 9, 3, 0.5, 0.5, False), (128, 8, 1, 0.7, 0.7, True), (64, 4, 4, 0.0, 0.0, False)])
+def test_run_node_equals_the_reference_steps(d, hq, hkv, ks_, vs_, aliased):
+    rng = np.random.default_rng(d + hq)
+    cfg = f.SparseKVConfig(d, hq, hkv, ks_, vs_, capacity=150, window=4, group=3)
+    B, before = 2, np.array([3, 10], np.int32)
+    k0 = (rng.standard_normal((B, hkv, 10, d)) * 2).astype(np.float16)
+    host = f.SparseKVCache.prefill(cfg, k0, (rng.standard_normal(k0.shape) * 2).astype(np.float16), before)
+    state = _state_dev(host)
+    lengths = before.copy()
+    stream = torch.cuda.current_stream().cuda_stream
+    tactic, ws_bytes = ks.node_plan(cfg, B)
+    for S in (5, 1, 7, 2, 33, 1):
+        q = rng.standard_normal((B, hq, S, d)).astype(np.float16)
+        k = (rng.standard_normal((B, hkv, S, d)) * 2).astype(np.float16)
+        v = (rng.standard_normal((B, hkv, S, d)) * 2).astype(np.float16)
+        lengths = lengths + S
+        expect = attention_steps(host, q, k, v, 0.11)
+        out = torch.full((B, hq, S, d), float("nan"), dtype=torch.float16, device="cuda")
+        ws = torch.full((ws_bytes,), -85, dtype=torch.int8, device="cuda")
+        new = state if aliased else _poisoned_like(state)
+        qd, kd, vd, ld = _dev(q), _dev(k), _dev(v), _dev(lengths.astype(np.int32))
+        ks.run_node(cfg, 0.11, B, S, qd.data_ptr(), kd.data_ptr(), vd.data_ptr(), [t.data_ptr() for t in state],
+                    [t.data_ptr() for t in new], ld.data_ptr(), out.data_ptr(), ws.data_ptr(), stream, tactic=tactic)
+        torch.cuda.synchronize()
+        got = out.cpu().numpy().astype(np.float64)
+        assert np.isfinite(got).all(), "NaN left in out"
+        err = np.abs(got - expect)
+        tol = 2e-3 + 4e-3 * np.abs(expect)
+        assert (err <= tol).all(), f"S={S}: {(err > tol).sum()} of {err.size} outside tolerance, worst {err.max():.3g}"
+        k_rec, v_rec, k_ring, v_ring = (t.cpu().numpy() for t in new)
+        for b, L in enumerate(lengths.tolist()):
+            nc = cfg.n_compressed(L)
+            assert np.array_equal(k_rec[b, :, :nc].view(np.uint8), host.k_rec[b, :, :nc]), f"K records, S={S}, b={b}"
+            assert np.array_equal(v_rec[b, :, :nc].view(np.uint8), host.v_rec[b, :, :nc]), f"V records, S={S}, b={b}"
+            slots = [t % cfg.ring for t in range(nc, L)]
+            assert np.array_equal(k_ring[b, :, slots].view(np.uint16), host.k_ring[b, :, slots].view(np.uint16))
+            assert np.array_equal(v_ring[b, :, slots].view(np.uint16), host.v_ring[b, :, slots].view(np.uint16))
+        state = new
+    assert cfg.n_compressed(int(lengths.min())) > 0
