@@ -377,7 +377,6 @@ def run_node(cfg: SparseKVConfig, scale: float, batch: int, new_tokens: int, q: 
     o_ws = q_ws + _up(2 * batch * hq * d)
     k_ws = o_ws + _up(2 * batch * hq * d)
     v_ws = k_ws + _up(2 * batch * hkv * d)
-    init_workspace(ws, batch, hq, stream)  # the merge counters: TensorRT's scratch holds anything on entry
     cache = CachePtrs(*(int(p) for p in state_out), lens)
     step_lens, copy = _kernel("sparse_kv_step_lens"), _kernel("sparse_kv_token_copy")
     S = new_tokens
@@ -388,8 +387,11 @@ def run_node(cfg: SparseKVConfig, scale: float, batch: int, new_tokens: int, q: 
                 ctypes.c_longlong(S * d if back else d)]
         copy.launch((grid,), (128,), args, stream)
 
+    counters = _counter_words(batch, hq) if tactic == STREAM_FUSED else 0
     for i in range(S):
-        step_lens.launch((-(-batch // 128),), (128,), [_p(lengths), _p(lens), _i(batch), _i(i + 1 - S)], stream)
+        n0 = counters if i == 0 else 0  # zeroed once per call, with the first step's lengths (one launch)
+        step_lens.launch((-(-max(batch, n0) // 128),), (128,), [_p(lengths), _p(lens), _i(batch), _i(i + 1 - S),
+                                                               _p(ws), _i(n0)], stream)
         if S == 1:
             qi, ki, vi, oi = int(q), int(k), int(v), int(out)
         else:

@@ -1057,11 +1057,15 @@ DEF_D(128)
 // decode steps. Both kernels keep everything on the device (no host read of the lengths; CUDA-graph safe).
 
 // lens[b] = lengths[b] + offset: the cached length at step i of S (lengths = tokens cached after the call,
-// offset = i + 1 - S).
+// offset = i + 1 - S); and, where n_counters > 0 (the first step of a call of the fused tactic), zero the merge
+// counters at the start of the workspace (TensorRT's scratch holds anything on entry; the fused kernel leaves them
+// zero after each use).
 extern "C" __global__ void __launch_bounds__(128) sparse_kv_step_lens(const int* lengths, int* lens, int batch,
-                                                                     int offset) {
-  const int b = blockIdx.x * blockDim.x + threadIdx.x;
-  if (b < batch) lens[b] = lengths[b] + offset;
+                                                                     int offset, unsigned* counters,
+                                                                     int n_counters) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t < batch) lens[t] = lengths[t] + offset;
+  if (t < n_counters) counters[t] = 0u;
 }
 
 // rows of d halves from src (row pitch src_stride halves) to dst (row pitch dst_stride): token i of
