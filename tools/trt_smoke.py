@@ -11,7 +11,11 @@ of ``edgesdk.Engine``. Steps (each printed as it runs, failures do not stop the 
       deserialized re-load, against the numpy reference;
    b. through the network API, one engine per tactic (``get_valid_tactics`` restricted to it),
       against the numpy reference.
-3. the bundled demo model (``models/digits_vit.onnx``) built by ``edgesdk build`` with
+3. the sparse KV cache node (``EdgeSparseKVAttention``, aliased state): the two-layer test decoder of head_dim 64
+   (``tests/data/optimum/llama_d64_past``) rewritten by ``edgesdk kv-sparsify`` at 50 % / 70 %, built for one new
+   token per call (batch 1), decoded for 40 tokens by ``edgesdk.generate.Decoder`` on TensorRT against the same
+   model on ONNX Runtime (the node's reference op);
+4. the bundled demo model (``models/digits_vit.onnx``) built by ``edgesdk build`` with
    ``--kernels bitmap`` and ``--kernels vitbit``, compared through Polygraphy (TensorRT vs ONNX
    Runtime with edgesdk's reference ops, the ``--trt --onnxrt`` comparison) and through
    ``edgesdk.Engine`` (tensorrt with and without CUDA graphs vs onnxruntime).
@@ -160,6 +164,37 @@ def one_layer_per_tactic(label, op, packed, dtype, work: Path, rng) -> None:
             record(f"{name}: run", ok, max_abs_err=err, rule=rule)
 
 
+def sparse_kv_decode(sparsity: float, work: Path) -> None:
+    """3: the sparse KV node through the ONNX parser, decoded step by step, against ONNX Runtime."""
+    from edgesdk.generate import Decoder
+    from edgesdk.rewrite.sparse_kv import sparsify_kv
+    from edgesdk.runtime import Engine
+    from edgesdk.trt.engine import build_engine
+
+    name = f"sparse_kv {sparsity:.0%} / decode"
+    src = onnx.load(str(ROOT / "tests" / "data" / "optimum" / "llama_d64_past" / "model.onnx"))
+    model, _, cfg = sparsify_kv(src, sparsity, capacity=96, window=8, group=8)
+    folder = work / f"sparse_kv-{int(sparsity * 100)}"
+    folder.mkdir()
+    onnx.save(model, folder / "model.onnx")
+    hints = {"input_ids": [1, 1], "position_ids": [1, 1], "kv_lengths": [1]}
+    for vi in model.graph.input:
+        if vi.name.startswith("past_sparse_kv."):
+            hints[vi.name] = [1] + [d.dim_value for d in vi.type.tensor_type.shape.dim[1:]]
+    t0 = time.perf_counter()
+    res = build_engine(folder / "model.onnx", folder, SimpleNamespace(workspace_mb=1024),
+                       SimpleNamespace(shape_hints=hints, max_batch=1))
+    if not record(f"{name}: build", res["built"], reason=res["reason"], seconds=time.perf_counter() - t0):
+        return
+    ids = [int(t) for t in np.random.default_rng(7).integers(0, 64, 40)]
+    with Engine(folder) as eng:
+        got = Decoder(eng).feed(ids, chunk=1)
+    with Engine(folder / "model.onnx", backend="onnxruntime") as eng:
+        want = Decoder(eng).feed(ids, chunk=1)
+    err = float(np.abs(got - want).max())
+    record(name, err <= 2e-2 * float(np.abs(want).max()), max_abs_err=err, compressed=cfg.n_compressed(len(ids)))
+
+
 def demo(model_path: Path, work: Path, kernels: str, atol: float, rtol: float, min_cosine: float) -> None:
     """3: the demo model built by edgesdk, TensorRT vs ONNX Runtime (Polygraphy) and via edgesdk.Engine."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
@@ -226,7 +261,8 @@ def main() -> int:
         reg = trt.get_plugin_registry()
         found = [n for n in names if reg.get_creator(n.split("::")[1], _logic.PLUGIN_VERSION,
                                                      _logic.PLUGIN_NAMESPACE) is not None]
-        record("register plugins", found == names and len(names) == len(_logic.OPS), creators=",".join(found))
+        record("register plugins", found == names and len(names) == len(_logic.OPS) + 1,  # + EdgeSparseKVAttention
+               creators=",".join(found))
         register_plugins()  # idempotent
     rng = np.random.default_rng(2026)
     with tempfile.TemporaryDirectory(prefix="edgesdk-trt-smoke-") as td:
@@ -244,6 +280,8 @@ def main() -> int:
                                 x_scale=0.03, y_dtype="float32")
         guarded("vitbit 8-bit, int8 X (QuantizeLinear in front) / float32 / onnx", one_layer_onnx,
                 "vitbit 8-bit, int8 X (QuantizeLinear in front)", "vitbit_gemm", p8, np.float32, work, rng)
+        for sparsity in (0.5, 0.7):
+            guarded(f"sparse_kv {sparsity:.0%} / decode", sparse_kv_decode, sparsity, work)
         if not args.skip_demo:
             if not args.demo.is_file():
                 record("demo model", False, error=f"{args.demo} not found (pass --demo or --skip-demo)")
