@@ -18,6 +18,11 @@ cache length it allows)::
 :func:`perplexity` takes any causal LM build: one with its cache through :class:`Decoder`, one without (``input_ids``
 → ``logits`` of every position) a window per call.
 
+A decoder rewritten by ``edgesdk kv-sparsify`` (:mod:`edgesdk.rewrite.sparse_kv`: its attention on the sparse KV cache,
+``EdgeSparseKVAttention`` nodes) decodes the same way: its cache is the nodes' fixed-size state
+(``past_sparse_kv.N.*`` in, ``present_sparse_kv.N.*`` out, zeros when empty), fed back each call with ``kv_lengths``
+(tokens cached after the call); decoding stops with ``cache_full`` at the nodes' capacity.
+
 **KV sparsity** (``kv_sparsity=0.7``): the cache is held as :mod:`edgesdk.formats.sparse_kv` holds it, so that
 its effect on a model's accuracy can be measured on the CPU before a kernel runs it: every cached K and V value
 rounded to fp16 (the format's dtype, so ``kv_sparsity=0`` is the fp16 cache), and the K and V rows of the tokens
