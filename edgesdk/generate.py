@@ -111,7 +111,7 @@ def _sparse_state(model, specs: dict) -> tuple[tuple[tuple[str, str], ...], dict
 def _cache_inputs(engine) -> tuple[dict, dict, tuple | None]:
     """``(specs, past, sparse)``: the engine's inputs as ``{name: (shape, dtype)}``,
     :func:`edgesdk.calibration.past_inputs` of its ONNX model (read without weights) and, for a model on the sparse
-    KV cache, ``(state pairs, capacity)``."""
+    KV cache, ``(state pairs, policy)`` (:func:`_sparse_state`)."""
     import onnx
 
     from edgesdk.calibration import past_inputs

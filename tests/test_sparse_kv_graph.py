@@ -246,6 +246,17 @@ def test_rewrite_refuses_what_the_node_cannot_compute(source, tmp_path):
     m.graph.node.append(helper.make_node("Tanh", [old], ["capped"], name="softcap"))
     with pytest.raises(EdgeSDKError, match="layer 1: Tanh"):
         sparsify_kv(m, 0.5, capacity=64)
+    # an ALiBi-like bias (per-head float slopes) added to the mask of layer 0
+    m = onnx.ModelProto()
+    m.CopyFrom(source)
+    add = next(n for n in m.graph.node if n.op_type == "Softmax" and "layers.0" in n.name)
+    add = next(n for n in m.graph.node if add.input[0] in n.output)
+    assert add.op_type == "Add"
+    m.graph.initializer.append(helper.make_tensor("slopes", TensorProto.FLOAT, [1, 4, 1, 1], [-0.5, -0.25, -0.125, -0.0625]))
+    m.graph.node.append(helper.make_node("Add", [add.input[1], "slopes"], ["biased"], name="alibi"))
+    add.input[1] = "biased"
+    with pytest.raises(EdgeSDKError, match="layer 0: the scores get an additive term built from a float constant of 4"):
+        sparsify_kv(m, 0.5, capacity=64)
 
 
 # ---------------------------------------------------------------- edgesdk kv-sparsify

@@ -15,8 +15,10 @@ node"). What it finds per layer, from the cache outward (the names of the export
   ``[B, Hq, S, d]``, whose consumers now read the node's output.
 
 The score scale is the product of the scalar factors found (1/sqrt(d) split over q and K in optimum's export).
-Anything else between those points (a soft-cap, an ALiBi bias, a sliding-window mask built into the graph) is
-refused with the op that stopped the match: the node computes plain causal softmax attention. The query head count
+Anything else between those points (a soft-cap, a second additive term) is refused with the op that stopped the
+match, and so is an added term built from float constants of more than one value (ALiBi's slopes): the node computes
+plain causal softmax attention. A mask that depends on the inputs in another way (a sliding window) is not told
+apart from the causal one. The query head count
 comes from one ONNX Runtime run of the model (one token, empty cache).
 
 The node reads q, k, v and writes its output in fp16 (the kernels' dtype); a float32 model gets Casts around it.
@@ -143,6 +145,7 @@ def _find_layer(graph, layer: int, present_k, present_v, past_k, past_v) -> tupl
         if f is not None:
             fs *= f
         elif n.op == "Add" and not added:
+            _check_mask(layer, n.inputs[1] if n.inputs[0] is t else n.inputs[0])
             added = True
         elif n.op == "Softmax":
             axis = n.attrs.get("axis", -1)
@@ -159,6 +162,33 @@ def _find_layer(graph, layer: int, present_k, present_v, past_k, past_v) -> tupl
     if not any(n.op == "Softmax" for n in _path_ops(qk, pv)):
         raise EdgeSDKError(f"layer {layer}: no Softmax between the scores and the MatMul with V", _FIX)
     return KVLayer(layer, q.name, k_new.name, v_new.name, pv.outputs[0].name, fq * fk * fs), [qk, pv]
+
+
+def _check_mask(layer: int, mask) -> None:
+    """The one ``Add`` on the scores must add the attention mask: built from the inputs and scalar constants only. A
+    float constant with more than one value among its sources is a learned or positional bias (ALiBi's slopes), which
+    the node does not compute: refused."""
+    import onnx_graphsurgeon as gs
+
+    seen, todo = set(), [mask]
+    while todo:
+        t = todo.pop()
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        values = None
+        if isinstance(t, gs.Constant):
+            values = np.asarray(t.values)
+        elif len(t.inputs) == 1 and t.inputs[0].op == "Constant":
+            values = np.asarray(t.inputs[0].attrs["value"].values)
+        if values is not None:
+            if np.issubdtype(values.dtype, np.floating) and values.size > 1:
+                raise EdgeSDKError(f"layer {layer}: the scores get an additive term built from a float constant of "
+                                   f"{values.size} values ({t.name}), a position bias rather than the mask", _FIX)
+            continue
+        for n in t.inputs:
+            if n.op not in ("Shape", "Size"):  # only the sizes of what feeds them
+                todo.extend(n.inputs)
 
 
 def _path_ops(start, end) -> list:
