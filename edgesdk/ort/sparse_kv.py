@@ -40,7 +40,8 @@ def forward(q, k, v, state: dict, lengths, attrs: dict):
     if lengths.shape[0] != B or (B and lengths.min() < S):
         raise EdgeSDKError(f"{fmt.OP_TYPE} lengths {lengths.tolist()} for batch {B} with {S} new tokens",
                            "pass one length per sequence: tokens cached after this call (each >= the new tokens)")
-    cache = fmt.SparseKVCache(cfg, np.array(state["k_records"]).view(np.uint8), np.array(state["v_records"]).view(np.uint8),
+    cache = fmt.SparseKVCache(cfg, np.array(state["k_records"]).view(np.uint8),
+                              np.array(state["v_records"]).view(np.uint8),
                               np.asarray(state["k_window"], np.float16).copy(),
                               np.asarray(state["v_window"], np.float16).copy(), (lengths - S).astype(np.int32))
     out = attention_steps(cache, q, k, v, scale).astype(np.float16)

@@ -277,8 +277,14 @@ def sparsify_kv(model: onnx.ModelProto, k_sparsity: float, v_sparsity: float | N
         lay, _ = _find_layer(graph, layer, tensors[kv["key"][1]], tensors[kv["value"][1]], tensors[kv["key"][0]],
                              tensors[kv["value"][0]])
         found.append(lay)
-    shapes = _probe_heads(model, [found[0].q, found[0].k])
+    shapes = _probe_heads(model, [t for lay in found for t in (lay.q, lay.k)])
     (_, hq, _, d), (_, hkv, _, _) = shapes[found[0].q], shapes[found[0].k]
+    for lay in found[1:]:
+        if (shapes[lay.q][1], shapes[lay.k][1], shapes[lay.q][3]) != (hq, hkv, d):
+            raise EdgeSDKError(f"layer {lay.layer} has {shapes[lay.q][1]} query / {shapes[lay.k][1]} KV heads of "
+                               f"{shapes[lay.q][3]}, layer {found[0].layer} {hq} / {hkv} of {d}",
+                               "one cache geometry for all layers is what kv-sparsify writes; such a model is not "
+                               "supported")
     cfg = fmt.SparseKVConfig(head_dim=d, num_q_heads=hq, num_kv_heads=hkv, k_sparsity=k_sparsity,
                              v_sparsity=v_sparsity, capacity=capacity, window=window, group=group)
     f_type = np.dtype(specs[pairs[found[0].layer]["key"][0]][1])
@@ -307,10 +313,11 @@ def sparsify_kv(model: onnx.ModelProto, k_sparsity: float, v_sparsity: float | N
         if f_type != np.float16:  # the node reads and writes fp16 (the kernels' dtype): Casts around it
             half = [gs.Variable(f"{t.name}_fp16", dtype=np.float16, shape=t.shape) for t in qkv]
             for t, h in zip(qkv, half):
-                graph.nodes.append(gs.Node(op="Cast", name=f"{name}/Cast_{h.name}", attrs={"to": onnx.TensorProto.FLOAT16},
-                                           inputs=[t], outputs=[h]))
+                graph.nodes.append(gs.Node(op="Cast", name=f"{name}/Cast_{h.name}",
+                                           attrs={"to": onnx.TensorProto.FLOAT16}, inputs=[t], outputs=[h]))
             qkv, att16 = half, gs.Variable(f"{att.name}_fp16", dtype=np.float16, shape=out.shape)
-            graph.nodes.append(gs.Node(op="Cast", name=f"{name}/Cast_out", attrs={"to": onnx.TensorProto.FLOAT},
+            graph.nodes.append(gs.Node(op="Cast", name=f"{name}/Cast_out",
+                                       attrs={"to": onnx.helper.np_dtype_to_tensor_dtype(f_type)},
                                        inputs=[att16], outputs=[att]))
             att = att16
         graph.nodes.append(gs.Node(op=fmt.OP_TYPE, name=name, domain="edgesdk", attrs=attrs,
