@@ -309,6 +309,11 @@ def test_trt_plugin_logic():
         tk.check_dims(attrs, bad)
     with pytest.raises(EdgeSDKError, match="takes 8 inputs"):
         tk.check_dims(attrs, dims[:7])
+    from edgesdk.kernels import sparse_kv as ks
+
+    # the scratch covers every batch up to the largest, whichever splits most (132 SMs: an H100's count)
+    need = [ks.node_plan(cfg, b, 132)[1] for b in range(1, 9)]
+    assert tk.workspace_bytes(attrs, 8, 132) == max(need) and tk.workspace_bytes(attrs, 1, 132) == need[0]
     fields = tk.encode_fields(attrs)
     assert {n for n, _, _ in fields} == set(skv.ATTRIBUTES)
     back = tk.attrs_from_fields([(n, d) for n, d, _ in fields] + [("plugin_version", b"1")])

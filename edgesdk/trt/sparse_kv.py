@@ -91,12 +91,13 @@ def attrs_from_fields(fields) -> dict:
     return got
 
 
-def workspace_bytes(attrs: dict, max_batch: int) -> int:
-    """Scratch of :func:`edgesdk.kernels.sparse_kv.run_node` at the profile's largest batch."""
+def workspace_bytes(attrs: dict, max_batch: int, sms: int | None = None) -> int:
+    """Scratch of :func:`edgesdk.kernels.sparse_kv.run_node` for any batch up to the profile's largest: the most of
+    each batch's (a smaller batch may split its tokens more ways, so its partials can take more room)."""
     from edgesdk.kernels import sparse_kv as ks
 
     cfg, _ = fmt.config_from_attributes(attrs)
-    return ks.node_plan(cfg, max(1, int(max_batch)))[1]
+    return max(ks.node_plan(cfg, b, sms)[1] for b in range(1, max(1, int(max_batch)) + 1))
 
 
 def enqueue(attrs: dict, q_dims: tuple[int, ...], inputs, outputs, workspace: int, stream: int) -> None:
