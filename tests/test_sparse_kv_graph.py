@@ -211,7 +211,9 @@ def test_rewritten_model_decodes_as_the_emulated_cache(rewritten, sparsity):
     with edgesdk.Engine(MODEL, backend="onnxruntime") as e:
         emulated = Decoder(e, kv_sparsity=sparsity, window=4, group=4).feed(ids, chunk=1)
         dense = Decoder(e).feed(ids)
-    np.testing.assert_array_equal(got, got7)  # S tokens in one call = S steps
+    # S tokens in one call = S steps (the node is exact; the model's MatMuls of 7 rows may round differently from
+    # those of 1 on some ONNX Runtime versions: 6e-8 on 1.18)
+    np.testing.assert_allclose(got, got7, rtol=0, atol=1e-6 * np.abs(got).max())
     np.testing.assert_allclose(got, emulated, rtol=0, atol=3e-4 * np.abs(emulated).max())
     if sparsity == 0.0:
         np.testing.assert_allclose(got, dense, rtol=0, atol=1e-3 * np.abs(dense).max())

@@ -77,3 +77,51 @@ def test_run_node_equals_the_reference_steps(d, hq, hkv, ks_, vs_, aliased):
             assert np.array_equal(v_ring[b, :, slots].view(np.uint16), host.v_ring[b, :, slots].view(np.uint16))
         state = new
     assert cfg.n_compressed(int(lengths.min())) > 0
+
+
+def _gpu_forward(q, k, v, state, lengths, attrs):
+    """The ONNX Runtime op's ``forward`` on the GPU: the state to the device, ``run_node``, the state back."""
+    cfg, scale = f.config_from_attributes(attrs)
+    B, S = q.shape[0], q.shape[2]
+    st = [_dev(np.asarray(state[s], np.int8 if f.STATE_DTYPES[s] == "int8" else np.float16)) for s in f.STATE_NAMES]
+    qd, kd, vd = (_dev(np.asarray(t, np.float16)) for t in (q, k, v))
+    ld = _dev(np.asarray(lengths, np.int32).reshape(-1))
+    tactic, nb = ks.node_plan(cfg, B)
+    ws = torch.full((nb,), -85, dtype=torch.int8, device="cuda")
+    out = torch.full(tuple(q.shape), float("nan"), dtype=torch.float16, device="cuda")
+    ptrs = [t.data_ptr() for t in st]
+    ks.run_node(cfg, scale, B, S, qd.data_ptr(), kd.data_ptr(), vd.data_ptr(), ptrs, ptrs, ld.data_ptr(),
+                out.data_ptr(), ws.data_ptr(), torch.cuda.current_stream().cuda_stream, tactic=tactic)
+    torch.cuda.synchronize()
+    return out.cpu().numpy(), {s: t.cpu().numpy() for s, t in zip(f.STATE_NAMES, st)}
+
+
+@pytest.mark.parametrize("sparsity", [0.5, 0.7])
+def test_a_rewritten_decoder_on_the_gpu_node(sparsity, monkeypatch, tmp_path):
+    """The test decoder rewritten by kv-sparsify, decoded by ``edgesdk.generate.Decoder`` with every node call run by
+    the GPU kernels (the ONNX Runtime op's forward swapped for run_node) against the same model on the CPU op:
+    120 tokens, window 4, group 4 (28 groups compressed), then one call of 40 tokens after a reset."""
+    from pathlib import Path
+
+    import onnx
+
+    import edgesdk
+    import edgesdk.ort.sparse_kv as op
+    from edgesdk.generate import Decoder
+    from edgesdk.rewrite.sparse_kv import sparsify_kv
+
+    src = Path(__file__).resolve().parents[1] / "data" / "optimum" / "llama_d64_past" / "model.onnx"
+    model, _, cfg = sparsify_kv(onnx.load(str(src)), sparsity, capacity=160, window=4, group=4)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    ids = [int(t) for t in np.random.default_rng(5).integers(0, 64, 120)]
+    with edgesdk.Engine(path, backend="onnxruntime") as e:
+        cpu = Decoder(e).feed(ids, chunk=1)
+        cpu40 = Decoder(e).feed(ids[:40])
+        monkeypatch.setattr(op, "forward", _gpu_forward)
+        gpu = Decoder(e).feed(ids, chunk=1)
+        gpu40 = Decoder(e).feed(ids[:40])
+    scale = np.abs(cpu).max()
+    assert np.isfinite(gpu).all() and np.abs(gpu - cpu).max() <= 1e-2 * scale, np.abs(gpu - cpu).max()
+    assert np.abs(gpu40 - cpu40).max() <= 1e-2 * scale
+    assert cfg.n_compressed(120) == 112
