@@ -100,7 +100,7 @@ def _gpu_forward(q, k, v, state, lengths, attrs):
 def test_a_rewritten_decoder_on_the_gpu_node(sparsity, monkeypatch, tmp_path):
     """The test decoder rewritten by kv-sparsify, decoded by ``edgesdk.generate.Decoder`` with every node call run by
     the GPU kernels (the ONNX Runtime op's forward swapped for run_node) against the same model on the CPU op:
-    120 tokens, window 4, group 4 (28 groups compressed), then one call of 40 tokens after a reset."""
+    120 tokens, window 4, group 4 (29 groups compressed), then one call of 40 tokens after a reset."""
     from pathlib import Path
 
     import onnx
@@ -122,6 +122,8 @@ def test_a_rewritten_decoder_on_the_gpu_node(sparsity, monkeypatch, tmp_path):
         gpu = Decoder(e).feed(ids, chunk=1)
         gpu40 = Decoder(e).feed(ids[:40])
     scale = np.abs(cpu).max()
+    print(f"sparsity {sparsity}: max |gpu - cpu| {np.abs(gpu - cpu).max():.3g} (one token per call), "
+          f"{np.abs(gpu40 - cpu40).max():.3g} (40 in one call), largest |logit| {scale:.3g}")
     assert np.isfinite(gpu).all() and np.abs(gpu - cpu).max() <= 1e-2 * scale, np.abs(gpu - cpu).max()
     assert np.abs(gpu40 - cpu40).max() <= 1e-2 * scale
-    assert cfg.n_compressed(120) == 112
+    assert cfg.n_compressed(120) == 116
