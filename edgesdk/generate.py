@@ -138,25 +138,17 @@ def decoder_layout(engine, found: tuple | None = None) -> DecoderLayout:
     Raises:
         EdgeSDKError: the model is not a decoder exported with its KV cache, or its profile allows no decoding.
     """
-    from edgesdk.calibration import _filler, _token_inputs
-
     specs, past, sparse = found if found is not None else _cache_inputs(engine)  # found: _cache_inputs', if known
     if sparse is not None:
-        return _sparse_layout(engine, specs, *sparse)
+        state, policy = sparse
+        tokens, mask, positions, logits, new_range = _io(engine, specs, {p for p, _ in state} | {skv.LENGTHS_INPUT},
+                                                         {p for _, p in state})
+        return DecoderLayout(tokens, mask, positions, logits, (), new_range, int(policy["capacity"]) - 1,
+                             tuple(state), skv.LENGTHS_INPUT, policy)
     if not past:
         raise EdgeSDKError(f"{engine.path} is not a decoder with a KV cache (no past_key_values.* inputs with "
                            "matching present.* outputs)", _EXPORT_FIX)
-    ints = _token_inputs(specs)
-    if len(ints) != 1:
-        raise EdgeSDKError(f"the decoder needs one token-id input; its integer inputs are {ints}",
-                           "export it with input_ids (and attention_mask/position_ids) as its only integer inputs")
-    outputs = [t.name for t in engine.outputs]
-    presents = {p for p, _ in past.values()}
-    rest = [o for o in outputs if o not in presents]
-    logits = "logits" if "logits" in rest else (rest[0] if len(rest) == 1 else None)
-    if logits is None:
-        raise EdgeSDKError(f"cannot tell the logits among the outputs {rest}", "export the decoder with a 'logits' "
-                           "output (optimum does)")
+    tokens, mask, positions, logits, new_range = _io(engine, specs, set(), {p for p, _ in past.values()})
     cache = []
     for name, (present, axis) in past.items():
         rank = len(specs[name][0])
@@ -164,16 +156,8 @@ def decoder_layout(engine, found: tuple | None = None) -> DecoderLayout:
             raise EdgeSDKError(f"{name}'s cache axis is {axis} of {rank}", "export the cache as "
                                "[batch, heads, tokens, head_dim] (optimum's layout)")
         cache.append((name, present, axis))
-    mask = next((n for n in specs if _filler(n) == "ones"), None)
-    positions = next((n for n in specs if _filler(n) == "positions"), None)
-    new_range, max_cache = (1, None), None
+    max_cache = None
     profile = engine.profile or {}
-    if ints[0] in profile:
-        lo, _, hi = profile[ints[0]]
-        if lo[0] > 1:
-            raise EdgeSDKError(f"the build's profile takes batches of {lo[0]} to {hi[0]}; decoding runs batch 1",
-                               "rebuild with a profile whose batch starts at 1 (the default)")
-        new_range = (max(1, lo[-1]), hi[-1])
     first = cache[0]
     if first[0] in profile:
         least, max_cache = profile[first[0]][0][first[2]], profile[first[0]][2][first[2]]
@@ -183,25 +167,26 @@ def decoder_layout(engine, found: tuple | None = None) -> DecoderLayout:
     if max_cache is not None and max_cache < 1:
         raise EdgeSDKError(f"the build's profile holds the cache at {max_cache} tokens", "rebuild with --max-shape "
                            f"{first[0]}:...x<most cached tokens>x... covering the context you decode")
-    return DecoderLayout(ints[0], mask, positions, logits, tuple(cache), new_range, max_cache)
+    return DecoderLayout(tokens, mask, positions, logits, tuple(cache), new_range, max_cache)
 
 
-def _sparse_layout(engine, specs: dict, state: tuple, policy: dict) -> DecoderLayout:
+def _io(engine, specs: dict, cached: set, presents: set) -> tuple:
+    """``(tokens, mask, positions, logits, new_range)`` of a decoder: its one token-id input (integer inputs other
+    than ``cached``), mask and positions inputs, logits output (outputs other than ``presents``) and the new tokens
+    per call its profile allows."""
     from edgesdk.calibration import _filler, _token_inputs
 
-    cached = {p for p, _ in state} | {skv.LENGTHS_INPUT}
     ints = [n for n in _token_inputs(specs) if n not in cached]
     if len(ints) != 1:
         raise EdgeSDKError(f"the decoder needs one token-id input; its integer inputs are {ints}",
-                           "export it with input_ids (and position_ids) as its only integer inputs")
-    presents = {p for _, p in state}
+                           "export it with input_ids (and attention_mask/position_ids) as its only integer inputs")
     rest = [t.name for t in engine.outputs if t.name not in presents]
     logits = "logits" if "logits" in rest else (rest[0] if len(rest) == 1 else None)
     if logits is None:
         raise EdgeSDKError(f"cannot tell the logits among the outputs {rest}", "export the decoder with a 'logits' "
                            "output (optimum does)")
-    profile = engine.profile or {}
     new_range = (1, None)
+    profile = engine.profile or {}
     if ints[0] in profile:
         lo, _, hi = profile[ints[0]]
         if lo[0] > 1:
@@ -210,8 +195,7 @@ def _sparse_layout(engine, specs: dict, state: tuple, policy: dict) -> DecoderLa
         new_range = (max(1, lo[-1]), hi[-1])
     mask = next((n for n in specs if _filler(n) == "ones"), None)
     positions = next((n for n in specs if _filler(n) == "positions"), None)
-    return DecoderLayout(ints[0], mask, positions, logits, (), new_range, int(policy["capacity"]) - 1, tuple(state),
-                         skv.LENGTHS_INPUT, policy)
+    return ints[0], mask, positions, logits, new_range
 
 
 class Generation(NamedTuple):
