@@ -371,7 +371,8 @@ def check_build(build_dir: Path | str, model_path: Path | str | None = None, ove
 
     Args:
         build_dir: Folder written by :func:`build`.
-        model_path: The original model, when it is no longer at the path recorded in the report.
+        model_path: The original model, when it is no longer at the path recorded in the report (a folder written
+            by ``edgesdk kv-sparsify``: its source build folder).
         overrides: ``atol``/``rtol``/``min_cosine`` replacing the build's (None values ignored).
         calibration: The calibration file, when it is no longer at the path recorded in the report.
 
@@ -404,6 +405,10 @@ def check_build(build_dir: Path | str, model_path: Path | str | None = None, ove
         if not p.is_file() or sha256_file(p) != digest:
             raise EdgeSDKError(f"{p} is missing or changed since the build (sha256 differs from {MANIFEST_NAME}).",
                                "rebuild with `edgesdk build ... --force`.")
+    if report.get("kind") == "kv-sparsify":  # written by `edgesdk kv-sparsify` from a build folder
+        from edgesdk.kv_build import check_kv
+
+        return check_kv(build_dir, report, overrides, step, Path(model_path) if model_path else None)
     src = Path(model_path or report["model"]["path"])
     if not src.is_file():
         raise EdgeSDKError(f"the original model {src} is not there any more.", "pass its new path with --model.")

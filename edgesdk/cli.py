@@ -245,7 +245,7 @@ def inspect_cmd(
 @app.command()
 def check(
     build_dir: Annotated[Path, typer.Argument(metavar="OUT", help="Build folder written by `edgesdk build`.")],
-    model: Annotated[Optional[Path], typer.Option("--model", help="Original ONNX, if it moved since the build.")] = None,
+    model: Annotated[Optional[Path], typer.Option("--model", help="Original ONNX, if it moved since the build (a folder of `edgesdk kv-sparsify`: its source build folder).")] = None,
     calibration: Annotated[Optional[Path], typer.Option("--calibration", help="The build's calibration data, if it moved since the build.")] = None,
     atol: Annotated[Optional[float], typer.Option("--atol", help="Override the build's atol.")] = None,
     rtol: Annotated[Optional[float], typer.Option("--rtol", help="Override the build's rtol.")] = None,
@@ -270,24 +270,29 @@ def check(
         verification_failed(rows)
 
 
-def verification_failed(rows: list[dict], build_dir: str | None = None, layers: list[dict] | None = None):
+AGAINST = {"pruned_reference": "pruned dense", "tensorrt": "TensorRT", "kv_emulated": "source, KV pruned alike",
+           "source": "source build"}  # what a failing row was compared with, in words
+
+
+def verification_failed(rows: list[dict], build_dir: str | None = None, layers: list[dict] | None = None,
+                        advice: str | None = None):
     """Say which gating comparison failed and why, and the INT8 layers of largest error where they were measured
-    (on stderr, even with --quiet), then exit 2."""
+    (on stderr, even with --quiet), then exit 2. ``advice`` replaces the build's advice (what to try)."""
     import re
 
     from edgesdk.report import lowest_sqnr
 
     for v in rows:
         if not v["passed"] and v.get("gate", True):
-            against = {"pruned_reference": "pruned dense", "tensorrt": "TensorRT"}.get(v.get("against"), "original")
+            against = AGAINST.get(v.get("against"), "original")
             against += f", at the profile's {v['shape']} shape" if v.get("shape") else ""
             err_console.print(Text(f"FAIL {v['output']} (processed vs {against}): "
                                    f"{v.get('why') or v.get('error') or 'see report.json'}"), soft_wrap=True)
     kept = f"the folder {build_dir} is written; " if build_dir else ""
-    err_console.print(Text("verification failed: " + kept + "if this error is acceptable for the model (e.g. LLM "
-                           "logits of ±20), loosen --atol/--rtol/--min-cosine; else calibrate on more, real samples "
-                           "(--calibration, --calibration-count), keep sensitive layers float (--exclude), try "
-                           "--smooth-quant, or lower --sparsity."), soft_wrap=True)
+    err_console.print(Text("verification failed: " + kept + (advice or (
+        "if this error is acceptable for the model (e.g. LLM logits of ±20), loosen --atol/--rtol/--min-cosine; else "
+        "calibrate on more, real samples (--calibration, --calibration-count), keep sensitive layers float "
+        "(--exclude), try --smooth-quant, or lower --sparsity."))), soft_wrap=True)
     # INT8 error is what a failed comparison with the original can come from: per failing shape, its worst layers
     failed = {v.get("shape") or "build" for v in rows
               if not v["passed"] and v.get("gate", True) and v.get("against", "original") == "original"}

@@ -198,6 +198,19 @@ def _io(engine, specs: dict, cached: set, presents: set) -> tuple:
     return ints[0], mask, positions, logits, new_range
 
 
+def _share(past: str, kv_sparsity) -> float:
+    """The sparsity of cache input ``past``: ``kv_sparsity``, or of a ``(K, V)`` pair the one its name ends in
+    (``past_key_values.N.key`` / ``.value``, optimum's names)."""
+    if not isinstance(kv_sparsity, (tuple, list)):
+        return float(kv_sparsity)
+    for suffix, s in (("key", kv_sparsity[0]), ("value", kv_sparsity[1])):
+        if past.endswith(suffix):
+            return float(s)
+    raise EdgeSDKError(f"cannot tell whether the cache input {past} holds keys or values (for K and V sparsities "
+                       f"{tuple(kv_sparsity)})", "pass one sparsity for both, or export the cache as optimum does "
+                       "(past_key_values.N.key / .value)")
+
+
 class Generation(NamedTuple):
     """Result of :meth:`Decoder.generate`: the new tokens and why it stopped (``"eos"``, ``"length"``, or
     ``"cache_full"``: the build's profile holds no more cached tokens)."""
@@ -211,7 +224,8 @@ class Decoder:
 
     Args:
         engine: An open :class:`edgesdk.Engine` (either backend).
-        kv_sparsity (float | None): Hold the cache as ``sparse_kv`` does (module doc); None = as the model gives it.
+        kv_sparsity (float | tuple[float, float] | None): Hold the cache as ``sparse_kv`` does (module doc), one
+            sparsity or ``(K, V)``; None = as the model gives it.
         window, group (int): The dense window and the compression group of ``kv_sparsity`` (MUSTAFAR: 32, 32).
         layout (DecoderLayout | None): :func:`decoder_layout` of ``engine``, if already found.
     """
@@ -232,7 +246,7 @@ class Decoder:
                 d = int(self._spec(past)[0][-1])
                 if d < 1:
                     raise EdgeSDKError(f"{past} has a dynamic head dim", "export the cache with a fixed head_dim")
-                self._keep[past] = skv.keep_count(d, kv_sparsity)
+                self._keep[past] = skv.keep_count(d, _share(past, kv_sparsity))
         self.reset()
 
     def _spec(self, name):

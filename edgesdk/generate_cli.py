@@ -256,21 +256,37 @@ def _holds_sparse_kv(engine) -> bool:
 
 
 def kv_sparsify(source: Annotated[Path, typer.Argument(help="A decoder exported with its KV cache (.onnx), or a build folder of one.")],
-                output: Annotated[Path, typer.Option("-o", "--output", help="The .onnx to write.")],
+                output: Annotated[Path, typer.Option("-o", "--output", help="The .onnx to write, or a build folder (from a build folder: model, verification, engine, report).")],
                 sparsity: Annotated[float, typer.Option(help="Fraction of each K row (and V row) pruned once its token leaves the dense window.")],
                 v_sparsity: Annotated[Optional[float], typer.Option("--v-sparsity", help="V's fraction, if not --sparsity's.")] = None,
-                capacity: Annotated[int, typer.Option(help="Most tokens one sequence caches (fixes the cache's size).")] = 2048,
+                capacity: Annotated[Optional[int], typer.Option(help="Most tokens one sequence caches (fixes the cache's size). \\[default: a folder: the most the source build's profile holds; an .onnx: 2048]")] = None,
                 window: Annotated[int, typer.Option(help="Dense window of the most recent tokens (MUSTAFAR: 32).")] = 32,
-                group: Annotated[int, typer.Option(help="Tokens compressed at once when the window is full.")] = 32) -> None:
-    """Run a decoder's attention on the bitmap-sparse KV cache: one EdgeSparseKVAttention node per layer."""
+                group: Annotated[int, typer.Option(help="Tokens compressed at once when the window is full.")] = 32,
+                max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", help="Folder: most new tokens per call in the engine's profile. \\[default: the source build's]")] = None,
+                verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Folder: decode a sequence with the rewritten model and the source build (its cache pruned the same way) and compare.")] = True,
+                verify_tokens: Annotated[Optional[int], typer.Option("--verify-tokens", help="Folder: length of the verified sequence. \\[default: min(capacity, window + 3 x group)]")] = None,
+                atol: Annotated[Optional[float], typer.Option("--atol", help="Folder: verification mean absolute error bound. \\[default: the source build's]")] = None,
+                rtol: Annotated[Optional[float], typer.Option("--rtol", help="Folder: mean relative error bound. \\[default: the source build's]")] = None,
+                min_cosine: Annotated[Optional[float], typer.Option("--min-cosine", help="Folder: lowest cosine similarity. \\[default: the source build's]")] = None,
+                force: Annotated[bool, typer.Option("--force", help="Folder: replace an existing build folder.")] = False) -> None:
+    """Run a decoder's attention on the bitmap-sparse KV cache: one EdgeSparseKVAttention node per layer.
+
+    \b
+    Examples:
+      edgesdk kv-sparsify out/llm -o out/llm_kv70 --sparsity 0.7      # a build folder: verified, engine where TensorRT is
+      edgesdk kv-sparsify llm/model.onnx -o llm_kv70.onnx --sparsity 0.7 --capacity 256   # the rewritten model only
+    """
+    if output.suffix != ".onnx":
+        _kv_folder(source, output, sparsity, v_sparsity, capacity, window, group, max_tokens, verify, verify_tokens,
+                   {"atol": atol, "rtol": rtol, "min_cosine": min_cosine}, force)
+        return
     from edgesdk.onnx_io import is_large, load_model, save_model
-    from edgesdk.rewrite.sparse_kv import default_scale_check, sparsify_kv
+    from edgesdk.rewrite.sparse_kv import sparsify_kv
     from edgesdk.runtime import _build_report, find_build
 
+    capacity = 2048 if capacity is None else capacity
     try:
         _check_writable(output, "-o", "model_kv.onnx")
-        if output.suffix != ".onnx":
-            raise EdgeSDKError(f"-o {output} is not an .onnx path", "pass e.g. -o build/model_kv70.onnx")
         found = find_build(source)
         if found.onnx is None:
             raise EdgeSDKError(f"{source} holds no ONNX model", "pass the decoder's .onnx or its build folder")
@@ -292,8 +308,15 @@ def kv_sparsify(source: Annotated[Path, typer.Argument(help="A decoder exported 
         save_model(out, output)
     except EdgeSDKError as e:
         _fail(e)
-    odd = default_scale_check(layers, cfg.head_dim)
-    console.print(Text(f"{len(layers)} attention layers on the sparse KV cache ({time.perf_counter() - t0:.1f} s): "
+    _kv_summary(layers, cfg, time.perf_counter() - t0)
+    console.print(Text(f"wrote {output}{' (+ external data)' if is_large(out) else ''}; decode it with "
+                       f"`edgesdk generate {output} --backend onnxruntime` or score it with `edgesdk perplexity`"))
+
+
+def _kv_summary(layers, cfg, seconds: float) -> None:
+    from edgesdk.rewrite.sparse_kv import default_scale_check
+
+    console.print(Text(f"{len(layers)} attention layers on the sparse KV cache ({seconds:.1f} s): "
                        f"{cfg.num_q_heads} query / {cfg.num_kv_heads} KV heads of {cfg.head_dim}; K {cfg.k_sparsity:.0%}"
                        f" ({cfg.keep_k} of {cfg.head_dim} kept), V {cfg.v_sparsity:.0%} ({cfg.keep_v} kept); window "
                        f"{cfg.window}, group {cfg.group}, capacity {cfg.capacity} tokens", style="bold"))
@@ -301,11 +324,41 @@ def kv_sparsify(source: Annotated[Path, typer.Argument(help="A decoder exported 
     per = cfg.kv_bytes(cfg.capacity) * cfg.num_kv_heads * len(layers)
     console.print(Text(f"KV cache at {cfg.capacity} tokens: {per / 2**20:.1f} MiB per sequence, {ratio:.3f} of dense "
                        f"fp16 ({cfg.capacity * 4 * cfg.head_dim * cfg.num_kv_heads * len(layers) / 2**20:.1f} MiB)"))
+    odd = default_scale_check(layers, cfg.head_dim)
     if odd:
         console.print(Text(f"layers {odd} scale scores by other than 1/sqrt({cfg.head_dim}) (kept as found)",
                            style="yellow"))
-    console.print(Text(f"wrote {output}{' (+ external data)' if is_large(out) else ''}; decode it with "
-                       f"`edgesdk generate {output} --backend onnxruntime` or score it with `edgesdk perplexity`"))
+
+
+def _kv_folder(source: Path, output: Path, sparsity, v_sparsity, capacity, window, group, max_tokens, verify,
+               verify_tokens, tolerances: dict, force: bool) -> None:
+    """``kv-sparsify`` into a build folder (:func:`edgesdk.kv_build.kv_build`)."""
+    from edgesdk.cli import progress_steps, verification_failed
+    from edgesdk.kv_build import kv_build
+    from edgesdk.report import print_summary
+
+    try:
+        for flag, v in (("--capacity", capacity), ("--max-tokens", max_tokens), ("--verify-tokens", verify_tokens)):
+            if v is not None:
+                _at_least(flag, v, 1)
+        _at_least("--window", window, 1)
+        _at_least("--group", group, 1)
+        progress, step = progress_steps()
+        with progress:
+            report = kv_build(source, output, sparsity, v_sparsity, capacity=capacity, window=window, group=group,
+                              max_tokens=max_tokens, verify=verify, verify_tokens=verify_tokens,
+                              tolerances=tolerances, force=force, step=step)
+    except EdgeSDKError as e:
+        _fail(e)
+    print_summary(report, console)
+    if report["verified"] is False:
+        verification_failed(report["verify"], build_dir=report["output"], advice=KV_ADVICE)
+
+
+KV_ADVICE = ("the rewritten decoder's logits differ from its source build's with the cache pruned the same way. In an "
+             "INT8 build, fake-quantized activations turn the sparse path's fp16 rounding into whole quantization "
+             "steps: where the difference is acceptable, loosen --atol/--rtol/--min-cosine; in a float build this is a "
+             "defect of the rewrite (please report it with report.json).")
 
 
 def register(app: typer.Typer) -> None:

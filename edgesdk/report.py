@@ -128,7 +128,8 @@ def layers_table(layers: list[dict], title: str = "Linear layers") -> LayersView
     return LayersView(layers, title)
 
 
-_AGAINST = {"original": "original", "pruned_reference": "pruned dense", "tensorrt": "TensorRT"}
+_AGAINST = {"original": "original", "pruned_reference": "pruned dense", "tensorrt": "TensorRT",
+            "kv_emulated": "source, KV\npruned alike", "source": "source"}
 
 
 def _num(v, fmt: str) -> str:

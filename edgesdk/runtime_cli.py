@@ -137,7 +137,26 @@ def random_inputs(inputs: list[TensorInfo], batch: int = 1, shapes: dict[str, tu
         except (MemoryError, ValueError) as e:  # numpy: "Unable to allocate ..." / "array is too big"
             raise EdgeSDKError(f"random input {t.name!r} of shape {'x'.join(map(str, shape))} does not fit "
                                f"in memory ({e})", "use a smaller --batch or --shape") from None
+    _empty_sparse_kv(feeds)
     return feeds
+
+
+def _empty_sparse_kv(feeds: dict[str, np.ndarray]) -> None:
+    """A decoder on the sparse KV cache (``edgesdk kv-sparsify``) takes no random state: its cache state becomes
+    empty (zeros) and ``kv_lengths`` the new tokens, i.e. a prompt from an empty cache."""
+    from edgesdk.formats.sparse_kv import LENGTHS_INPUT
+
+    if LENGTHS_INPUT not in feeds:
+        return
+    tokens = next((a for n, a in feeds.items() if n.startswith("input_ids")), None)
+    for name in feeds:
+        if name.startswith("past_sparse_kv."):
+            feeds[name] = np.zeros_like(feeds[name])
+    if tokens is not None:
+        feeds[LENGTHS_INPUT] = np.full(feeds[LENGTHS_INPUT].shape, tokens.shape[-1], feeds[LENGTHS_INPUT].dtype)
+        if "position_ids" in feeds:
+            feeds["position_ids"] = np.broadcast_to(np.arange(tokens.shape[-1]), tokens.shape).astype(
+                feeds["position_ids"].dtype)
 
 
 def _bind_shapes(build: Path, shapes: dict[str, tuple], defaults: dict[str, tuple], batch: int) -> dict[str, tuple]:

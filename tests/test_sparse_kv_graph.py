@@ -279,7 +279,7 @@ def test_cli_kv_sparsify(tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["-o", "{tmp}/m.txt", "--sparsity", "0.5"], "not an .onnx"),
+    (["-o", "{tmp}/m.txt", "--sparsity", "0.5"], "is not an edgesdk build folder"),
     (["-o", str(MODEL), "--sparsity", "0.5"], "is the source model"),
     (["-o", "{tmp}/m.onnx", "--sparsity", "1.5"], "outside"),
     (["-o", "{tmp}/m.onnx", "--sparsity", "0.5", "--capacity", "0"], "--capacity"),
@@ -330,3 +330,159 @@ def test_trt_plugin_classes():
 
     plugin, creator = tk.plugin_classes()
     assert creator().name == skv.OP_TYPE and plugin().num_outputs == 5
+
+
+# ---------------------------------------------------------------- edgesdk kv-sparsify BUILD -o FOLDER
+@pytest.fixture(scope="module")
+def source_build(tmp_path_factory):
+    """The test decoder built (INT8, plain ONNX ops) with a profile of 0..63 cached tokens, one new token per call."""
+    from edgesdk.build import build
+    from edgesdk.config import BuildConfig
+
+    out = tmp_path_factory.mktemp("src") / "llm"
+    build(MODEL, BuildConfig(output=out, kernels="none", calibration_count=2, verify_count=1,
+                             shape_hints={"input_ids": [1, 1], "past_key_values.0.key": [1, 2, 15, 64]},
+                             min_shapes={"past_key_values.0.key": [1, 2, 0, 64]},
+                             max_shapes={"past_key_values.0.key": [1, 2, 63, 64]}))
+    return out
+
+
+def test_kv_profile_of_the_rewritten_decoder(rewritten):
+    from edgesdk.kv_build import kv_profile
+
+    prof = kv_profile(onnx.load(str(rewritten[0.5][0])), (1, 2, 4), 8)
+    assert prof["input_ids"] == {"min": [1, 1], "opt": [2, 1], "max": [4, 8]} == prof["position_ids"]
+    assert prof[skv.LENGTHS_INPUT] == {"min": [1], "opt": [2], "max": [4]}
+    rec = prof["past_sparse_kv.1.k_records"]
+    assert rec["min"][1:] == rec["max"][1:] and (rec["min"][0], rec["max"][0]) == (1, 4)
+
+
+def test_kv_folder(source_build, tmp_path):
+    """A build folder from a build folder: the rewritten model verified against the source build with its cache
+    pruned the same way (gating) and its dense cache (cost); Engine, Decoder and `check` take it."""
+    from edgesdk.build import check_build
+    from edgesdk.config import BuildConfig
+    from edgesdk.kv_build import kv_build
+
+    out = tmp_path / "kv"
+    r = kv_build(source_build, out, 0.7, window=4, group=4, max_tokens=8)
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model.onnx", "report.json"]
+    assert not list(tmp_path.glob(".*"))  # no temp folder left
+    assert r["kind"] == "kv-sparsify" and r["verified"] is True and not r["engine"]["built"]
+    sk = r["sparse_kv"]
+    assert (sk["capacity"], sk["window"], sk["group"], sk["max_tokens"], sk["verify_tokens"]) == (64, 4, 4, 8, 16)
+    gate, cost = r["verify"]
+    assert (gate["against"], gate["gate"], gate["passed"], gate["tokens"]) == ("kv_emulated", True, True, 16)
+    assert (cost["against"], cost["gate"]) == ("source", False)
+    assert gate["cosine"] > 0.9999 and cost["max_abs"] > 10 * gate["max_abs"]  # pruning shows; the rewrite does not
+    assert r["model"]["profile"]["input_ids"] == {"min": [1, 1], "opt": [1, 1], "max": [1, 8]}
+    with edgesdk.Engine(out, backend="onnxruntime") as e:
+        dec = Decoder(e)
+        assert dec.layout.new_range == (1, 8) and dec.layout.max_cache == 63
+        with pytest.raises(EdgeSDKError, match="outside the build's optimization profile"):
+            e.infer({**dec._cache, "input_ids": np.zeros((1, 9), np.int64), "position_ids": np.zeros((1, 9), np.int64),
+                     skv.LENGTHS_INPUT: np.array([9], np.int32)})
+        assert dec.generate(_ids(5), max_new_tokens=100).stopped == "cache_full"
+    rows = check_build(out)
+    assert [(x["against"], x["passed"]) for x in rows] == [("kv_emulated", True), ("source", False)]
+    assert rows[0]["max_abs"] == gate["max_abs"]
+    # the gate can fail: at tolerances the rewrite meets, emulating another sparsity than the model's does not
+    from edgesdk.kv_build import verify_kv
+
+    tight = BuildConfig(atol=2e-3, rtol=2e-3, min_cosine=0.9999)
+    right = {k: r["sparse_kv"][k] for k in ("window", "group", "max_tokens", "k_sparsity", "v_sparsity")}
+    ok, _ = verify_kv(out / "model.onnx", source_build / "model.onnx", right, _ids(24, 3), tight)
+    bad, _ = verify_kv(out / "model.onnx", source_build / "model.onnx", {**right, "k_sparsity": 0.0, "v_sparsity": 0.0},
+                       _ids(24, 3), tight)
+    assert ok[0]["passed"] and bad[0]["gate"] and not bad[0]["passed"], (ok[0], bad[0])
+    # the source build changed: check refuses
+    (source_build / "model.onnx").rename(source_build / "moved.onnx")
+    try:
+        with pytest.raises(EdgeSDKError, match="not there any more"):
+            check_build(out)
+    finally:
+        (source_build / "moved.onnx").rename(source_build / "model.onnx")
+
+
+def test_kv_folder_records_the_engine_feeds(source_build, tmp_path):
+    """The feeds kept for TensorRT's comparison: the first call (prompt from an empty cache) and the last."""
+    from edgesdk.config import BuildConfig
+    from edgesdk.kv_build import kv_build, verify_kv
+
+    out = tmp_path / "kv"
+    kv_build(source_build, out, 0.5, window=4, group=4, max_tokens=8, verify=False)
+    policy = {"k_sparsity": 0.5, "v_sparsity": 0.5, "window": 4, "group": 4, "max_tokens": 8}
+    rows, fed = verify_kv(out / "model.onnx", source_build / "model.onnx", policy, _ids(20, 5), BuildConfig())
+    assert len(rows) == 2 and len(fed) == 2
+    assert fed[0]["input_ids"].shape == (1, 8) and fed[0][skv.LENGTHS_INPUT].tolist() == [8]
+    assert not fed[0]["past_sparse_kv.0.k_window"].any()  # empty cache
+    assert fed[1]["input_ids"].shape == (1, 4) and fed[1][skv.LENGTHS_INPUT].tolist() == [20]
+    assert fed[1]["past_sparse_kv.0.k_records"].any()
+    big = kv_build(source_build, tmp_path / "big", 0.5, capacity=128, verify=False)
+    assert big["sparse_kv"]["capacity"] == 128 and any("exceeds the 64 tokens" in n for n in big["notes"])
+
+
+def test_random_inputs_of_a_kv_folder_are_an_empty_cache(source_build, tmp_path):
+    """`edgesdk run`/`bench` fill inputs at random: not the cache state (a kernel given random records and lengths
+    computes nothing meaningful), which starts empty, with kv_lengths = the new tokens."""
+    from edgesdk.kv_build import kv_build
+    from edgesdk.runtime_cli import random_inputs
+
+    kv_build(source_build, tmp_path / "kv", 0.5, window=4, group=4, max_tokens=8, verify=False)
+    with edgesdk.Engine(tmp_path / "kv", backend="onnxruntime") as e:
+        feeds = random_inputs(e.inputs, 1, {"input_ids": (1, 6), "position_ids": (1, 6)}, seed=3)
+        assert feeds[skv.LENGTHS_INPUT].tolist() == [6] and feeds["position_ids"].tolist() == [list(range(6))]
+        assert not any(feeds[n].any() for n in feeds if n.startswith("past_sparse_kv."))
+        assert np.isfinite(e.infer(feeds)["logits"]).all()
+    r = runner.invoke(app, ["bench", str(tmp_path / "kv"), "--backend", "onnxruntime", "--iterations", "2"])
+    assert r.exit_code == 0, r.output
+
+
+def test_cli_kv_folder(source_build, tmp_path):
+    out = tmp_path / "kv"
+    args = ["kv-sparsify", str(source_build), "-o", str(out), "--sparsity", "0.7", "--window", "4", "--group", "4"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "source, KV" in r.output and "(cost)" in r.output and "64 tokens" in r.output
+    r = runner.invoke(app, args)
+    assert r.exit_code == 1 and "already exists" in r.output
+    # a tolerance no model meets: the folder is written, exit 2, the failing row named
+    r = runner.invoke(app, [*args, "--force", "--min-cosine", "1.0"])
+    assert r.exit_code == 2 and (out / "report.json").is_file(), r.output
+    assert "FAIL logits (processed vs source, KV pruned alike)" in r.output and "INT8 build" in r.output
+    r = runner.invoke(app, ["check", str(out)])
+    assert r.exit_code == 2, r.output
+    r = runner.invoke(app, ["check", str(out), "--min-cosine", "0.99"])
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("src, args, words", [
+    ("model", ["--sparsity", "0.5"], "is not an edgesdk build folder"),
+    ("build", ["--sparsity", "0.5", "--max-tokens", "65"], "--max-tokens 65"),
+    ("build", ["--sparsity", "0.5", "--verify-tokens", "1"], "--verify-tokens 1"),
+    ("build", ["--sparsity", "0.5", "--capacity", "128", "--verify-tokens", "100"], "63 cached + 1"),
+    ("build", ["--sparsity", "0.5", "--capacity", "0"], "--capacity"),
+    ("build", ["--sparsity", "1.5"], "outside"),
+])
+def test_cli_kv_folder_errors(source_build, tmp_path, src, args, words):
+    r = runner.invoke(app, ["kv-sparsify", str(MODEL if src == "model" else source_build), "-o", str(tmp_path / "kv"),
+                            *args])
+    assert r.exit_code == 1 and words in r.output, r.output
+    assert not list(tmp_path.iterdir())  # nothing left behind
+
+
+def test_cli_kv_folder_of_a_kv_folder(source_build, tmp_path):
+    from edgesdk.kv_build import kv_build
+
+    kv_build(source_build, tmp_path / "kv", 0.5, window=4, group=4, verify=False)
+    r = runner.invoke(app, ["kv-sparsify", str(tmp_path / "kv"), "-o", str(tmp_path / "kv2"), "--sparsity", "0.5"])
+    assert r.exit_code == 1 and "already runs its attention on the sparse KV cache" in r.output, r.output
+
+
+def test_decoder_emulates_k_and_v_sparsities_apart():
+    from edgesdk.generate import _share
+
+    assert _share("past_key_values.3.key", (0.7, 0.5)) == 0.7 and _share("past_key_values.3.value", (0.7, 0.5)) == 0.5
+    assert _share("whatever", 0.3) == 0.3
+    with pytest.raises(EdgeSDKError, match="keys or values"):
+        _share("past.3.k", (0.7, 0.5))
