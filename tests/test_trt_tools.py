@@ -106,6 +106,27 @@ def test_trt_smoke_cases_are_valid_models(tmp_path):
                 assert compare(layer, x, eng.infer({"X": x})["Y"])[0], label
 
 
+def test_trt_smoke_kv_folder_runs_up_to_tensorrt(tmp_path, monkeypatch):
+    """tools/trt_smoke.py's kv-sparsify folder check: its source build and the folder (verified on ONNX Runtime) are
+    made here too (the "host" device profile, which needs a GPU, read as "orin"); without TensorRT it records the
+    missing engine and stops."""
+    import trt_smoke
+
+    import edgesdk.build
+    from edgesdk.devices import get_profile
+
+    monkeypatch.setattr(edgesdk.build, "get_profile", lambda name: get_profile("orin" if name == "host" else name))
+    got = []
+    monkeypatch.setattr(trt_smoke, "record", lambda name, ok, **info: got.append((name, ok, info)) or ok)
+    trt_smoke.sparse_kv_folder(tmp_path)
+    assert [(n, ok) for n, ok, _ in got] == [("sparse_kv 70% / kv-sparsify folder: build", False)]
+    assert "TensorRT is not installed" in got[0][2]["reason"]
+    import json
+
+    report = json.loads((tmp_path / "kv-70" / "report.json").read_text())
+    assert report["verified"] is True and report["sparse_kv"]["capacity"] == 96
+
+
 def test_launch_check_groups_rows_per_build_op_dtype_and_m():
     """The committed launch-path JSON's groups: default = what tactic 0 resolves to, best = per layer."""
     pytest.importorskip("cuda.bindings", reason="tools/plugin_launch_check.py imports cuda-python (extra [gpu])")

@@ -195,6 +195,38 @@ def sparse_kv_decode(sparsity: float, work: Path) -> None:
     record(name, err <= 2e-2 * float(np.abs(want).max()), max_abs_err=err, compressed=cfg.n_compressed(len(ids)))
 
 
+def sparse_kv_folder(work: Path) -> None:
+    """3: `edgesdk kv-sparsify BUILD -o FOLDER` with TensorRT: the engine built from the profile it writes, its
+    verification against ONNX Runtime (first and last call's feeds), and a prompt of several tokens per call."""
+    from edgesdk.build import build
+    from edgesdk.config import BuildConfig
+    from edgesdk.generate import Decoder
+    from edgesdk.kv_build import kv_build
+    from edgesdk.runtime import Engine
+
+    name = "sparse_kv 70% / kv-sparsify folder"
+    src = work / "kv-source"
+    build(ROOT / "tests" / "data" / "optimum" / "llama_d64_past" / "model.onnx",
+          BuildConfig(device="host", output=src, kernels="none", quantize="none", verify=False,
+                      shape_hints={"input_ids": [1, 1], "past_key_values.0.key": [1, 2, 15, 64]},
+                      min_shapes={"past_key_values.0.key": [1, 2, 0, 64]},
+                      max_shapes={"past_key_values.0.key": [1, 2, 95, 64]}))
+    report = kv_build(src, work / "kv-70", 0.7, window=8, group=8, max_tokens=8)
+    rows = [r for r in report["verify"] if r.get("against") == "tensorrt"]
+    if not record(f"{name}: build", report["engine"]["built"], reason=report["engine"]["reason"]):
+        return
+    record(f"{name}: verified its engine against ONNX Runtime", bool(rows) and all(r["passed"] for r in rows),
+           **{f"{r['output']}_{k}": r.get(k) for r in rows for k in ("mean_abs", "cosine", "error")})
+    ids = [int(t) for t in np.random.default_rng(8).integers(0, 64, 50)]
+    with Engine(work / "kv-70") as eng:
+        got = Decoder(eng).feed(ids)  # calls of 8 tokens
+    with Engine(work / "kv-70", backend="onnxruntime") as eng:
+        want = Decoder(eng).feed(ids, chunk=1)
+    err = float(np.abs(got - want).max())
+    record(f"{name}: 8 tokens per call vs 1 on ONNX Runtime", err <= 2e-2 * float(np.abs(want).max()),
+           max_abs_err=err)
+
+
 def demo(model_path: Path, work: Path, kernels: str, atol: float, rtol: float, min_cosine: float) -> None:
     """3: the demo model built by edgesdk, TensorRT vs ONNX Runtime (Polygraphy) and via edgesdk.Engine."""
     from polygraphy.backend.onnxrt import OnnxrtRunner
@@ -282,6 +314,7 @@ def main() -> int:
                 "vitbit 8-bit, int8 X (QuantizeLinear in front)", "vitbit_gemm", p8, np.float32, work, rng)
         for sparsity in (0.5, 0.7):
             guarded(f"sparse_kv {sparsity:.0%} / decode", sparse_kv_decode, sparsity, work)
+        guarded("sparse_kv 70% / kv-sparsify folder", sparse_kv_folder, work)
         if not args.skip_demo:
             if not args.demo.is_file():
                 record("demo model", False, error=f"{args.demo} not found (pass --demo or --skip-demo)")
