@@ -228,10 +228,14 @@ class Decoder:
             sparsity or ``(K, V)``; None = as the model gives it.
         window, group (int): The dense window and the compression group of ``kv_sparsity`` (MUSTAFAR: 32, 32).
         layout (DecoderLayout | None): :func:`decoder_layout` of ``engine``, if already found.
+        prefill: For a model on the sparse KV cache: an :class:`edgesdk.Engine` of the same decoder with its dense
+            cache (the build ``edgesdk kv-sparsify`` rewrote, or its export). :meth:`generate`'s prompt then runs
+            through it (dense attention over the prompt, MUSTAFAR's prefill) and its cache is compressed into this
+            model's state (:meth:`prefill`); without it the prompt's tokens are decode steps of the sparse model.
     """
 
     def __init__(self, engine, *, kv_sparsity: float | None = None, window: int = 32, group: int = 32,
-                 layout: DecoderLayout | None = None):
+                 layout: DecoderLayout | None = None, prefill=None):
         self.engine = engine
         self.layout = layout if layout is not None else decoder_layout(engine)
         if window < 1 or group < 1:
@@ -248,6 +252,7 @@ class Decoder:
                     raise EdgeSDKError(f"{past} has a dynamic head dim", "export the cache with a fixed head_dim")
                 self._keep[past] = skv.keep_count(d, _share(past, kv_sparsity))
         self.reset()
+        self._dense = None if prefill is None else _DensePrefill(self, prefill)
 
     def _spec(self, name):
         t = next(t for t in self.engine.inputs if t.name == name)
@@ -368,6 +373,18 @@ class Decoder:
         parts = [np.asarray(self.step(tokens[i:i + n]), np.float64) for i, n in calls]
         return np.concatenate(parts) if parts else np.zeros((0, 0))
 
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        """Empty the cache, run ``tokens`` through the dense ``prefill`` engine (its calls as its profile allows) and
+        hold its K and V as this model's sparse cache state (:meth:`edgesdk.formats.sparse_kv.SparseKVCache.prefill`:
+        the tokens that left the dense window compressed, the rest in the window), as MUSTAFAR prefills.
+
+        Returns:
+            np.ndarray: the dense model's logits ``[len(tokens), vocab]`` (float64).
+        """
+        if self._dense is None:
+            raise EdgeSDKError("this Decoder has no dense prefill engine", "pass prefill=Engine(dense build) to it")
+        return self._dense.run(tokens)
+
     def generate(self, prompt: Sequence[int], max_new_tokens: int = 32, eos: int | Sequence[int] | None = None,
                  chunk: int | None = None) -> Generation:
         """Greedy decoding after ``prompt`` (the cache is reset first).
@@ -385,7 +402,7 @@ class Decoder:
         if cap is not None and len(prompt) - 1 > cap:
             raise EdgeSDKError(f"the prompt has {len(prompt)} tokens; the build's profile holds at most {cap} cached",
                                "shorten the prompt, or rebuild with a longer --max-shape for the past_key_values inputs")
-        logits = self.feed(prompt, chunk)[-1]
+        logits = (self.feed(prompt, chunk) if self._dense is None else self.prefill(prompt))[-1]
         out: list[int] = []
         while True:
             t = int(np.argmax(logits))
@@ -432,6 +449,57 @@ class Decoder:
         out["kv_sparsity"] = self.kv_sparsity
         out["kv_model"] = self.layout.sparse_kv
         return out
+
+
+class _DensePrefill:
+    """The dense decoder whose prompt cache :meth:`Decoder.prefill` compresses into a sparse model's state: per
+    layer N, ``past_key_values.N.key/value`` (optimum's names, as ``edgesdk kv-sparsify`` matched them) become
+    ``past_sparse_kv.N.*``."""
+
+    def __init__(self, sparse: Decoder, engine):
+        lay = sparse.layout
+        if not lay.state:
+            raise EdgeSDKError(f"prefill= is for a model on the sparse KV cache; {sparse.engine.path} holds a dense "
+                               "cache", "drop prefill")
+        self.sparse, self.dense = sparse, Decoder(engine)
+        pol = lay.sparse_kv
+        states = {p: sparse._spec(p) for p, _ in lay.state}
+        dense = {p: a for p, _, a in self.dense.layout.cache}
+        self.layers = []
+        for past in sorted({p.split(".")[1] for p in states}, key=int):
+            names = {n: f"past_sparse_kv.{past}.{n}" for n in skv.STATE_NAMES}
+            k_name, v_name = f"past_key_values.{past}.key", f"past_key_values.{past}.value"
+            if k_name not in dense or v_name not in dense or dense[k_name] != 2:
+                raise EdgeSDKError(f"the prefill model has no {k_name}/{v_name} [batch, heads, tokens, head_dim] for "
+                                   f"layer {past} of the sparse model",
+                                   "pass the build `edgesdk kv-sparsify` rewrote (or its export) as prefill")
+            shape = states[names["k_window"]][0]
+            hkv, d = int(shape[1]), int(shape[-1])
+            cfg = skv.SparseKVConfig(d, hkv, hkv, pol["k_sparsity"], pol["v_sparsity"], capacity=pol["capacity"],
+                                     window=pol["window"], group=pol["group"])
+            want = {n: tuple(v) for n, v in skv.state_shapes(cfg, 1).items()}
+            got = {n: tuple(int(x) for x in [1, *states[names[n]][0][1:]]) for n in skv.STATE_NAMES}
+            if want != got or [int(x) for x in self.dense._spec(k_name)[0][1::2]] != [hkv, d]:
+                raise EdgeSDKError(f"layer {past}: the sparse model's state {got} is not the prefill model's cache "
+                                   f"[{self.dense._spec(k_name)[0]}] under its policy {want}",
+                                   "pass the build `edgesdk kv-sparsify` rewrote (or its export) as prefill")
+            self.layers.append((cfg, k_name, v_name, names))
+
+    def run(self, tokens: Sequence[int]) -> np.ndarray:
+        sp, n = self.sparse, len(tokens)
+        cap = sp.layout.max_cache + 1
+        if n < 1 or n > cap:
+            raise EdgeSDKError(f"a prompt of {n} tokens; the sparse KV cache holds {cap}", "pass 1 .. that many")
+        self.dense.reset()
+        logits = self.dense.feed(tokens)
+        sp.reset()
+        for cfg, k_name, v_name, names in self.layers:
+            c = skv.SparseKVCache.prefill(cfg, self.dense._cache[k_name], self.dense._cache[v_name], [n])
+            for name, a in zip(skv.STATE_NAMES, (c.k_rec, c.v_rec, c.k_ring, c.v_ring)):
+                sp._cache[names[name]] = a.view(np.int8) if a.dtype == np.uint8 else a.astype(
+                    sp._spec(names[name])[1])
+        sp._length = n
+        return logits
 
 
 def _score(tokens: Sequence[int], context: int, windows: int | None, window_logits) -> dict:

@@ -15,6 +15,7 @@ model too (ONNX Runtime, as the build's verification does) and puts the two side
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -149,7 +150,8 @@ def generate(build: BuildArg,
              eos: Annotated[Optional[int], typer.Option(help="Stop at this token id. \\[default: eos_token_id of the generation_config.json or config.json beside the tokenizer]")] = None,
              tokenizer: TokenizerOpt = None, reference: ReferenceOpt = None,
              kv_sparsity: Annotated[Optional[float], typer.Option("--kv-sparsity", help="Hold the KV cache as sparse_kv does (0 = fp16 cache).")] = None,
-             kv_window: WindowOpt = 32, backend: BackendOpt = "tensorrt") -> None:
+             kv_window: WindowOpt = 32, backend: BackendOpt = "tensorrt",
+             prefill: Annotated[Optional[Path], typer.Option("--prefill", help="A model on the sparse KV cache (edgesdk kv-sparsify): run the prompt through this dense build of the same decoder (its source build, or the export) and compress its cache, as MUSTAFAR prefills. \\[default: the prompt's tokens are decode steps of the sparse model]")] = None) -> None:
     """Greedy generation after a prompt (batch 1), the KV cache fed back each step."""
     try:
         if (prompt is None) == (prompt_ids is None):
@@ -162,8 +164,9 @@ def generate(build: BuildArg,
         runs = [("build", build, backend)] + ([("reference", reference, "onnxruntime")] if reference else [])
         results = []
         for label, path, be in runs:
-            with _open_engine(path, be, False) as engine:
-                dec = Decoder(engine, kv_sparsity=kv_sparsity, window=kv_window, group=kv_window)
+            with _open_engine(path, be, False) as engine, contextlib.ExitStack() as dense:
+                first = dense.enter_context(_open_engine(prefill, be, False)) if prefill and label == "build" else None
+                dec = Decoder(engine, kv_sparsity=kv_sparsity, window=kv_window, group=kv_window, prefill=first)
                 t0 = time.perf_counter()
                 out = dec.generate(ids, max_new_tokens, stop)
                 results.append((label, out, time.perf_counter() - t0))
@@ -173,8 +176,9 @@ def generate(build: BuildArg,
                        style="dim"))
     for label, out, sec in results:
         path = build if label == "build" else reference
-        console.print(Text(f"{label} ({path}, {backend if label == 'build' else 'onnxruntime'}): {len(out.tokens)} "
-                           f"tokens in {sec:.2f} s, stopped: {out.stopped}", style="bold"))
+        how = f"; prompt prefilled densely by {prefill}" if prefill and label == "build" else ""
+        console.print(Text(f"{label} ({path}, {backend if label == 'build' else 'onnxruntime'}{how}): "
+                           f"{len(out.tokens)} tokens in {sec:.2f} s, stopped: {out.stopped}", style="bold"))
         console.print(Text(tok.decode(ids + out.tokens) if tok is not None else " ".join(map(str, out.tokens))))
         if tok is not None:
             console.print(Text("ids: " + " ".join(map(str, out.tokens)), style="dim"))

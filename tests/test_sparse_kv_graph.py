@@ -486,3 +486,44 @@ def test_decoder_emulates_k_and_v_sparsities_apart():
     assert _share("whatever", 0.3) == 0.3
     with pytest.raises(EdgeSDKError, match="keys or values"):
         _share("past.3.k", (0.7, 0.5))
+
+
+# ---------------------------------------------------------------- dense prefill into the sparse cache (MUSTAFAR's)
+def test_dense_prefill_then_sparse_decode(rewritten):
+    """Decoder(prefill=dense): the prompt's logits are the dense model's, its cache is compressed into the state, and
+    the decode steps after it equal the emulation with the prompt in one (dense) call and the cache pruned after."""
+    ids, p = _ids(30, 4), 20
+    with edgesdk.Engine(rewritten[0.7][0], backend="onnxruntime") as kv, \
+            edgesdk.Engine(MODEL, backend="onnxruntime") as src:
+        dec = Decoder(kv, prefill=src)
+        first = dec.prefill(ids[:p])
+        assert dec.length == p
+        got = np.stack([dec.step([t])[-1] for t in ids[p:]])
+        np.testing.assert_array_equal(first, Decoder(src).feed(ids[:p]))
+        emu = Decoder(src, kv_sparsity=0.7, window=4, group=4)
+        emu.feed(ids[:p], chunk=p)
+        want = np.stack([emu.step([t])[-1] for t in ids[p:]])
+        np.testing.assert_allclose(got, want, rtol=0, atol=3e-4 * np.abs(want).max())
+        steps = Decoder(kv).feed(ids)[p:]  # the prompt as decode steps is another function
+        assert np.abs(steps - got).max() > 1e-2 * np.abs(want).max()
+        out = Decoder(kv, prefill=src).generate(ids[:p], max_new_tokens=3)
+        assert out.tokens[0] == int(np.argmax(first[-1]))
+        with pytest.raises(EdgeSDKError, match="holds 60"):
+            dec.prefill(_ids(61))
+        with pytest.raises(EdgeSDKError, match="holds a dense cache"):
+            Decoder(src, prefill=src)
+        with pytest.raises(EdgeSDKError, match="no dense prefill engine"):
+            Decoder(kv).prefill(ids)
+    with edgesdk.Engine(rewritten[0.7][0], backend="onnxruntime") as kv, \
+            edgesdk.Engine(DATA / "llama_past" / "model.onnx", backend="onnxruntime") as other:
+        with pytest.raises(EdgeSDKError, match="is not the prefill model's cache"):
+            Decoder(kv, prefill=other)
+
+
+def test_cli_generate_with_dense_prefill(rewritten):
+    r = runner.invoke(app, ["generate", str(rewritten[0.5][0]), "--prompt-ids", " ".join(map(str, _ids(12))),
+                            "--max-new-tokens", "4", "--backend", "onnxruntime", "--prefill", str(MODEL),
+                            "--reference", str(MODEL)])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert f"prompt prefilled densely by {MODEL}" in text and "agree on the first" in text
