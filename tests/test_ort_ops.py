@@ -239,3 +239,101 @@ def test_import_ortx_where_the_package_imports_transformers(tmp_path, release, n
         assert out.stdout.split() == ["7", "True"]
     else:
         assert out.stdout.startswith("ERR onnxruntime-extensions cannot be imported") and ">=0.15" in out.stdout
+
+
+# ---------------------------------------------------------------- weights dequantized once per session
+def _dq_model(x_dtype, axis, zp: bool):
+    """Y = X @ DequantizeLinear(W) for an integer W (per tensor, or per channel along ``axis``)."""
+    rng = np.random.default_rng(11)
+    k, n = 37, 29
+    lo, hi = (0, 256) if x_dtype == np.uint8 else (-128, 128)
+    w = rng.integers(lo, hi, (k, n)).astype(x_dtype)
+    if axis is None:
+        scale, zero = np.float32(0.0123), x_dtype(7 if zp else 0)
+    else:
+        scale = (rng.random(w.shape[axis]) * 0.05 + 0.001).astype(np.float32)
+        zero = (rng.integers(0, 9, w.shape[axis]) if zp else np.zeros(w.shape[axis])).astype(x_dtype)
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.asarray(scale), "s"),
+             numpy_helper.from_array(np.asarray(zero), "z")]
+    attrs = {} if axis is None else {"axis": axis}
+    nodes = [helper.make_node("DequantizeLinear", ["W", "s", "z"], ["Wf"], **attrs),
+             helper.make_node("MatMul", ["X", "Wf"], ["Y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["b", k])],
+                          [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["b", n])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def _plain_session(model):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("x_dtype, axis, zp", [(np.int8, 1, False), (np.int8, 0, True), (np.uint8, 1, True),
+                                               (np.uint8, None, True), (np.int8, None, False)])
+def test_weight_dequantize_folded_bit_exact(x_dtype, axis, zp):
+    """make_session computes a constant weight's DequantizeLinear once; its outputs are the unfolded graph's, bit for
+    bit (the float weight as ONNX Runtime's kernel computes it, prepacking off)."""
+    from edgesdk.ort import fold_weight_dequantize
+
+    m = _dq_model(x_dtype, axis, zp)
+    x = np.random.default_rng(3).standard_normal((5, 37)).astype(np.float32)
+    want = _plain_session(m).run(None, {"X": x})[0]
+    np.testing.assert_array_equal(make_session(m).run(None, {"X": x})[0], want)
+    folded = onnx.ModelProto()
+    folded.CopyFrom(m)
+    assert fold_weight_dequantize(folded) == 1
+    assert [n.op_type for n in folded.graph.node] == ["MatMul"]
+    assert [t.name for t in folded.graph.initializer] == ["Wf"]  # W, s, z no longer used
+    w = numpy_helper.to_array(m.graph.initializer[0]).astype(np.float64)
+    s = numpy_helper.to_array(m.graph.initializer[1]).astype(np.float64)
+    z = numpy_helper.to_array(m.graph.initializer[2]).astype(np.float64)
+    if axis is not None:
+        s, z = (v.reshape((-1, 1) if axis == 0 else (1, -1)) for v in (s, z))
+    np.testing.assert_allclose(numpy_helper.to_array(folded.graph.initializer[0]), (w - z) * s, rtol=1e-6)
+
+
+def test_weight_dequantize_block_quantized_is_left_alone():
+    from edgesdk.ort import _weight_dequantize
+
+    m = _dq_model(np.int8, 1, False)
+    m.graph.node[0].attribute.append(helper.make_attribute("block_size", 8))
+    assert _weight_dequantize(m, set()) == []
+
+
+def test_weight_dequantize_not_folded_where_it_must_not_be(monkeypatch):
+    import edgesdk.ort as eo
+
+    m = _dq_model(np.int8, 1, False)
+    assert len(eo._weight_dequantize(m, set())) == 1
+    assert eo._weight_dequantize(m, {"Wf"}) == []  # asked for as an output: the node stays
+    x = np.ones((2, 37), np.float32)
+    y, wf = make_session(m, outputs=["Wf"]).run(None, {"X": x})
+    assert wf.shape == (37, 29) and y.shape == (2, 29)
+    monkeypatch.setattr(eo, "FOLD_LIMIT", 37 * 29 * 4 - 1)  # too large to fold
+    assert eo._weight_dequantize(m, set()) == []
+    monkeypatch.undo()
+    m.graph.node[0].input[0] = "X2"  # not a constant
+    assert eo._weight_dequantize(m, set()) == []
+
+
+def test_int8_build_outputs_unchanged_by_folding(tmp_path):
+    """A whole INT8 build (the test decoder with its cache): folded and unfolded sessions agree bit for bit."""
+    from edgesdk.build import build
+    from edgesdk.config import BuildConfig
+
+    src = Path(__file__).resolve().parent / "data" / "optimum" / "llama_d64_past" / "model.onnx"
+    build(src, BuildConfig(output=tmp_path / "b", kernels="none", calibration_count=2, verify=False,
+                           shape_hints={"input_ids": [1, 3], "past_key_values.0.key": [1, 2, 5, 64]}))
+    m = onnx.load(str(tmp_path / "b" / "model.onnx"))
+    assert sum(n.op_type == "DequantizeLinear" for n in m.graph.node) > 14
+    rng = np.random.default_rng(5)
+    feeds = {"input_ids": rng.integers(0, 64, (1, 3)), "attention_mask": np.ones((1, 8), np.int64),
+             "position_ids": np.arange(5, 8)[None]}
+    for i in m.graph.input:
+        if i.name.startswith("past"):
+            feeds[i.name] = rng.standard_normal((1, 2, 5, 64)).astype(np.float32)
+    for a, b in zip(_plain_session(m).run(None, feeds), make_session(tmp_path / "b" / "model.onnx").run(None, feeds)):
+        np.testing.assert_array_equal(a, b)
