@@ -127,3 +127,35 @@ def test_a_rewritten_decoder_on_the_gpu_node(sparsity, monkeypatch, tmp_path):
     assert np.isfinite(gpu).all() and np.abs(gpu - cpu).max() <= 1e-2 * scale, np.abs(gpu - cpu).max()
     assert np.abs(gpu40 - cpu40).max() <= 1e-2 * scale
     assert cfg.n_compressed(120) == 116
+
+
+def test_dense_prefill_state_on_the_gpu_node(monkeypatch, tmp_path):
+    """Decoder(prefill=dense): the state compressed on the host from the dense model's cache (numpy
+    SparseKVCache.prefill) is read by the GPU kernels as by the CPU op: 50 prompt tokens, then 30 decode steps."""
+    from pathlib import Path
+
+    import onnx
+
+    import edgesdk
+    import edgesdk.ort.sparse_kv as op
+    from edgesdk.generate import Decoder
+    from edgesdk.rewrite.sparse_kv import sparsify_kv
+
+    src = Path(__file__).resolve().parents[1] / "data" / "optimum" / "llama_d64_past" / "model.onnx"
+    model, _, cfg = sparsify_kv(onnx.load(str(src)), 0.7, capacity=96, window=4, group=4)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    ids = [int(t) for t in np.random.default_rng(6).integers(0, 64, 80)]
+    with edgesdk.Engine(path, backend="onnxruntime") as e, edgesdk.Engine(src, backend="onnxruntime") as dense:
+        runs = []
+        for swap in (False, True):
+            if swap:
+                monkeypatch.setattr(op, "forward", _gpu_forward)
+            dec = Decoder(e, prefill=dense)
+            dec.prefill(ids[:50])
+            runs.append(np.stack([dec.step([t])[-1] for t in ids[50:]]))
+    cpu, gpu = runs
+    scale = np.abs(cpu).max()
+    print(f"dense prefill of 50 ({cfg.n_compressed(50)} compressed), 30 steps: max |gpu - cpu| "
+          f"{np.abs(gpu - cpu).max():.3g}, largest |logit| {scale:.3g}")
+    assert np.isfinite(gpu).all() and np.abs(gpu - cpu).max() <= 1e-2 * scale
