@@ -236,8 +236,7 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
     check_output(out, config.force, inputs=(model_path, config.calibration))
     if config.calibration and Path(config.calibration).exists():  # recorded absolute: `check` runs from anywhere
         config = config.model_copy(update={"calibration": str(Path(config.calibration).resolve())})
-    created, tmp = _make_tmp(out)  # before any work: a destination that cannot be written fails at once
-    try:
+    with assembling(out) as tmp:  # before any work: a destination that cannot be written fails at once
         with step("Load and check the model"):
             model = load_model(model_path)
             check_not_qoperator(model, str(model_path))
@@ -311,25 +310,46 @@ def build(model_path: Path | str, config: BuildConfig, step: StepFn | None = Non
                 "layers": layers,
                 "verify": verify_rows,
                 "verified": verified(verify_rows),
-                "engine": {k: v for k, v in engine.items() if k != "plan"} | {
-                    "plan": Path(engine["plan"]).name if engine.get("plan") else None},
+                "engine": engine_summary(engine),
                 "output": str(out),
                 "seconds": round(time.time() - t0, 2),
             }
-            write_json(tmp / REPORT_NAME, report)
             extra = {"calibration": config.calibration} if config.calibration and Path(config.calibration).is_file() else {}
-            write_json(tmp / MANIFEST_NAME, make_manifest(tmp, model_path.resolve(), model_sha, device, engine, extra))
-            _move_into_place(tmp, out)
+            finish_folder(tmp, out, report, model_path.resolve(), model_sha, device, engine, extra)
         except OSError as e:
             raise EdgeSDKError(f"could not write the build folder {out}: {e}",
                                "free disk space, or choose an -o on another disk.") from None
+    return report
+
+
+@contextlib.contextmanager
+def assembling(out: Path) -> Iterator[Path]:
+    """The hidden temp folder beside ``out`` in which a build folder is assembled (:func:`finish_folder` renames it
+    into place); if the block raises, it is removed, with the parents made for it."""
+    created, tmp = _make_tmp(out)
+    try:
+        yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         for p in created:  # deepest first; only folders this build made and left empty
             with contextlib.suppress(OSError):
                 p.rmdir()
         raise
-    return report
+
+
+def engine_summary(engine: dict) -> dict:
+    """report.json ``engine``: :func:`engine_step`'s result with the plan's file name instead of its path."""
+    return {k: v for k, v in engine.items() if k != "plan"} | {
+        "plan": Path(engine["plan"]).name if engine.get("plan") else None}
+
+
+def finish_folder(tmp: Path, out: Path, report: dict, model_path: Path, model_sha: str, device, engine: dict,
+                  extra: dict | None = None) -> None:
+    """Write ``report.json`` and ``manifest.json`` (sha256 of every file, of the input ``model_path`` and ``extra``
+    inputs) into ``tmp``, then rename it to ``out`` (an old ``out`` is replaced only once the new one is whole)."""
+    write_json(tmp / REPORT_NAME, report)
+    write_json(tmp / MANIFEST_NAME, make_manifest(tmp, model_path, model_sha, device, engine, extra))
+    _move_into_place(tmp, out)
 
 
 def _make_tmp(out: Path) -> tuple[list[Path], Path]:

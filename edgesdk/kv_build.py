@@ -25,7 +25,6 @@ random ids), the logits of every position:
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -247,13 +246,11 @@ def kv_build(source: Path | str, output: Path | str, k_sparsity: float, v_sparsi
     Raises:
         EdgeSDKError: bad input; nothing is left on disk then.
     """
-    from edgesdk.build import (MODEL_NAME, _make_tmp, _move_into_place, _quiet_step, check_output, engine_rows,
-                               engine_step, io_info, verified)
+    from edgesdk.build import (MODEL_NAME, _quiet_step, assembling, check_output, engine_rows, engine_step,
+                               engine_summary, finish_folder, io_info, verified)
     from edgesdk.config import BuildConfig
     from edgesdk.devices import DeviceProfile
-    from edgesdk.manifest import MANIFEST_NAME, make_manifest
     from edgesdk.onnx_io import load_model, save_model, sha256_file
-    from edgesdk.report import REPORT_NAME, write_json
     from edgesdk.rewrite.sparse_kv import sparsify_kv
 
     t0 = time.time()
@@ -276,8 +273,7 @@ def kv_build(source: Path | str, output: Path | str, k_sparsity: float, v_sparsi
                                          **{k: v for k, v in (tolerances or {}).items() if v is not None}})
     device = DeviceProfile.model_validate(report["device"])
     check_output(out, force, inputs=(source,))
-    created, tmp = _make_tmp(out)
-    try:
+    with assembling(out) as tmp:
         with step("Rewrite the attention onto the sparse KV cache"):
             model = load_model(src_model)
             rewritten, layers, cfg = sparsify_kv(model, k_sparsity, v_sparsity, capacity=capacity, window=window,
@@ -334,26 +330,15 @@ def kv_build(source: Path | str, output: Path | str, k_sparsity: float, v_sparsi
             "layers": [],
             "verify": rows,
             "verified": verified(rows),
-            "engine": {k: v for k, v in engine.items() if k != "plan"} | {
-                "plan": Path(engine["plan"]).name if engine.get("plan") else None},
+            "engine": engine_summary(engine),
             "output": str(out),
             "seconds": round(time.time() - t0, 2),
         }
         try:
-            write_json(tmp / REPORT_NAME, out_report)
-            write_json(tmp / MANIFEST_NAME, make_manifest(tmp, src_model.resolve(), src_sha, device, engine))
-            _move_into_place(tmp, out)
+            finish_folder(tmp, out, out_report, src_model.resolve(), src_sha, device, engine)
         except OSError as e:
             raise EdgeSDKError(f"could not write the build folder {out}: {e}",
                                "free disk space, or choose an -o on another disk.") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for p in created:
-            try:
-                p.rmdir()
-            except OSError:
-                pass
-        raise
     return out_report
 
 
