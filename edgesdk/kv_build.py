@@ -115,6 +115,12 @@ def _source_limits(report: dict) -> tuple[tuple[int, int, int], int, int]:
     return (int(t_lo[0]), int(t_opt[0]), int(t_hi[0])), int(t_hi[-1]), int(p_hi[-2])
 
 
+def _default_tokens(capacity: int, window: int, group: int, cached_hi: int) -> int:
+    """The verified sequence's default length: two groups compressed and the window in use (window + 3 groups), within
+    the capacity and the source profile's longest cache + 1."""
+    return min(capacity, cached_hi + 1, window + 3 * group)
+
+
 def _tokens(report: dict, source_model: Path, count: int, seed: int) -> tuple[list[int], str]:
     """``count`` token ids to verify on and where they came from: the source build's ``.txt`` calibration text after
     its calibration windows (as its own verification takes them), else seeded random ids below the vocabulary."""
@@ -264,7 +270,7 @@ def kv_build(source: Path | str, output: Path | str, k_sparsity: float, v_sparsi
         raise EdgeSDKError(f"--max-tokens {max_tokens}: new tokens per call must be 1 .. the capacity {capacity}",
                            "pass a smaller --max-tokens (or a larger --capacity)")
     most = min(capacity, cached_hi + 1)  # the source build decodes as many tokens as its profile caches, + 1
-    verify_tokens = min(most, window + 3 * group) if verify_tokens is None else int(verify_tokens)
+    verify_tokens = _default_tokens(capacity, window, group, cached_hi) if verify_tokens is None else int(verify_tokens)
     if verify and not 2 <= verify_tokens <= most:
         raise EdgeSDKError(f"--verify-tokens {verify_tokens}: the verified sequence must be 2 .. {most} tokens (the "
                            f"capacity {capacity}, and the {cached_hi} cached + 1 the source build's profile decodes)",
@@ -366,10 +372,10 @@ def check_kv(build_dir: Path, report: dict, overrides: dict | None = None, step=
                                                                if v is not None}})
     sparse = report["sparse_kv"]
     kv_path = build_dir / report.get("processed_model", "model.onnx")
-    if not sparse.get("verify_tokens"):
-        return []
-    tokens, _ = _tokens(json.loads((src_model.parent / "report.json").read_text()), src_model,
-                        sparse["verify_tokens"], config.seed)
+    src_report = json.loads((src_model.parent / "report.json").read_text())
+    count = sparse.get("verify_tokens") or _default_tokens(sparse["capacity"], sparse["window"], sparse["group"],
+                                                           _source_limits(src_report)[2])  # built with --no-verify
+    tokens, _ = _tokens(src_report, src_model, count, config.seed)
     with step(f"Verify on ONNX Runtime: {len(tokens)} tokens decoded by both models (Polygraphy)"):
         rows, recorded = verify_kv(kv_path, src_model, sparse, tokens, config)
     plan = (report.get("engine") or {}).get("plan")

@@ -472,9 +472,14 @@ def test_cli_kv_folder_errors(source_build, tmp_path, src, args, words):
 
 
 def test_cli_kv_folder_of_a_kv_folder(source_build, tmp_path):
+    from edgesdk.build import check_build
     from edgesdk.kv_build import kv_build
 
-    kv_build(source_build, tmp_path / "kv", 0.5, window=4, group=4, verify=False)
+    r = kv_build(source_build, tmp_path / "kv", 0.5, window=4, group=4, verify=False)
+    assert r["verify"] == [] and r["sparse_kv"]["verify_tokens"] is None
+    rows = check_build(tmp_path / "kv")  # check verifies a folder built with --no-verify (default length)
+    assert [(x["against"], x["gate"], x["tokens"]) for x in rows] == [("kv_emulated", True, 16), ("source", False, 16)]
+    assert rows[0]["passed"]
     r = runner.invoke(app, ["kv-sparsify", str(tmp_path / "kv"), "-o", str(tmp_path / "kv2"), "--sparsity", "0.5"])
     assert r.exit_code == 1 and "already runs its attention on the sparse KV cache" in r.output, r.output
 
