@@ -385,27 +385,14 @@ def _move_into_place(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def check_build(build_dir: Path | str, model_path: Path | str | None = None, overrides: dict | None = None,
-                step: StepFn | None = None, calibration: Path | str | None = None) -> list[dict]:
-    """Re-verify a build folder: sha256 of its files against the manifest, then the verification again.
-
-    Args:
-        build_dir: Folder written by :func:`build`.
-        model_path: The original model, when it is no longer at the path recorded in the report (a folder written
-            by ``edgesdk kv-sparsify``: its source build folder).
-        overrides: ``atol``/``rtol``/``min_cosine`` replacing the build's (None values ignored).
-        calibration: The calibration file, when it is no longer at the path recorded in the report.
-
-    Returns:
-        The verification rows (as in ``report.json``'s ``verify``).
+def read_build_folder(build_dir: Path) -> tuple[dict, dict]:
+    """``(report, manifest)`` of a build folder whose files all match the sha256 its manifest lists.
 
     Raises:
-        EdgeSDKError: not a build folder, a file changed since the build, or the original model is
-            missing or differs from the one built.
+        EdgeSDKError: no such folder, not a build folder, damaged JSON, or a file missing or changed since the build.
     """
     import json
 
-    build_dir = Path(build_dir)
     if not build_dir.is_dir():
         raise EdgeSDKError(f"build folder {build_dir} does not exist.", "pass the folder `edgesdk build -o` wrote.")
     rpath, mpath = build_dir / REPORT_NAME, build_dir / MANIFEST_NAME
@@ -425,6 +412,29 @@ def check_build(build_dir: Path | str, model_path: Path | str | None = None, ove
         if not p.is_file() or sha256_file(p) != digest:
             raise EdgeSDKError(f"{p} is missing or changed since the build (sha256 differs from {MANIFEST_NAME}).",
                                "rebuild with `edgesdk build ... --force`.")
+    return report, manifest
+
+
+def check_build(build_dir: Path | str, model_path: Path | str | None = None, overrides: dict | None = None,
+                step: StepFn | None = None, calibration: Path | str | None = None) -> list[dict]:
+    """Re-verify a build folder: sha256 of its files against the manifest, then the verification again.
+
+    Args:
+        build_dir: Folder written by :func:`build`.
+        model_path: The original model, when it is no longer at the path recorded in the report (a folder written
+            by ``edgesdk kv-sparsify``: its source build folder).
+        overrides: ``atol``/``rtol``/``min_cosine`` replacing the build's (None values ignored).
+        calibration: The calibration file, when it is no longer at the path recorded in the report.
+
+    Returns:
+        The verification rows (as in ``report.json``'s ``verify``).
+
+    Raises:
+        EdgeSDKError: not a build folder, a file changed since the build, or the original model is
+            missing or differs from the one built.
+    """
+    build_dir = Path(build_dir)
+    report, manifest = read_build_folder(build_dir)
     if report.get("kind") == "kv-sparsify":  # written by `edgesdk kv-sparsify` from a build folder
         from edgesdk.kv_build import check_kv
 

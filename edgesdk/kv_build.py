@@ -39,10 +39,10 @@ SEQ_SAMPLES = 1  # sequences decoded by the verification (each costs a decode of
 
 
 def _source_build(source: Path) -> tuple[dict, dict, Path]:
-    """``(report, manifest, processed model)`` of an ``edgesdk build`` folder, checked whole (the sha256 of its files)."""
-    from edgesdk.build import MODEL_NAME
+    """``(report, manifest, processed model)`` of an ``edgesdk build`` folder, checked whole (the sha256 of its files,
+    :func:`edgesdk.build.read_build_folder`)."""
+    from edgesdk.build import MODEL_NAME, read_build_folder
     from edgesdk.manifest import MANIFEST_NAME
-    from edgesdk.onnx_io import sha256_file
     from edgesdk.report import REPORT_NAME
 
     if not source.is_dir() or not (source / REPORT_NAME).is_file() or not (source / MANIFEST_NAME).is_file():
@@ -50,21 +50,11 @@ def _source_build(source: Path) -> tuple[dict, dict, Path]:
                            "built with its KV cache)",
                            "build the decoder first (edgesdk build MODEL --shape input_ids:1x1 ...; --quantize none "
                            "keeps it float), or pass -o NAME.onnx for the rewritten model alone")
-    try:
-        report = json.loads((source / REPORT_NAME).read_text())
-        manifest = json.loads((source / MANIFEST_NAME).read_text())
-    except ValueError as e:
-        raise EdgeSDKError(f"{source}: report/manifest is not valid JSON ({e})", "rebuild the folder") from None
+    report, manifest = read_build_folder(source)
     if report.get("kind") == KIND:
         raise EdgeSDKError(f"{source} already runs its attention on the sparse KV cache",
                            f"rewrite its source build ({(report.get('source_build') or {}).get('path')}) instead")
-    name = report.get("processed_model", MODEL_NAME)
-    for f, digest in (manifest.get("files") or {}).items():
-        p = source / f
-        if not p.is_file() or sha256_file(p) != digest:
-            raise EdgeSDKError(f"{p} is missing or changed since the build (sha256 differs from {MANIFEST_NAME})",
-                               "rebuild the source folder with `edgesdk build ... --force`")
-    return report, manifest, source / name
+    return report, manifest, source / report.get("processed_model", MODEL_NAME)
 
 
 def kv_profile(model: onnx.ModelProto, batch: tuple[int, int, int], max_tokens: int) -> dict:
