@@ -66,6 +66,10 @@ class Floor:
         w16 = -(-write_bytes // 16)
         assert w16 * 16 <= self.out.numel(), "output larger than the tool's buffer"
         slice_bytes = -(-n16 * 16 // 256) * 256
+        if slice_bytes > self.pool.numel() * 8:  # grow the pool to hold one slice
+            self.pool = None
+            torch.cuda.empty_cache()
+            self.pool = torch.randint(-2**62, 2**62, (slice_bytes // 8,), dtype=torch.int64, device="cuda")
         copies = int(max(1, min(512, -(-2 * self.l2 // slice_bytes), self.pool.numel() * 8 // slice_bytes)))
         base = self.pool.data_ptr()
         best = None
