@@ -71,3 +71,22 @@ def test_default_tactic_rule():
     # a forced split size counts: 64-token splits at 4k are 64 splits -> tactic 1
     assert ks.default_tactic(64, 32, 8, 1, 4096, sms=132, tokens_per_split=64) == ks.STREAM
     assert ks.default_tactic(64, 32, 8, 1, 4096, sms=132, tokens_per_split=128) == ks.STREAM_FUSED
+
+
+@pytest.mark.parametrize("warps", [8, 16])
+@pytest.mark.parametrize("batch,max_len", [(1, 1), (1, 4096), (16, 32768), (3, 777)])
+def test_wide_block_plans(warps, batch, max_len):
+    """Tactics 1, 2 with 8 or 16 warps per block: splits are whole multiples of 16 · warps tokens (one
+    tile per warp and pass); others are refused, and so are d = 128 and tactic 0."""
+    cfg = SparseKVConfig(64, 32, 8, 0.7, 0.7, 32768)
+    ts, ns = ks.plan_cache(cfg, batch, max_len, sms=132, tactic=ks.STREAM_FUSED, warps=warps)
+    assert ts % (16 * warps) == 0 and 16 * warps <= ts <= ks.MAX_TOKENS_PER_SPLIT2
+    assert ns == max(1, math.ceil(max_len / ts))
+    assert ks.smem_bytes2(64, cfg.rk, cfg.rv, warps) == warps // 4 * ks.smem_bytes2(64, cfg.rk, cfg.rv)
+    with pytest.raises(EdgeSDKError, match=f"multiple of {16 * warps}"):
+        ks.plan_cache(cfg, batch, max_len, tokens_per_split=16 * warps + 64, tactic=ks.STREAM, warps=warps)
+    cfg128 = SparseKVConfig(128, 8, 2, 0.7, 0.7, 256)
+    for c, tactic in ((cfg128, ks.STREAM), (cfg, ks.SPLIT_V1)):
+        with pytest.raises(EdgeSDKError, match="8 or 16 warps"):
+            ks.decode_attention(c, 1, 256, 0, ks.CachePtrs(0, 0, 0, 0, 0), 0, 0, 0, tokens_per_split=256,
+                                tactic=tactic, warps=warps)

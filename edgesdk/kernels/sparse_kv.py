@@ -103,11 +103,11 @@ def sm_count() -> int:
     return int(_cuda.check(cu.cuDeviceGetAttribute(attr, dev)))
 
 
-def smem_bytes2(head_dim: int, rk: int, rv: int) -> int:
-    """Dynamic shared memory of the warp-streaming kernel (tactics 1, 2): per warp two ``[16][d + 8]``
-    fp16 tiles and :data:`STAGES2` record stages (mirrors ``attn2_split`` in the .cu)."""
+def smem_bytes2(head_dim: int, rk: int, rv: int, warps: int = WARPS2) -> int:
+    """Dynamic shared memory of the warp-streaming kernel (tactics 1, 2) with ``warps`` warps per block: per
+    warp two ``[16][d + 8]`` fp16 tiles and :data:`STAGES2` record stages (mirrors ``attn2_split`` in the .cu)."""
     r16 = lambda x: -(-x // 16) * 16  # noqa: E731
-    return WARPS2 * (2 * TILE2 * (head_dim + 8) * 2 + STAGES2 * (r16(TILE2 * rk) + r16(TILE2 * rv)))
+    return warps * (2 * TILE2 * (head_dim + 8) * 2 + STAGES2 * (r16(TILE2 * rk) + r16(TILE2 * rv)))
 
 
 #: Largest split of the warp-streaming kernel (its shared memory does not depend on the split).
@@ -115,7 +115,8 @@ MAX_TOKENS_PER_SPLIT2 = 8192
 
 
 def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, batch: int, max_len: int,
-         sms: int | None = None, tokens_per_split: int | None = None, tactic: int | None = None) -> tuple[int, int]:
+         sms: int | None = None, tokens_per_split: int | None = None, tactic: int | None = None,
+         warps: int = WARPS2) -> tuple[int, int]:
     """(tokens per split, number of splits) for ``max_len`` tokens. ``rk``/``rv``: record bytes (0 for a
     dense cache). ``tactic=None``: the one :func:`default_tactic` picks.
 
@@ -141,9 +142,10 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
         else:
             tiles_per_sm = batch * num_kv_heads * math.ceil(max(1, max_len) / TILE2) / sms
             k = max(1, round(math.sqrt(tiles_per_sm) / 1.6))
-            tokens_per_split = min(cap, 64 * k)
-    if tokens_per_split % 64 or not 64 <= tokens_per_split <= cap:
-        raise EdgeSDKError(f"tokens_per_split={tokens_per_split} must be a multiple of 64 in [64, {cap}]",
+            tokens_per_split = min(cap // (TILE2 * warps) * TILE2 * warps, TILE2 * warps * k)
+    unit = 64 if tactic == SPLIT_V1 else TILE2 * warps
+    if tokens_per_split % unit or not unit <= tokens_per_split <= cap:
+        raise EdgeSDKError(f"tokens_per_split={tokens_per_split} must be a multiple of {unit} in [{unit}, {cap}]",
                            "leave it None for the heuristic")
     return tokens_per_split, max(1, math.ceil(max(1, max_len) / tokens_per_split))
 
@@ -172,10 +174,11 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
 
 
 def plan_cache(cfg: SparseKVConfig, batch: int, max_len: int, sms: int | None = None,
-               tokens_per_split: int | None = None, tactic: int | None = None) -> tuple[int, int]:
+               tokens_per_split: int | None = None, tactic: int | None = None,
+               warps: int = WARPS2) -> tuple[int, int]:
     """:func:`plan` for a sparse cache (what :func:`decode_attention` uses)."""
     return plan(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, cfg.rk, cfg.rv, batch, max_len, sms,
-                tokens_per_split, tactic)
+                tokens_per_split, tactic, warps)
 
 
 def plan_dense(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: int, max_len: int, sms: int | None = None,
@@ -253,11 +256,14 @@ COMBINE_THREADS = 256  # merge kernel (tactics 0, 1): one block per (sequence, q
 
 def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: int, out: int, workspace: int,
                stream: int, tensors: list, geometry: list, rk: int, rv: int, scale: float | None, sms: int | None,
-               tokens_per_split: int | None, tactic: int) -> None:
+               tokens_per_split: int | None, tactic: int, warps: int = WARPS2) -> None:
     g = hq // hkv
     if tactic is None:
         tactic = default_tactic(head_dim, hq, hkv, batch, max_len, sms, tokens_per_split)
-    ts, ns = plan(head_dim, hq, hkv, rk, rv, batch, max_len, sms, tokens_per_split, tactic)
+    if warps != WARPS2 and (warps not in (8, 16) or head_dim != 64 or tactic == SPLIT_V1):
+        raise EdgeSDKError(f"sparse_kv attention with {warps} warps per block (d = {head_dim}, tactic {tactic})",
+                           "8 or 16 warps exist for d = 64 and tactics 1, 2 only; else leave warps at 4")
+    ts, ns = plan(head_dim, hq, hkv, rk, rv, batch, max_len, sms, tokens_per_split, tactic, warps)
     scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * _LOG2E
     parts = workspace + 4 * _counter_words(batch, hq)
     if tactic == SPLIT_V1:
@@ -266,11 +272,12 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
                   [_p(q), _p(parts), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale)],
                   stream, smem_bytes(head_dim, g, ts, rk, rv))
     else:
-        ka = _kernel(f"sparse_kv_attn2_d{head_dim}_g{gqa_pad(g)}", max_smem_carveout=True)
-        ka.launch((ns, hkv, batch), (THREADS2,),
+        suffix = "" if warps == WARPS2 else f"_w{warps}"
+        ka = _kernel(f"sparse_kv_attn2_d{head_dim}_g{gqa_pad(g)}{suffix}", max_smem_carveout=True)
+        ka.launch((ns, hkv, batch), (32 * warps,),
                   [_p(q), _p(workspace), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale),
                    _p(out), _i(1 if tactic == STREAM_FUSED else 0)],
-                  stream, smem_bytes2(head_dim, rk, rv))
+                  stream, smem_bytes2(head_dim, rk, rv, warps))
         if tactic == STREAM_FUSED:
             return
     kc = _kernel(f"sparse_kv_combine_d{head_dim}")
@@ -279,7 +286,7 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
 
 def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cache: CachePtrs, out: int,
                      workspace: int, stream: int, scale: float | None = None, sms: int | None = None,
-                     tokens_per_split: int | None = None, tactic: int | None = None) -> None:
+                     tokens_per_split: int | None = None, tactic: int | None = None, warps: int = WARPS2) -> None:
     """``out[b, i] = softmax(q[b, i] · Kᵀ · scale) · V`` over the ``lens[b]`` cached tokens of sequence b.
 
     Args:
@@ -295,9 +302,10 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
         stream (int): CUDA stream.
         scale (float | None): Score scale, default ``1 / sqrt(d)``.
         sms (int | None): SM count for the split heuristic (default: the device's).
-        tokens_per_split (int | None): Force the split size (multiple of 64).
+        tokens_per_split (int | None): Force the split size (multiple of 64; of 16 ``warps`` for tactics 1, 2).
         tactic (int | None): :data:`SPLIT_V1`, :data:`STREAM`, :data:`STREAM_FUSED` or None (default:
             :func:`default_tactic`, STREAM_FUSED at small tile counts, else STREAM).
+        warps (int): Warps per block of tactics 1 and 2: 4, or 8 / 16 at d = 64.
     """
     if not 1 <= max_len <= cfg.capacity or batch < 1:
         raise EdgeSDKError(f"sparse_kv decode_attention: max_len={max_len}, batch={batch}",
@@ -306,7 +314,7 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
     geometry = [_i(cfg.record_capacity), _i(cfg.ring), _i(cfg.window), _i(cfg.group), _i(cfg.keep_k),
                 _i(cfg.keep_v), _i(cfg.rk), _i(cfg.rv)]
     _attention(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, batch, max_len, q, out, workspace, stream,
-               tensors, geometry, cfg.rk, cfg.rv, scale, sms, tokens_per_split, tactic)
+               tensors, geometry, cfg.rk, cfg.rv, scale, sms, tokens_per_split, tactic, warps)
 
 
 def dense_decode_attention(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: int, capacity: int,

@@ -575,14 +575,14 @@ __device__ __forceinline__ int stage_bytes(int rk, int rv) { return round_up(16 
 // launch); lane s takes split s's (m, l), the head's maximum and sum by shuffles, then lane j sums the
 // channels D/32 * j, ... over the pass's splits (weights by shuffle, LDS.64/128) and folds the pass
 // into its running (M, den, acc) online. No barrier; fixed order: deterministic.
-template <int D>
+template <int D, int NW>
 __device__ __forceinline__ void merge_last1(const float* __restrict__ part0, int ns, int NS, int G,
                                             __half* __restrict__ dst, uint8_t* wbase, int wbytes) {
   constexpr int PR = D + 2, V = D / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int cs = min(32, wbytes / (PR * 4));  // splits per pass (>= 23: see smem_bytes2)
   float* buf = reinterpret_cast<float*>(wbase);
-  for (int g = warp; g < G; g += kW2) {
+  for (int g = warp; g < G; g += NW) {
     const float* pg = part0 + static_cast<size_t>(g) * NS * PR;
     float M = -INFINITY, den = 0.f, acc[V];
 #pragma unroll
@@ -634,7 +634,7 @@ __device__ __forceinline__ void merge_last1(const float* __restrict__ part0, int
   }
 }
 
-template <int D, int GP>
+template <int D, int GP, int NW>
 __device__ __forceinline__ void attn2_split(
     const __half* __restrict__ q, float* __restrict__ ws, const int* __restrict__ lens,
     const uint8_t* __restrict__ k_rec, const uint8_t* __restrict__ v_rec,
@@ -652,7 +652,7 @@ __device__ __forceinline__ void attn2_split(
   const int Hq = Hkv * G;
   if (fuse && L <= 0) {  // nothing cached: zeros (the only block of this (b, h) that does anything)
     if (split == 0)
-      for (int i = tid; i < G * D; i += kThreads2)
+      for (int i = tid; i < G * D; i += 32 * NW)
         out[(static_cast<size_t>(b) * Hq + h * G) * D + i] = __ushort_as_half(0);
     return;
   }
@@ -671,7 +671,7 @@ __device__ __forceinline__ void attn2_split(
   uint8_t* stages = wbase + 2 * 16 * TR * 2;
 
   const int ntiles = (n + 15) >> 4;
-  const int cnt = ntiles > warp ? (ntiles - warp + kW2 - 1) / kW2 : 0;
+  const int cnt = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;
   // Lean issue: a full tile's records of one cache (16 consecutive tokens) are one contiguous, 8-byte
   // aligned span of 16 r bytes, copied in 8-byte chunks lane, lane + 32, ...: per lane the source
   // pointers advance by a constant per tile, the chunk counts are fixed for the loop and the stage
@@ -679,14 +679,14 @@ __device__ __forceinline__ void attn2_split(
   // the general path.
   const uint8_t* kg = k_rec + (bh * cap + t_begin + warp * 16) * static_cast<size_t>(rk) + 8 * lane;
   const uint8_t* vg = v_rec + (bh * cap + t_begin + warp * 16) * static_cast<size_t>(rv) + 8 * lane;
-  const size_t kstep = static_cast<size_t>(kW2 * 16) * rk, vstep = static_cast<size_t>(kW2 * 16) * rv;
+  const size_t kstep = static_cast<size_t>(NW * 16) * rk, vstep = static_cast<size_t>(NW * 16) * rv;
   const int nk = (2 * rk - lane + 31) >> 5, nv = (2 * rv - lane + 31) >> 5;  // this lane's chunks
   const uint32_t st_first = smem_u32(stages) + 8 * lane, st_last = st_first + (kStages - 1) * sb;
   uint32_t st_issue = st_first;
   int ii = 0;
   auto issue_next = [&]() {  // this warp's tile ii into the next stage slot
     if (ii < cnt) {
-      const int tb = t_begin + (warp + ii * kW2) * 16;
+      const int tb = t_begin + (warp + ii * NW) * 16;
       if (tb + 16 <= ncomp_end) {  // warp-uniform
 #pragma unroll
         for (int j = 0; j < 4; ++j)
@@ -750,7 +750,7 @@ __device__ __forceinline__ void attn2_split(
     issue_next();
     cp_async_wait<kStages - 1>();
     __syncwarp();
-    const int tb = t_begin + (warp + i * kW2) * 16;
+    const int tb = t_begin + (warp + i * NW) * 16;
     {
       const int t = tb + dr;
       if (t < ncomp_end) {
@@ -843,15 +843,15 @@ __device__ __forceinline__ void attn2_split(
   // Workspace: uint32 counters[round_up(B * Hq, 4)] (fused merge), then the split partials.
   unsigned int* counters = reinterpret_cast<unsigned int*>(ws);
   float* part0 = ws + round_up(static_cast<int>(gridDim.z) * Hq, 4) + (static_cast<size_t>(b) * Hq + h * G) * NS * PR;  // head g, split s: (g * NS + s) * PR
-  for (int e = tid; e < G * D; e += kThreads2) {
+  for (int e = tid; e < G * D; e += 32 * NW) {
     const int g = e / D, c = e % D;
     const float* w0 = reinterpret_cast<const float*>(smem_raw) + g * PR;
     float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kW2; ++w) M = fmaxf(M, w0[w * wstride]);
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, w0[w * wstride]);
     float lsum = 0.f, a = 0.f;
 #pragma unroll
-    for (int w = 0; w < kW2; ++w) {
+    for (int w = 0; w < NW; ++w) {
       const float f = exp2f(w0[w * wstride] - M);
       lsum = fmaf(f, w0[w * wstride + 1], lsum);
       a = fmaf(f, w0[w * wstride + 2 + c], a);
@@ -869,7 +869,7 @@ __device__ __forceinline__ void attn2_split(
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  merge_last1<D>(part0, ns, NS, G, out + (static_cast<size_t>(b) * Hq + h * G) * D, wbase,
+  merge_last1<D, NW>(part0, ns, NS, G, out + (static_cast<size_t>(b) * Hq + h * G) * D, wbase,
                  2 * 16 * TR * 2 + kStages * sb);
   if (tid == 0) counters[bh] = 0u;  // ready for the next call (CUDA-graph replays)
 }
@@ -1020,7 +1020,7 @@ DEF_ATTN(128, 8)
 #define DEF_ATTN2(D, GP)                                                                               \
   extern "C" __global__ void __launch_bounds__(kThreads2, D == 64 ? 6 : 3) sparse_kv_attn2_d##D##_g##GP(     \
       ATTN_ARGS, __half* out, int fuse) {                                                               \
-    attn2_split<D, GP>(ATTN_PASS, out, fuse);                                                          \
+    attn2_split<D, GP, kW2>(ATTN_PASS, out, fuse);                                                     \
   }
 DEF_ATTN2(64, 1)
 DEF_ATTN2(64, 2)
@@ -1030,6 +1030,22 @@ DEF_ATTN2(128, 1)
 DEF_ATTN2(128, 2)
 DEF_ATTN2(128, 4)
 DEF_ATTN2(128, 8)
+
+// The same kernel with NW = 8 or 16 warps per block (d = 64): a split of 16 NW k tokens has NW warps
+// walking k tiles each, so low-batch calls get more tiles in flight per split and fewer splits to merge.
+#define DEF_ATTN2W(D, GP, NW)                                                                          \
+  extern "C" __global__ void __launch_bounds__(32 * NW, 24 / NW) sparse_kv_attn2_d##D##_g##GP##_w##NW(    \
+      ATTN_ARGS, __half* out, int fuse) {                                                               \
+    attn2_split<D, GP, NW>(ATTN_PASS, out, fuse);                                                      \
+  }
+DEF_ATTN2W(64, 1, 8)
+DEF_ATTN2W(64, 2, 8)
+DEF_ATTN2W(64, 4, 8)
+DEF_ATTN2W(64, 8, 8)
+DEF_ATTN2W(64, 1, 16)
+DEF_ATTN2W(64, 2, 16)
+DEF_ATTN2W(64, 4, 16)
+DEF_ATTN2W(64, 8, 16)
 
 #define CACHE_ARGS                                                                                     \
   const int *lens, uint8_t *k_rec, uint8_t *v_rec, __half *k_ring, __half *v_ring, int Hkv, int cap,  \

@@ -65,11 +65,11 @@ def assert_same_cache(cfg, g: GpuCache, host: f.SparseKVCache):
         assert np.array_equal(v_ring[b, :, slots].view(np.uint16), host.v_ring[b, :, slots].view(np.uint16))
 
 
-def gpu_attention(cfg, g: GpuCache, q, max_len, tokens_per_split=None, tactic=ks.STREAM_FUSED, calls=2):
+def gpu_attention(cfg, g: GpuCache, q, max_len, tokens_per_split=None, tactic=ks.STREAM_FUSED, calls=2, warps=4):
     """Run decode attention ``calls`` times on one poisoned workspace (the fused merge's counters must
     reset themselves); ``out`` is poisoned before every call and the last result is returned."""
     B = q.shape[0]
-    _, ns = ks.plan_cache(cfg, B, max_len, tokens_per_split=tokens_per_split, tactic=tactic)
+    _, ns = ks.plan_cache(cfg, B, max_len, tokens_per_split=tokens_per_split, tactic=tactic, warps=warps)
     ws = torch.full((ks.workspace_bytes(cfg.num_q_heads, cfg.head_dim, B, ns) // 4,), float("nan"), device="cuda")
     ks.init_workspace(ws.data_ptr(), B, cfg.num_q_heads, _stream())
     out = torch.empty((B, cfg.num_q_heads, cfg.head_dim), dtype=torch.float16, device="cuda")
@@ -78,7 +78,7 @@ def gpu_attention(cfg, g: GpuCache, q, max_len, tokens_per_split=None, tactic=ks
     for _ in range(calls):
         out.fill_(float("nan"))
         ks.decode_attention(cfg, B, max_len, qd.data_ptr(), g.ptrs(), out.data_ptr(), ws.data_ptr(), _stream(),
-                            tokens_per_split=tokens_per_split, tactic=tactic)
+                            tokens_per_split=tokens_per_split, tactic=tactic, warps=warps)
         torch.cuda.synchronize()
         res.append(out.cpu().numpy())
     for r in res[1:]:
@@ -135,6 +135,26 @@ def test_prefill_bytes_and_attention(case):
     if sk == 0.0 and sv == 0.0:  # sparsity 0 == dense attention on the raw cache
         for tactic in ks.TACTICS:
             check_attention(gpu_attention(cfg, g, q, S, tactic=tactic), ref.decode_attention(q, k, v, lens))
+
+
+@pytest.mark.parametrize("warps", [8, 16])
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] == 64], ids=lambda c: f"d{c[0]}-{c[1]}q{c[2]}kv-{c[3]}-{c[4]}")
+def test_wide_blocks(case, warps):
+    """Tactics 1 and 2 with 8 or 16 warps per block (d = 64): the heuristic split, one tile per warp (the
+    most splits), several tiles per warp, and a split longer than every sequence."""
+    d, hq, hkv, sk, sv, lens = case
+    rng = np.random.default_rng(len(lens) * 1000 + d + hq + warps)
+    S = max(lens) + 6
+    cfg = f.SparseKVConfig(d, hq, hkv, sk, sv, S)
+    k, v = make(rng, len(lens), hkv, S, d)
+    host = f.SparseKVCache.prefill(cfg, k, v, lens)
+    g = gpu_prefill(cfg, k, v, lens)
+    q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
+    expect = ref.cache_attention(host, q)
+    unit = 16 * warps
+    for tactic in (ks.STREAM, ks.STREAM_FUSED):
+        for tps in (None, unit, 3 * unit, -(-S // unit) * unit):
+            check_attention(gpu_attention(cfg, g, q, S, tps, tactic, warps=warps), expect)
 
 
 @pytest.mark.parametrize("d", [64, 128])

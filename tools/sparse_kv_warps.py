@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Sparse KV decode attention with 8 or 16 warps per block against the shipped 4 (measurement, not a test).
+
+Tactics 1 and 2 run one split per block; each warp walks k 16-token tiles of it. At batch 1 the kernel is
+latency-bound (``tools/speed_of_light.py``: 0.27-0.36 of a pure read's speed), and with 4 warps per block a
+short per-warp walk means many splits to merge. Wider blocks keep k small with fewer splits. Per shape
+(issue 7's benchmark at >= 4k, 70 % and 50 %), side by side in one run with the benchmark's method
+(CUDA-graph replays over caches rotated beyond L2, medians): torch SDPA; the shipped default (tactic None);
+the best of the shipped kernel over tactics 1, 2 and half / the heuristic / twice its split (what
+``bench/bench_sparse_kv.py`` reports); and for 8 and 16 warps the best over tactics 1, 2 and k in K_GRID.
+Every timed output is compared with the shipped default's (fp32 accumulation order differs: ~1e-3).
+
+Usage: python tools/sparse_kv_warps.py [--quick] [--out DIR]   (writes sparse_kv_warps.json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+K_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+WIDE = (8, 16)
+
+
+def shape_rows(model, hq, hkv, d, B, ctx, sparsities):
+    import torch
+
+    import bench.bench_sparse_kv as bkv
+    from bench._common import time_graph
+    from edgesdk.formats.sparse_kv import SparseKVConfig
+    from edgesdk.kernels import sparse_kv as ks
+
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(ctx + B)
+    k = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
+    v = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
+    q = torch.randn((B, hq, d), device="cuda", dtype=torch.float16, generator=gen)
+    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    dense_bytes = 2 * B * hkv * ctx * d * 2
+    n_dense = bkv.copies_for(dense_bytes)
+    inner = 20 if dense_bytes < (64 << 20) else 8
+    kc = [k] + [k.clone() for _ in range(n_dense - 1)]
+    vc = [v] + [v.clone() for _ in range(n_dense - 1)]
+    q4 = q[:, :, None, :]
+    it = [0]
+
+    def sdpa():
+        i = it[0] % n_dense
+        torch.nn.functional.scaled_dot_product_attention(q4, kc[i], vc[i], enable_gqa=True)
+        it[0] += 1
+
+    t_sdpa = time_graph(sdpa, inner=max(inner, n_dense), reps=10)
+    del kc[1:], vc[1:]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for s in sparsities:
+        cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
+        mk = lambda r: torch.empty((B, hkv, cfg.record_capacity, r), device="cuda", dtype=torch.uint8)  # noqa: E731
+        k_rec, v_rec = mk(cfg.rk), mk(cfg.rv)
+        k_ring = torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16)
+        v_ring = torch.empty_like(k_ring)
+        ptr = ks.CachePtrs(k_rec.data_ptr(), v_rec.data_ptr(), k_ring.data_ptr(), v_ring.data_ptr(), lens.data_ptr())
+        ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(), ptr, torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        n_sp = bkv.copies_for(cfg.kv_bytes(ctx) * B * hkv)
+        caches = [(k_rec, v_rec, k_ring, v_ring)] + [tuple(x.clone() for x in (k_rec, v_rec, k_ring, v_ring))
+                                                     for _ in range(n_sp - 1)]
+        cptr = [ks.CachePtrs(*(x.data_ptr() for x in c), lens.data_ptr()) for c in caches]
+        out = torch.empty((B, hq, d), device="cuda", dtype=torch.float16)
+
+        def run(tactic, ts, warps):
+            _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts, tactic=tactic, warps=warps)
+            ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
+            j = [0]
+
+            def call():
+                ks.decode_attention(cfg, B, ctx, q.data_ptr(), cptr[j[0] % n_sp], out.data_ptr(), ws.data_ptr(),
+                                    torch.cuda.current_stream().cuda_stream, tokens_per_split=ts, tactic=tactic,
+                                    warps=warps)
+                j[0] += 1
+
+            us = time_graph(call, inner=max(inner, n_sp), reps=10)
+            out.fill_(float("nan"))
+            j[0] = 0
+            call()
+            torch.cuda.synchronize()
+            return us, out.clone()
+
+        # the shipped default
+        _, ns0 = ks.plan_cache(cfg, B, ctx)
+        ws0 = torch.zeros(ks.workspace_bytes(hq, d, B, ns0) // 4, device="cuda")
+        j0 = [0]
+
+        def default():
+            ks.decode_attention(cfg, B, ctx, q.data_ptr(), cptr[j0[0] % n_sp], out.data_ptr(), ws0.data_ptr(),
+                                torch.cuda.current_stream().cuda_stream)
+            j0[0] += 1
+
+        t_default = time_graph(default, inner=max(inner, n_sp), reps=10)
+        out.fill_(float("nan"))
+        j0[0] = 0
+        default()
+        torch.cuda.synchronize()
+        y0 = out.clone().float()
+        assert torch.isfinite(y0).all()
+        cand = {}
+        for tactic in (ks.STREAM, ks.STREAM_FUSED):
+            ts0, _ = ks.plan_cache(cfg, B, ctx, tactic=tactic)
+            for ts in sorted({ts0, min(ks.MAX_TOKENS_PER_SPLIT2, 2 * ts0), max(64, ts0 // 128 * 64)}):
+                cand[(4, tactic, ts)] = run(tactic, ts, 4)
+            for w in WIDE:
+                for kk in K_GRID:
+                    ts = 16 * w * kk
+                    if ts > ks.MAX_TOKENS_PER_SPLIT2 or (kk > 1 and ts >= 2 * ctx):
+                        continue
+                    cand[(w, tactic, ts)] = run(tactic, ts, w)
+        worst = max(float((y.float() - y0).abs().max()) for _, y in cand.values())
+        assert worst < 2e-2, f"{model} B={B} {ctx} s={s}: an output differs from the default's by {worst}"
+        row = {"model": model, "batch": B, "context": ctx, "sparsity": s, "sdpa_us": t_sdpa, "default_us": t_default,
+               "max_abs_diff_vs_default": worst}
+        for w in (4, *WIDE):
+            best = min((key for key in cand if key[0] == w), key=lambda key: cand[key][0])
+            row[f"w{w}_us"], row[f"w{w}_tactic"], row[f"w{w}_split"] = cand[best][0], best[1], best[2]
+            row[f"w{w}_ratio"] = cand[best][0] / t_sdpa
+        row["best_wide_us"] = min(row[f"w{w}_us"] for w in WIDE)
+        row["gain_vs_w4"] = row["w4_us"] / row["best_wide_us"]
+        row["gain_vs_default"] = t_default / row["best_wide_us"]
+        row["best_ratio"] = min(row["w4_us"], row["best_wide_us"]) / t_sdpa
+        row["tiles_per_sm"] = B * hkv * math.ceil(ctx / 16) / sms
+        row["all"] = {f"w{a}_t{b}_{c}": cand[(a, b, c)][0] for (a, b, c) in cand}
+        rows.append(row)
+        caches = cptr = None
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args(argv)
+    import statistics
+
+    import torch
+
+    import bench.bench_sparse_kv as bkv
+    from bench._common import meta, print_table, write_json
+    from edgesdk.kernels import _cuda
+
+    torch.zeros(1, device="cuda")
+    _cuda.init()
+    rows = []
+    t0 = time.time()
+    for model, (hq, hkv, d) in bkv.MODELS.items():
+        for B in ((1, 16) if args.quick else bkv.BATCHES):
+            for ctx in ((4096,) if args.quick else (4096, 16384, 32768)):
+                rows += shape_rows(model, hq, hkv, d, B, ctx, (0.7,) if args.quick else (0.7, 0.5))
+                print(f"{model} B={B} {ctx}: {time.time() - t0:.0f} s", flush=True)
+    cols = ["model", "batch", "context", "sparsity", "sdpa_us", "default_us", "w4_us", "w8_us", "w8_split", "w16_us",
+            "w16_split", "gain_vs_w4", "gain_vs_default", "w4_ratio", "best_ratio"]
+    print_table(rows, cols)
+    summ = []
+    for s in sorted({r["sparsity"] for r in rows}):
+        sel = [r for r in rows if r["sparsity"] == s]
+        for B in sorted({r["batch"] for r in sel}):
+            g = [r["gain_vs_w4"] for r in sel if r["batch"] == B]
+            summ.append({"sparsity": s, "batch": B, "rows": len(g), "median_gain_vs_w4": statistics.median(g),
+                         "min_gain": min(g), "max_gain": max(g)})
+    print_table(summ, list(summ[0]))
+    write_json(args.out / "sparse_kv_warps.json", rows, meta({"summary": summ, "k_grid": K_GRID}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
