@@ -21,7 +21,7 @@ def test_plan_ranges(tactic, batch, max_len, sms):
 
 def test_plan_rejects_bad_tactic_and_split():
     with pytest.raises(EdgeSDKError):
-        ks.plan(64, 32, 8, 48, 48, 1, 4096, sms=132, tactic=3)
+        ks.plan(64, 32, 8, 48, 48, 1, 4096, sms=132, tactic=4)
     with pytest.raises(EdgeSDKError):
         ks.plan(64, 32, 8, 48, 48, 1, 4096, tokens_per_split=96, tactic=ks.STREAM)
     with pytest.raises(EdgeSDKError):
@@ -40,6 +40,8 @@ def test_stream_smem_fits_orin():
     worst = max(ks.smem_bytes2(d, c.rk, c.rv) for d in (64, 128)
                 for c in [SparseKVConfig(d, 8, 8, 0.0, 0.0, 64)])
     assert worst + 16 <= 163 * 1024  # sm_87 opt-in limit per block (static 16 B for the merge flag)
+    wide = ks.smem_bytes2(64, *[SparseKVConfig(64, 8, 8, 0.0, 0.0, 64).rk] * 2, ks.WIDE_WARPS)  # WIDE_FUSED, d = 64
+    assert wide + 16 <= 163 * 1024
 
 
 def test_stream_split_heuristic():
@@ -65,8 +67,9 @@ def test_default_tactic_rule():
              ((32, 8, 4, 4096), ks.STREAM_FUSED), ((9, 3, 16, 4096), ks.STREAM_FUSED), ((32, 8, 16, 32768), ks.STREAM),
              ((9, 3, 1, 16384), ks.STREAM), ((32, 8, 4, 16384), ks.STREAM)]
     for (hq, hkv, b, ctx), want in cases:
-        assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132) == want, (hq, hkv, b, ctx)
-        cfg = SparseKVConfig(64, hq, hkv, 0.7, 0.7, ctx)
+        assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132, wide=False) == want, (hq, hkv, b, ctx)
+        assert ks.default_tactic(128, hq, hkv, b, ctx, sms=132) == want, (hq, hkv, b, ctx)  # no wide kernel at d = 128
+        cfg = SparseKVConfig(128, hq, hkv, 0.7, 0.7, ctx)
         assert ks.plan_cache(cfg, b, ctx, sms=132) == ks.plan_cache(cfg, b, ctx, sms=132, tactic=want)
     # a forced split size counts: 64-token splits at 4k are 64 splits -> tactic 1
     assert ks.default_tactic(64, 32, 8, 1, 4096, sms=132, tokens_per_split=64) == ks.STREAM
@@ -90,3 +93,32 @@ def test_wide_block_plans(warps, batch, max_len):
         with pytest.raises(EdgeSDKError, match="8 or 16 warps"):
             ks.decode_attention(c, 1, 256, 0, ks.CachePtrs(0, 0, 0, 0, 0), 0, 0, 0, tokens_per_split=256,
                                 tactic=tactic, warps=warps)
+
+
+def test_wide_default_rule():
+    """At d = 64, WIDE_FUSED while the 16-token tiles per SM are <= 75 (and no split is forced); its split is
+    the fewest 128-token units per split that keep B * Hkv * splits within one block per SM."""
+    # (hq, hkv, B, ctx) -> tiles per SM on 132 SMs: 15.5, 62.1, 5.8, 23.3, 46.5, 23.3 (wide); 124.1, 93.1 (not)
+    wide = [((32, 8, 1, 4096), (256, 16)), ((32, 8, 1, 16384), (1024, 16)), ((9, 3, 1, 4096), (128, 32)),
+            ((9, 3, 1, 16384), (384, 43)), ((9, 3, 1, 32768), (768, 43)), ((9, 3, 4, 4096), (384, 11)),
+            ((32, 8, 4, 4096), (1024, 4))]
+    for (hq, hkv, b, ctx), plan in wide:
+        assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132) == ks.WIDE_FUSED, (hq, hkv, b, ctx)
+        cfg = SparseKVConfig(64, hq, hkv, 0.7, 0.7, ctx)
+        assert ks.plan_cache(cfg, b, ctx, sms=132) == plan == ks.plan_cache(cfg, b, ctx, sms=132, tactic=ks.WIDE_FUSED)
+        assert b * hkv * plan[1] <= 132
+    for hq, hkv, b, ctx in ((32, 8, 1, 32768), (9, 3, 16, 4096), (32, 8, 16, 32768)):
+        assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132) != ks.WIDE_FUSED
+    assert ks.default_tactic(64, 32, 8, 1, 4096, sms=132, tokens_per_split=256) == ks.STREAM_FUSED  # forced split
+    # more sequences than SMs: one split each (the whole length, capped)
+    assert ks.plan(64, 32, 8, 48, 48, 64, 100, sms=132, tactic=ks.WIDE_FUSED) == (128, 1)
+    assert ks.plan(64, 32, 8, 48, 48, 1, 10**6, sms=132, tactic=ks.WIDE_FUSED)[0] == ks.MAX_TOKENS_PER_SPLIT2
+    for bad in (dict(warps=4), dict(warps=16)):
+        with pytest.raises(EdgeSDKError, match="WIDE_FUSED"):
+            ks.plan(64, 32, 8, 48, 48, 1, 4096, sms=132, tactic=ks.WIDE_FUSED, **bad)
+    with pytest.raises(EdgeSDKError, match="WIDE_FUSED"):
+        ks.plan(128, 32, 8, 48, 48, 1, 4096, sms=132, tactic=ks.WIDE_FUSED)
+    # the node's workspace follows the default plan
+    cfg = SparseKVConfig(64, 9, 3, 0.7, 0.7, 4096)
+    tactic, nbytes = ks.node_plan(cfg, 1, sms=132)
+    assert tactic == ks.WIDE_FUSED and nbytes >= ks.workspace_bytes(9, 64, 1, 32)

@@ -5,7 +5,8 @@ Tactics 1 and 2 run one split per block; each warp walks k 16-token tiles of it.
 latency-bound (``tools/speed_of_light.py``: 0.27-0.36 of a pure read's speed), and with 4 warps per block a
 short per-warp walk means many splits to merge. Wider blocks keep k small with fewer splits. Per shape
 (issue 7's benchmark at >= 4k, 70 % and 50 %), side by side in one run with the benchmark's method
-(CUDA-graph replays over caches rotated beyond L2, medians): torch SDPA; the shipped default (tactic None);
+(CUDA-graph replays over caches rotated beyond L2, medians): torch SDPA; the default (tactic None) and the
+default rule before WIDE_FUSED (``default_tactic(wide=False)``);
 the best of the shipped kernel over tactics 1, 2 and half / the heuristic / twice its split (what
 ``bench/bench_sparse_kv.py`` reports); and for 8 and 16 warps the best over tactics 1, 2 and k in K_GRID.
 Every timed output is compared with the shipped default's (fp32 accumulation order differs: ~1e-3).
@@ -102,6 +103,12 @@ def shape_rows(model, hq, hkv, d, B, ctx, sparsities):
             j0[0] += 1
 
         t_default = time_graph(default, inner=max(inner, n_sp), reps=10)
+        # the default rule before WIDE_FUSED (session 24's), timed beside it
+        legacy = ks.default_tactic(d, hq, hkv, B, ctx, wide=False)
+        ts_legacy, _ = ks.plan_cache(cfg, B, ctx, tactic=legacy)
+        t_legacy, y_legacy = run(legacy, ts_legacy, 4)
+        new = ks.default_tactic(d, hq, hkv, B, ctx)
+        ts_new, _ = ks.plan_cache(cfg, B, ctx)
         out.fill_(float("nan"))
         j0[0] = 0
         default()
@@ -110,7 +117,7 @@ def shape_rows(model, hq, hkv, d, B, ctx, sparsities):
         assert torch.isfinite(y0).all()
         cand = {}
         for tactic in (ks.STREAM, ks.STREAM_FUSED):
-            ts0, _ = ks.plan_cache(cfg, B, ctx, tactic=tactic)
+            ts0, _ = ks.plan_cache(cfg, B, ctx, tactic=tactic, warps=4)
             for ts in sorted({ts0, min(ks.MAX_TOKENS_PER_SPLIT2, 2 * ts0), max(64, ts0 // 128 * 64)}):
                 cand[(4, tactic, ts)] = run(tactic, ts, 4)
             for w in WIDE:
@@ -121,8 +128,11 @@ def shape_rows(model, hq, hkv, d, B, ctx, sparsities):
                     cand[(w, tactic, ts)] = run(tactic, ts, w)
         worst = max(float((y.float() - y0).abs().max()) for _, y in cand.values())
         assert worst < 2e-2, f"{model} B={B} {ctx} s={s}: an output differs from the default's by {worst}"
+        worst = max(worst, float((y_legacy.float() - y0).abs().max()))
         row = {"model": model, "batch": B, "context": ctx, "sparsity": s, "sdpa_us": t_sdpa, "default_us": t_default,
-               "max_abs_diff_vs_default": worst}
+               "default_tactic": new, "default_split": ts_new, "legacy_default_us": t_legacy,
+               "legacy_tactic": legacy, "legacy_split": ts_legacy, "default_gain": t_legacy / t_default,
+               "default_ratio": t_default / t_sdpa, "legacy_ratio": t_legacy / t_sdpa, "max_abs_diff_vs_default": worst}
         for w in (4, *WIDE):
             best = min((key for key in cand if key[0] == w), key=lambda key: cand[key][0])
             row[f"w{w}_us"], row[f"w{w}_tactic"], row[f"w{w}_split"] = cand[best][0], best[1], best[2]
@@ -160,17 +170,25 @@ def main(argv=None) -> int:
             for ctx in ((4096,) if args.quick else (4096, 16384, 32768)):
                 rows += shape_rows(model, hq, hkv, d, B, ctx, (0.7,) if args.quick else (0.7, 0.5))
                 print(f"{model} B={B} {ctx}: {time.time() - t0:.0f} s", flush=True)
-    cols = ["model", "batch", "context", "sparsity", "sdpa_us", "default_us", "w4_us", "w8_us", "w8_split", "w16_us",
-            "w16_split", "gain_vs_w4", "gain_vs_default", "w4_ratio", "best_ratio"]
+    cols = ["model", "batch", "context", "sparsity", "sdpa_us", "legacy_default_us", "default_us", "default_tactic",
+            "default_split", "default_gain", "legacy_ratio", "default_ratio", "w4_us", "w8_us", "w8_split", "w16_us",
+            "w16_split", "gain_vs_w4", "best_ratio"]
     print_table(rows, cols)
     summ = []
     for s in sorted({r["sparsity"] for r in rows}):
         sel = [r for r in rows if r["sparsity"] == s]
         for B in sorted({r["batch"] for r in sel}):
             g = [r["gain_vs_w4"] for r in sel if r["batch"] == B]
+            dg = [r["default_gain"] for r in sel if r["batch"] == B]
             summ.append({"sparsity": s, "batch": B, "rows": len(g), "median_gain_vs_w4": statistics.median(g),
-                         "min_gain": min(g), "max_gain": max(g)})
-    print_table(summ, list(summ[0]))
+                         "min_gain": min(g), "max_gain": max(g), "default_gain_median": statistics.median(dg),
+                         "default_gain_min": min(dg), "default_gain_max": max(dg)})
+        dg = [r["default_gain"] for r in sel]
+        summ.append({"sparsity": s, "batch": "all", "rows": len(dg), "default_gain_median": statistics.median(dg),
+                     "default_gain_min": min(dg), "default_gain_max": max(dg),
+                     "default_ratio_max": max(r["default_ratio"] for r in sel),
+                     "legacy_ratio_max": max(r["legacy_ratio"] for r in sel)})
+    print_table(summ, list(dict.fromkeys(k for r in summ for k in r)))
     write_json(args.out / "sparse_kv_warps.json", rows, meta({"summary": summ, "k_grid": K_GRID}))
     return 0
 

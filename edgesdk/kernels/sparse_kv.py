@@ -14,6 +14,7 @@ step can be captured in a CUDA graph. Cache arrays (:class:`CachePtrs`) are laid
   (:func:`workspace_bytes`), then merged. Tactics: :data:`STREAM` (warp-streaming flash
   attention with K and V decompressed into tensor-core tiles, then the merge kernel), :data:`STREAM_FUSED`
   (the same, merge in the last block; zero the workspace counters once with :func:`init_workspace`),
+  :data:`WIDE_FUSED` (:data:`STREAM_FUSED` with 8 warps per block and few splits, d = 64: low batch),
   :data:`SPLIT_V1` (the first kernel); default (``tactic=None``): :func:`default_tactic`. Measured per shape in ``docs/sparse_kv.md``.
 - :func:`dense_decode_attention` — the same kernels on a plain dense fp16 cache (the dense baseline,
   tactic :data:`SPLIT_V1` by default).
@@ -45,9 +46,11 @@ TILE2 = 16  # tokens per warp tile (tactics 1, 2)
 #: Attention tactics. SPLIT_V1: one thread per token for K (sparse dot product), V tiles decompressed
 #: per warp, block-wide softmax, then the merge kernel. STREAM: warp-streaming flash attention (K and V
 #: decompressed into tensor-core tiles, online softmax per warp), then the merge kernel. STREAM_FUSED:
-#: STREAM with the merge done by the last block of each (sequence, KV head): one launch.
-SPLIT_V1, STREAM, STREAM_FUSED = 0, 1, 2
-TACTICS = (SPLIT_V1, STREAM, STREAM_FUSED)
+#: STREAM with the merge done by the last block of each (sequence, KV head): one launch. WIDE_FUSED (d = 64):
+#: STREAM_FUSED with 8 warps per block and about one block per SM (:func:`plan`), for few tiles per SM.
+SPLIT_V1, STREAM, STREAM_FUSED, WIDE_FUSED = 0, 1, 2, 3
+TACTICS = (SPLIT_V1, STREAM, STREAM_FUSED, WIDE_FUSED)
+WIDE_WARPS = 8  # warps per block of WIDE_FUSED
 COMP_THREADS = 128  # prefill / append block: one warp per token
 COMP_WARPS = COMP_THREADS // 32
 _LOG2E = 1.4426950408889634
@@ -110,15 +113,31 @@ def smem_bytes2(head_dim: int, rk: int, rv: int, warps: int = WARPS2) -> int:
     return warps * (2 * TILE2 * (head_dim + 8) * 2 + STAGES2 * (r16(TILE2 * rk) + r16(TILE2 * rv)))
 
 
+def _warps(head_dim: int, tactic: int, warps: int | None) -> int:
+    """Warps per block of a streaming tactic (checked)."""
+    if tactic == WIDE_FUSED:
+        if head_dim != 64 or warps not in (None, WIDE_WARPS):
+            raise EdgeSDKError(f"sparse_kv tactic {WIDE_FUSED} (WIDE_FUSED) at d = {head_dim} with warps={warps}",
+                               f"it exists for d = 64 with {WIDE_WARPS} warps; use tactic 2 elsewhere")
+        return WIDE_WARPS
+    if warps in (None, WARPS2):
+        return WARPS2
+    if warps not in (8, 16) or head_dim != 64 or tactic == SPLIT_V1:
+        raise EdgeSDKError(f"sparse_kv attention with {warps} warps per block (d = {head_dim}, tactic {tactic})",
+                           "8 or 16 warps exist for d = 64 and tactics 1, 2 only; else leave warps at 4")
+    return warps
+
+
 #: Largest split of the warp-streaming kernel (its shared memory does not depend on the split).
 MAX_TOKENS_PER_SPLIT2 = 8192
 
 
 def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, batch: int, max_len: int,
          sms: int | None = None, tokens_per_split: int | None = None, tactic: int | None = None,
-         warps: int = WARPS2) -> tuple[int, int]:
+         warps: int | None = None) -> tuple[int, int]:
     """(tokens per split, number of splits) for ``max_len`` tokens. ``rk``/``rv``: record bytes (0 for a
-    dense cache). ``tactic=None``: the one :func:`default_tactic` picks.
+    dense cache). ``tactic=None``: the one :func:`default_tactic` picks. ``warps``: warps per block of
+    tactics 1, 2 (4, or 8 / 16 at d = 64: measurement; :data:`WIDE_FUSED` always has 8).
 
     Tactic 0: about 4 blocks per SM in total, at least 128 tokens per split, at most
     :func:`max_tokens_per_split`. Tactics 1, 2: each warp of a split walks ``k`` 16-token tiles one after
@@ -127,11 +146,16 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
     ``k = round(sqrt(t) / 1.6)`` with ``t`` = 16-token tiles per SM (``B · Hkv · ⌈max_len / 16⌉ / sms``),
     at least 1, at most :data:`MAX_TOKENS_PER_SPLIT2` / 64: the fit of the split sweep in
     ``bench/results/sparse_kv_sweep_73df276.json`` (best measured ``k``: 2 at t = 6 and 16, 4 at 47,
-    8 at 124 and 186, 6–12 at 248, 21–42 at 1986)."""
+    8 at 124 and 186, 6–12 at 248, 21–42 at 1986).
+
+    :data:`WIDE_FUSED`: the fewest 8-warp tiles per warp ``k`` (``tokens_per_split = 128 k``) whose grid
+    ``B · Hkv · ⌈max_len / 128 k⌉`` fits one block per SM: few splits to merge, all of them in flight
+    (``bench/results/sparse_kv_warps*.json``, ``docs/sparse_kv.md``, session 25)."""
     if tactic is None:
         tactic = default_tactic(head_dim, num_q_heads, num_kv_heads, batch, max_len, sms, tokens_per_split)
     if tactic not in TACTICS:
         raise EdgeSDKError(f"sparse_kv tactic {tactic!r} is unknown", f"use one of {TACTICS}")
+    warps = _warps(head_dim, tactic, warps)
     g = num_q_heads // num_kv_heads
     cap = max_tokens_per_split(head_dim, g, rk, rv) if tactic == SPLIT_V1 else MAX_TOKENS_PER_SPLIT2
     if tokens_per_split is None:
@@ -139,6 +163,10 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
         if tactic == SPLIT_V1:
             want = math.ceil(max(1, max_len) * batch * num_kv_heads / (4 * sms))
             tokens_per_split = min(cap, max(128, -(-want // 64) * 64))
+        elif tactic == WIDE_FUSED:
+            unit = TILE2 * warps
+            per_seq = max(1, sms // max(1, batch * num_kv_heads))  # splits per (sequence, KV head) in one wave
+            tokens_per_split = min(cap // unit * unit, unit * max(1, math.ceil(max(1, max_len) / (unit * per_seq))))
         else:
             tiles_per_sm = batch * num_kv_heads * math.ceil(max(1, max_len) / TILE2) / sms
             k = max(1, round(math.sqrt(tiles_per_sm) / 1.6))
@@ -156,17 +184,26 @@ FUSED_MAX_TILES_PER_SM = 100
 FUSED_MAX_SPLITS = 32
 
 
+#: :func:`default_tactic`: :data:`WIDE_FUSED` at d = 64 while the 16-token tiles per SM stay at most this.
+WIDE_MAX_TILES_PER_SM = 75
+
+
 def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: int, max_len: int,
-                   sms: int | None = None, tokens_per_split: int | None = None) -> int:
+                   sms: int | None = None, tokens_per_split: int | None = None, wide: bool = True) -> int:
     """The tactic of a call without one: :data:`STREAM_FUSED` when ``B · Hkv · ⌈max_len / 16⌉ / sms ≤ 100``
     and its plan has ≤ 32 splits (its merge tail is then one L2 round trip), else :data:`STREAM`. Fit to
     the full benchmark at commit ``ddda89f`` (``bench/results/sparse_kv.json``, H100, 48 sparse rows,
     full GPU; each tactic's time the best of its heuristic split, twice and half of it): on the 22 rows it
     gives to tactic 2, tactic 2 took 0.90–0.98× tactic 1's time, except Llama B = 4, 4k at 50 % (1.015×)
     and B = 16, 1k at 50 % (0.999×); of the 26 rows it gives to tactic 1, tactic 2 was faster on 7, by
-    ≤ 1.3 % but on SmolLM2 B = 1, 16k at 70 % (0.967×)."""
+    ≤ 1.3 % but on SmolLM2 B = 1, 16k at 70 % (0.967×). Before all that, at d = 64 with no forced split:
+    :data:`WIDE_FUSED` when the tiles per SM are ≤ :data:`WIDE_MAX_TILES_PER_SM` (``wide=False``: the rule
+    before it), fit to ``bench/results/sparse_kv_warps_h200_e1a9128.json`` (H200, 36 shapes at ≥ 4k: it
+    never lost there) and checked on an H100 (``docs/sparse_kv.md``, session 25)."""
     sms = sms or sm_count()
     tiles_per_sm = batch * num_kv_heads * math.ceil(max(1, max_len) / TILE2) / sms
+    if wide and head_dim == 64 and tokens_per_split is None and tiles_per_sm <= WIDE_MAX_TILES_PER_SM:
+        return WIDE_FUSED
     if tiles_per_sm > FUSED_MAX_TILES_PER_SM:
         return STREAM
     _, ns = plan(head_dim, num_q_heads, num_kv_heads, 0, 0, batch, max_len, sms, tokens_per_split, STREAM_FUSED)
@@ -175,7 +212,7 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
 
 def plan_cache(cfg: SparseKVConfig, batch: int, max_len: int, sms: int | None = None,
                tokens_per_split: int | None = None, tactic: int | None = None,
-               warps: int = WARPS2) -> tuple[int, int]:
+               warps: int | None = None) -> tuple[int, int]:
     """:func:`plan` for a sparse cache (what :func:`decode_attention` uses)."""
     return plan(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, cfg.rk, cfg.rv, batch, max_len, sms,
                 tokens_per_split, tactic, warps)
@@ -256,13 +293,11 @@ COMBINE_THREADS = 256  # merge kernel (tactics 0, 1): one block per (sequence, q
 
 def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: int, out: int, workspace: int,
                stream: int, tensors: list, geometry: list, rk: int, rv: int, scale: float | None, sms: int | None,
-               tokens_per_split: int | None, tactic: int, warps: int = WARPS2) -> None:
+               tokens_per_split: int | None, tactic: int, warps: int | None = None) -> None:
     g = hq // hkv
     if tactic is None:
         tactic = default_tactic(head_dim, hq, hkv, batch, max_len, sms, tokens_per_split)
-    if warps != WARPS2 and (warps not in (8, 16) or head_dim != 64 or tactic == SPLIT_V1):
-        raise EdgeSDKError(f"sparse_kv attention with {warps} warps per block (d = {head_dim}, tactic {tactic})",
-                           "8 or 16 warps exist for d = 64 and tactics 1, 2 only; else leave warps at 4")
+    warps = _warps(head_dim, tactic, warps)
     ts, ns = plan(head_dim, hq, hkv, rk, rv, batch, max_len, sms, tokens_per_split, tactic, warps)
     scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * _LOG2E
     parts = workspace + 4 * _counter_words(batch, hq)
@@ -276,9 +311,9 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
         ka = _kernel(f"sparse_kv_attn2_d{head_dim}_g{gqa_pad(g)}{suffix}", max_smem_carveout=True)
         ka.launch((ns, hkv, batch), (32 * warps,),
                   [_p(q), _p(workspace), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale),
-                   _p(out), _i(1 if tactic == STREAM_FUSED else 0)],
+                   _p(out), _i(1 if tactic in (STREAM_FUSED, WIDE_FUSED) else 0)],
                   stream, smem_bytes2(head_dim, rk, rv, warps))
-        if tactic == STREAM_FUSED:
+        if tactic in (STREAM_FUSED, WIDE_FUSED):
             return
     kc = _kernel(f"sparse_kv_combine_d{head_dim}")
     kc.launch((batch * hq,), (COMBINE_THREADS,), [_p(parts), tensors[0], _p(out), _i(hq), _i(ts), _i(ns)], stream)
@@ -286,7 +321,7 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
 
 def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cache: CachePtrs, out: int,
                      workspace: int, stream: int, scale: float | None = None, sms: int | None = None,
-                     tokens_per_split: int | None = None, tactic: int | None = None, warps: int = WARPS2) -> None:
+                     tokens_per_split: int | None = None, tactic: int | None = None, warps: int | None = None) -> None:
     """``out[b, i] = softmax(q[b, i] · Kᵀ · scale) · V`` over the ``lens[b]`` cached tokens of sequence b.
 
     Args:
@@ -302,10 +337,10 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
         stream (int): CUDA stream.
         scale (float | None): Score scale, default ``1 / sqrt(d)``.
         sms (int | None): SM count for the split heuristic (default: the device's).
-        tokens_per_split (int | None): Force the split size (multiple of 64; of 16 ``warps`` for tactics 1, 2).
-        tactic (int | None): :data:`SPLIT_V1`, :data:`STREAM`, :data:`STREAM_FUSED` or None (default:
-            :func:`default_tactic`, STREAM_FUSED at small tile counts, else STREAM).
-        warps (int): Warps per block of tactics 1 and 2: 4, or 8 / 16 at d = 64.
+        tokens_per_split (int | None): Force the split size (multiple of 64; of 16 warps for tactics 1-3).
+        tactic (int | None): :data:`SPLIT_V1`, :data:`STREAM`, :data:`STREAM_FUSED`, :data:`WIDE_FUSED` or None
+            (default: :func:`default_tactic`).
+        warps (int | None): Warps per block of tactics 1 and 2 (default 4; 8 or 16 at d = 64, for measurements).
     """
     if not 1 <= max_len <= cfg.capacity or batch < 1:
         raise EdgeSDKError(f"sparse_kv decode_attention: max_len={max_len}, batch={batch}",
@@ -395,7 +430,7 @@ def run_node(cfg: SparseKVConfig, scale: float, batch: int, new_tokens: int, q: 
                 ctypes.c_longlong(S * d if back else d)]
         copy.launch((grid,), (128,), args, stream)
 
-    counters = _counter_words(batch, hq) if tactic == STREAM_FUSED else 0
+    counters = _counter_words(batch, hq) if tactic in (STREAM_FUSED, WIDE_FUSED) else 0
     for i in range(S):
         n0 = counters if i == 0 else 0  # zeroed once per call, with the first step's lengths (one launch)
         step_lens.launch((-(-max(batch, n0) // 128),), (128,), [_p(lengths), _p(lens), _i(batch), _i(i + 1 - S),

@@ -65,7 +65,7 @@ def assert_same_cache(cfg, g: GpuCache, host: f.SparseKVCache):
         assert np.array_equal(v_ring[b, :, slots].view(np.uint16), host.v_ring[b, :, slots].view(np.uint16))
 
 
-def gpu_attention(cfg, g: GpuCache, q, max_len, tokens_per_split=None, tactic=ks.STREAM_FUSED, calls=2, warps=4):
+def gpu_attention(cfg, g: GpuCache, q, max_len, tokens_per_split=None, tactic=ks.STREAM_FUSED, calls=2, warps=None):
     """Run decode attention ``calls`` times on one poisoned workspace (the fused merge's counters must
     reset themselves); ``out`` is poisoned before every call and the last result is returned."""
     B = q.shape[0]
@@ -91,6 +91,15 @@ def gpu_attention(cfg, g: GpuCache, q, max_len, tokens_per_split=None, tactic=ks
 # every cp.async stage reused several times), for tactic 0 its own range.
 SPLITS = [(ks.SPLIT_V1, None), (ks.SPLIT_V1, 64), (ks.STREAM, None), (ks.STREAM, 64), (ks.STREAM, 1024),
           (ks.STREAM_FUSED, None), (ks.STREAM_FUSED, 64), (ks.STREAM_FUSED, 1024)]
+
+
+def splits_for(d):
+    """SPLITS, and at d = 64 WIDE_FUSED at its heuristic, one 8-warp tile pass (128) and 1024 tokens."""
+    return SPLITS + ([(ks.WIDE_FUSED, None), (ks.WIDE_FUSED, 128), (ks.WIDE_FUSED, 1024)] if d == 64 else [])
+
+
+def tactics_for(d):
+    return [t for t in ks.TACTICS if d == 64 or t != ks.WIDE_FUSED]
 
 
 def check_attention(out, expect):
@@ -130,10 +139,10 @@ def test_prefill_bytes_and_attention(case):
     assert_same_cache(cfg, g, host)
     q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
     expect = ref.cache_attention(host, q)
-    for tactic, tps in SPLITS:
+    for tactic, tps in splits_for(d):
         check_attention(gpu_attention(cfg, g, q, S, tps, tactic), expect)
     if sk == 0.0 and sv == 0.0:  # sparsity 0 == dense attention on the raw cache
-        for tactic in ks.TACTICS:
+        for tactic in tactics_for(d):
             check_attention(gpu_attention(cfg, g, q, S, tactic=tactic), ref.decode_attention(q, k, v, lens))
 
 
@@ -178,7 +187,7 @@ def test_append_steps_match_host(d):
             torch.cuda.synchronize()
             assert_same_cache(cfg, g, host)
     q = rng.standard_normal((B, hq, d)).astype(np.float16)
-    for tactic, tps in SPLITS:
+    for tactic, tps in splits_for(d):
         check_attention(gpu_attention(cfg, g, q, cfg.capacity, tps, tactic), ref.cache_attention(host, q))
 
 
@@ -223,7 +232,7 @@ def test_small_for_sanitizer():
     torch.cuda.synchronize()
     assert_same_cache(cfg, g, host)
     q = rng.standard_normal((3, 6, 128)).astype(np.float16)
-    for tactic in ks.TACTICS:
+    for tactic in tactics_for(128):
         check_attention(gpu_attention(cfg, g, q, 200, 64, tactic), ref.cache_attention(host, q))
 
 
