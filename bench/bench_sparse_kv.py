@@ -194,7 +194,7 @@ def bench_shape(timers, model, hq, hkv, d, B, ctx, rows, quick):
                        else ks.MAX_TOKENS_PER_SPLIT2)
                 sizes = {ts0, min(cap, 2 * ts0)}
                 if tactic != ks.SPLIT_V1:  # the streaming kernels' split landscape is bumpy (waves): also half
-                    unit = 16 * (ks.WIDE_WARPS if tactic == ks.WIDE_FUSED else ks.WARPS2)
+                    unit = 16 * ks.WIDE_WARPS.get(tactic, ks.WARPS2)
                     sizes.add(max(unit, ts0 // (2 * unit) * unit))
                 for ts in sorted(sizes):
                     _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts, tactic=tactic)

@@ -21,7 +21,7 @@ def test_plan_ranges(tactic, batch, max_len, sms):
 
 def test_plan_rejects_bad_tactic_and_split():
     with pytest.raises(EdgeSDKError):
-        ks.plan(64, 32, 8, 48, 48, 1, 4096, sms=132, tactic=4)
+        ks.plan(64, 32, 8, 48, 48, 1, 4096, sms=132, tactic=5)
     with pytest.raises(EdgeSDKError):
         ks.plan(64, 32, 8, 48, 48, 1, 4096, tokens_per_split=96, tactic=ks.STREAM)
     with pytest.raises(EdgeSDKError):
@@ -40,7 +40,7 @@ def test_stream_smem_fits_orin():
     worst = max(ks.smem_bytes2(d, c.rk, c.rv) for d in (64, 128)
                 for c in [SparseKVConfig(d, 8, 8, 0.0, 0.0, 64)])
     assert worst + 16 <= 163 * 1024  # sm_87 opt-in limit per block (static 16 B for the merge flag)
-    wide = ks.smem_bytes2(64, *[SparseKVConfig(64, 8, 8, 0.0, 0.0, 64).rk] * 2, ks.WIDE_WARPS)  # WIDE_FUSED, d = 64
+    wide = ks.smem_bytes2(64, *[SparseKVConfig(64, 8, 8, 0.0, 0.0, 64).rk] * 2, ks.WIDE_WARPS[ks.WIDE_FUSED])  # d = 64
     assert wide + 16 <= 163 * 1024
 
 
@@ -108,17 +108,41 @@ def test_wide_default_rule():
         assert ks.plan_cache(cfg, b, ctx, sms=132) == plan == ks.plan_cache(cfg, b, ctx, sms=132, tactic=ks.WIDE_FUSED)
         assert b * hkv * plan[1] <= 132
     for hq, hkv, b, ctx in ((32, 8, 1, 32768), (9, 3, 16, 4096), (32, 8, 16, 32768)):
-        assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132) != ks.WIDE_FUSED
+        assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132) not in ks.WIDE_WARPS
     assert ks.default_tactic(64, 32, 8, 1, 4096, sms=132, tokens_per_split=256) == ks.STREAM_FUSED  # forced split
     # more sequences than SMs: one split each (the whole length, capped)
     assert ks.plan(64, 32, 8, 48, 48, 64, 100, sms=132, tactic=ks.WIDE_FUSED) == (128, 1)
     assert ks.plan(64, 32, 8, 48, 48, 1, 10**6, sms=132, tactic=ks.WIDE_FUSED)[0] == ks.MAX_TOKENS_PER_SPLIT2
     for bad in (dict(warps=4), dict(warps=16)):
-        with pytest.raises(EdgeSDKError, match="WIDE_FUSED"):
+        with pytest.raises(EdgeSDKError, match="WIDE16_FUSED"):
             ks.plan(64, 32, 8, 48, 48, 1, 4096, sms=132, tactic=ks.WIDE_FUSED, **bad)
-    with pytest.raises(EdgeSDKError, match="WIDE_FUSED"):
-        ks.plan(128, 32, 8, 48, 48, 1, 4096, sms=132, tactic=ks.WIDE_FUSED)
+    for tactic in (ks.WIDE_FUSED, ks.WIDE16_FUSED):
+        with pytest.raises(EdgeSDKError, match="d = 128"):
+            ks.plan(128, 32, 8, 48, 48, 1, 4096, sms=132, tactic=tactic)
     # the node's workspace follows the default plan
     cfg = SparseKVConfig(64, 9, 3, 0.7, 0.7, 4096)
     tactic, nbytes = ks.node_plan(cfg, 1, sms=132)
     assert tactic == ks.WIDE_FUSED and nbytes >= ks.workspace_bytes(9, 64, 1, 32)
+
+
+def test_wide16_default_rule():
+    """WIDE16_FUSED above 75 tiles per SM, up to 1000, where one 16-warp block per SM fills >= 90 % of the SMs
+    and its shared memory fits (given sms: Orin's 163 KB, so at 70 % but not at 50 % at d = 64)."""
+    c70 = SparseKVConfig(64, 32, 8, 0.7, 0.7, 32768)
+    c50 = SparseKVConfig(64, 32, 8, 0.5, 0.5, 32768)
+    s70 = SparseKVConfig(64, 9, 3, 0.7, 0.7, 32768)
+    # (cfg, B, ctx) -> (tokens per split, splits); Llama B=1 32k: 124 tiles/SM, 8 pairs x 16 splits = 128 blocks
+    picks = [(c70, 1, 32768, (2048, 16)), (c70, 4, 16384, (4096, 4)), (c70, 4, 32768, (8192, 4)),
+             (c70, 16, 4096, (4096, 1)), (c70, 16, 16384, (8192, 2)), (s70, 4, 16384, (1536, 11)),
+             (s70, 4, 32768, (3072, 11))]
+    for cfg, b, ctx, plan in picks:
+        assert ks.default_tactic(64, cfg.num_q_heads, cfg.num_kv_heads, b, ctx, sms=132, rk=cfg.rk, rv=cfg.rv) \
+            == ks.WIDE16_FUSED, (cfg.num_kv_heads, b, ctx)
+        assert ks.plan_cache(cfg, b, ctx, sms=132) == plan
+    # not: without record sizes, past 1000 tiles per SM, 48 pairs (2 blocks each fill 96 of 132 SMs), 50 % (184 KB)
+    assert ks.default_tactic(64, 32, 8, 1, 32768, sms=132) == ks.STREAM
+    assert ks.default_tactic(64, 32, 8, 16, 32768, sms=132, rk=c70.rk, rv=c70.rv) == ks.STREAM
+    assert ks.default_tactic(64, 9, 3, 16, 4096, sms=132, rk=s70.rk, rv=s70.rv) == ks.STREAM_FUSED
+    assert ks.default_tactic(64, 32, 8, 4, 16384, sms=132, rk=c50.rk, rv=c50.rv) == ks.STREAM
+    assert ks.smem_bytes2(64, c50.rk, c50.rv, 16) > ks.ORIN_SMEM_OPTIN >= ks.smem_bytes2(64, c70.rk, c70.rv, 16) + 16
+    assert ks.node_plan(c70, 4, sms=132)[0] == ks.WIDE16_FUSED

@@ -27,6 +27,12 @@ sys.path.insert(0, str(ROOT))
 
 K_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 WIDE = (8, 16)
+# Shapes the default rule was not fit on (--shapes validation): other GQA layouts (Qwen2.5-0.5B: 14 q / 2 kv heads,
+# TinyLlama: 32 / 4), other batches, lengths that are not powers of two.
+VALIDATION = ([("qwen2.5-0.5b", 14, 2, 64, b, c) for b in (1, 2, 8) for c in (6000, 24576)]
+              + [("tinyllama-1.1b", 32, 4, 64, b, c) for b in (1, 2, 8) for c in (8192, 20000)]
+              + [("llama3.2-1b", 32, 8, 64, b, c) for b in (2, 8) for c in (6000, 12288)]
+              + [("smollm2-135m", 9, 3, 64, b, c) for b in (2, 8) for c in (8192, 24576)])
 
 
 def shape_rows(model, hq, hkv, d, B, ctx, sparsities):
@@ -107,7 +113,7 @@ def shape_rows(model, hq, hkv, d, B, ctx, sparsities):
         legacy = ks.default_tactic(d, hq, hkv, B, ctx, wide=False)
         ts_legacy, _ = ks.plan_cache(cfg, B, ctx, tactic=legacy)
         t_legacy, y_legacy = run(legacy, ts_legacy, 4)
-        new = ks.default_tactic(d, hq, hkv, B, ctx)
+        new = ks.default_tactic(d, hq, hkv, B, ctx, rk=cfg.rk, rv=cfg.rv)
         ts_new, _ = ks.plan_cache(cfg, B, ctx)
         out.fill_(float("nan"))
         j0[0] = 0
@@ -151,6 +157,8 @@ def shape_rows(model, hq, hkv, d, B, ctx, sparsities):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--shapes", choices=("issue", "validation"), default="issue",
+                    help="issue 7's benchmark shapes at >= 4k, or VALIDATION (not used to fit the default rule)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args(argv)
     import statistics
@@ -165,11 +173,14 @@ def main(argv=None) -> int:
     _cuda.init()
     rows = []
     t0 = time.time()
-    for model, (hq, hkv, d) in bkv.MODELS.items():
-        for B in ((1, 16) if args.quick else bkv.BATCHES):
-            for ctx in ((4096,) if args.quick else (4096, 16384, 32768)):
-                rows += shape_rows(model, hq, hkv, d, B, ctx, (0.7,) if args.quick else (0.7, 0.5))
-                print(f"{model} B={B} {ctx}: {time.time() - t0:.0f} s", flush=True)
+    if args.shapes == "validation":
+        shapes = VALIDATION[::4] if args.quick else VALIDATION
+    else:
+        shapes = [(model, hq, hkv, d, B, ctx) for model, (hq, hkv, d) in bkv.MODELS.items()
+                  for B in ((1, 16) if args.quick else bkv.BATCHES) for ctx in ((4096,) if args.quick else (4096, 16384, 32768))]
+    for model, hq, hkv, d, B, ctx in shapes:
+        rows += shape_rows(model, hq, hkv, d, B, ctx, (0.7,) if args.quick else (0.7, 0.5))
+        print(f"{model} B={B} {ctx}: {time.time() - t0:.0f} s", flush=True)
     cols = ["model", "batch", "context", "sparsity", "sdpa_us", "legacy_default_us", "default_us", "default_tactic",
             "default_split", "default_gain", "legacy_ratio", "default_ratio", "w4_us", "w8_us", "w8_split", "w16_us",
             "w16_split", "gain_vs_w4", "best_ratio"]
@@ -189,7 +200,8 @@ def main(argv=None) -> int:
                      "default_ratio_max": max(r["default_ratio"] for r in sel),
                      "legacy_ratio_max": max(r["legacy_ratio"] for r in sel)})
     print_table(summ, list(dict.fromkeys(k for r in summ for k in r)))
-    write_json(args.out / "sparse_kv_warps.json", rows, meta({"summary": summ, "k_grid": K_GRID}))
+    name = "sparse_kv_warps.json" if args.shapes == "issue" else "sparse_kv_warps_validation.json"
+    write_json(args.out / name, rows, meta({"summary": summ, "k_grid": K_GRID, "shapes": args.shapes}))
     return 0
 
 

@@ -14,7 +14,8 @@ step can be captured in a CUDA graph. Cache arrays (:class:`CachePtrs`) are laid
   (:func:`workspace_bytes`), then merged. Tactics: :data:`STREAM` (warp-streaming flash
   attention with K and V decompressed into tensor-core tiles, then the merge kernel), :data:`STREAM_FUSED`
   (the same, merge in the last block; zero the workspace counters once with :func:`init_workspace`),
-  :data:`WIDE_FUSED` (:data:`STREAM_FUSED` with 8 warps per block and few splits, d = 64: low batch),
+  :data:`WIDE_FUSED` / :data:`WIDE16_FUSED` (:data:`STREAM_FUSED` with 8 / 16 warps per block and about one
+  block per SM, d = 64: few tiles per SM),
   :data:`SPLIT_V1` (the first kernel); default (``tactic=None``): :func:`default_tactic`. Measured per shape in ``docs/sparse_kv.md``.
 - :func:`dense_decode_attention` — the same kernels on a plain dense fp16 cache (the dense baseline,
   tactic :data:`SPLIT_V1` by default).
@@ -46,11 +47,13 @@ TILE2 = 16  # tokens per warp tile (tactics 1, 2)
 #: Attention tactics. SPLIT_V1: one thread per token for K (sparse dot product), V tiles decompressed
 #: per warp, block-wide softmax, then the merge kernel. STREAM: warp-streaming flash attention (K and V
 #: decompressed into tensor-core tiles, online softmax per warp), then the merge kernel. STREAM_FUSED:
-#: STREAM with the merge done by the last block of each (sequence, KV head): one launch. WIDE_FUSED (d = 64):
-#: STREAM_FUSED with 8 warps per block and about one block per SM (:func:`plan`), for few tiles per SM.
-SPLIT_V1, STREAM, STREAM_FUSED, WIDE_FUSED = 0, 1, 2, 3
-TACTICS = (SPLIT_V1, STREAM, STREAM_FUSED, WIDE_FUSED)
-WIDE_WARPS = 8  # warps per block of WIDE_FUSED
+#: STREAM with the merge done by the last block of each (sequence, KV head): one launch. WIDE_FUSED,
+#: WIDE16_FUSED (d = 64): STREAM_FUSED with 8 or 16 warps per block and about one block per SM (:func:`plan`).
+SPLIT_V1, STREAM, STREAM_FUSED, WIDE_FUSED, WIDE16_FUSED = 0, 1, 2, 3, 4
+TACTICS = (SPLIT_V1, STREAM, STREAM_FUSED, WIDE_FUSED, WIDE16_FUSED)
+WIDE_WARPS = {WIDE_FUSED: 8, WIDE16_FUSED: 16}  # warps per block of the wide tactics
+FUSED_TACTICS = (STREAM_FUSED, WIDE_FUSED, WIDE16_FUSED)
+ORIN_SMEM_OPTIN = 163 * 1024  # shared memory per block on sm_87 (the limit assumed where no device is asked)
 COMP_THREADS = 128  # prefill / append block: one warp per token
 COMP_WARPS = COMP_THREADS // 32
 _LOG2E = 1.4426950408889634
@@ -97,6 +100,15 @@ def max_tokens_per_split(head_dim: int, g: int, rk: int, rv: int) -> int:
     return ts
 
 
+def smem_optin() -> int:
+    """Largest dynamic shared memory per block of the current device (opt-in)."""
+    cu = _cuda._driver()
+    _cuda.init()
+    dev = _cuda.check(cu.cuCtxGetDevice())
+    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    return int(_cuda.check(cu.cuDeviceGetAttribute(attr, dev)))
+
+
 def sm_count() -> int:
     """SMs of the current device (a green context reports the whole device: pass its count yourself)."""
     cu = _cuda._driver()
@@ -115,11 +127,12 @@ def smem_bytes2(head_dim: int, rk: int, rv: int, warps: int = WARPS2) -> int:
 
 def _warps(head_dim: int, tactic: int, warps: int | None) -> int:
     """Warps per block of a streaming tactic (checked)."""
-    if tactic == WIDE_FUSED:
-        if head_dim != 64 or warps not in (None, WIDE_WARPS):
-            raise EdgeSDKError(f"sparse_kv tactic {WIDE_FUSED} (WIDE_FUSED) at d = {head_dim} with warps={warps}",
-                               f"it exists for d = 64 with {WIDE_WARPS} warps; use tactic 2 elsewhere")
-        return WIDE_WARPS
+    if tactic in WIDE_WARPS:
+        w = WIDE_WARPS[tactic]
+        if head_dim != 64 or warps not in (None, w):
+            raise EdgeSDKError(f"sparse_kv tactic {tactic} (WIDE_FUSED / WIDE16_FUSED) at d = {head_dim} with "
+                               f"warps={warps}", f"it exists for d = 64 with {w} warps; use tactic 2 elsewhere")
+        return w
     if warps in (None, WARPS2):
         return WARPS2
     if warps not in (8, 16) or head_dim != 64 or tactic == SPLIT_V1:
@@ -137,7 +150,7 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
          warps: int | None = None) -> tuple[int, int]:
     """(tokens per split, number of splits) for ``max_len`` tokens. ``rk``/``rv``: record bytes (0 for a
     dense cache). ``tactic=None``: the one :func:`default_tactic` picks. ``warps``: warps per block of
-    tactics 1, 2 (4, or 8 / 16 at d = 64: measurement; :data:`WIDE_FUSED` always has 8).
+    tactics 1, 2 (4, or 8 / 16 at d = 64: measurement; the wide tactics have theirs).
 
     Tactic 0: about 4 blocks per SM in total, at least 128 tokens per split, at most
     :func:`max_tokens_per_split`. Tactics 1, 2: each warp of a split walks ``k`` 16-token tiles one after
@@ -148,11 +161,12 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
     ``bench/results/sparse_kv_sweep_73df276.json`` (best measured ``k``: 2 at t = 6 and 16, 4 at 47,
     8 at 124 and 186, 6–12 at 248, 21–42 at 1986).
 
-    :data:`WIDE_FUSED`: the fewest 8-warp tiles per warp ``k`` (``tokens_per_split = 128 k``) whose grid
-    ``B · Hkv · ⌈max_len / 128 k⌉`` fits one block per SM: few splits to merge, all of them in flight
+    :data:`WIDE_FUSED` / :data:`WIDE16_FUSED` (W = 8 / 16 warps): the fewest tiles per warp ``k``
+    (``tokens_per_split = 16 W k``) whose grid ``B · Hkv · ⌈max_len / 16 W k⌉`` fits one block per SM: few
+    splits to merge, all of them in flight
     (``bench/results/sparse_kv_warps*.json``, ``docs/sparse_kv.md``, session 25)."""
     if tactic is None:
-        tactic = default_tactic(head_dim, num_q_heads, num_kv_heads, batch, max_len, sms, tokens_per_split)
+        tactic = default_tactic(head_dim, num_q_heads, num_kv_heads, batch, max_len, sms, tokens_per_split, rk=rk, rv=rv)
     if tactic not in TACTICS:
         raise EdgeSDKError(f"sparse_kv tactic {tactic!r} is unknown", f"use one of {TACTICS}")
     warps = _warps(head_dim, tactic, warps)
@@ -163,7 +177,7 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
         if tactic == SPLIT_V1:
             want = math.ceil(max(1, max_len) * batch * num_kv_heads / (4 * sms))
             tokens_per_split = min(cap, max(128, -(-want // 64) * 64))
-        elif tactic == WIDE_FUSED:
+        elif tactic in WIDE_WARPS:
             unit = TILE2 * warps
             per_seq = max(1, sms // max(1, batch * num_kv_heads))  # splits per (sequence, KV head) in one wave
             tokens_per_split = min(cap // unit * unit, unit * max(1, math.ceil(max(1, max_len) / (unit * per_seq))))
@@ -184,12 +198,17 @@ FUSED_MAX_TILES_PER_SM = 100
 FUSED_MAX_SPLITS = 32
 
 
-#: :func:`default_tactic`: :data:`WIDE_FUSED` at d = 64 while the 16-token tiles per SM stay at most this.
+#: :func:`default_tactic` at d = 64: :data:`WIDE_FUSED` while the 16-token tiles per SM stay at most
+#: WIDE_MAX_TILES_PER_SM; :data:`WIDE16_FUSED` up to WIDE16_MAX_TILES_PER_SM where one block per SM keeps at
+#: least WIDE16_MIN_FILL of the SMs busy and its shared memory fits.
 WIDE_MAX_TILES_PER_SM = 75
+WIDE16_MAX_TILES_PER_SM = 1000
+WIDE16_MIN_FILL = 0.9
 
 
 def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: int, max_len: int,
-                   sms: int | None = None, tokens_per_split: int | None = None, wide: bool = True) -> int:
+                   sms: int | None = None, tokens_per_split: int | None = None, wide: bool = True,
+                   rk: int | None = None, rv: int | None = None) -> int:
     """The tactic of a call without one: :data:`STREAM_FUSED` when ``B · Hkv · ⌈max_len / 16⌉ / sms ≤ 100``
     and its plan has ≤ 32 splits (its merge tail is then one L2 round trip), else :data:`STREAM`. Fit to
     the full benchmark at commit ``ddda89f`` (``bench/results/sparse_kv.json``, H100, 48 sparse rows,
@@ -197,13 +216,24 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
     gives to tactic 2, tactic 2 took 0.90–0.98× tactic 1's time, except Llama B = 4, 4k at 50 % (1.015×)
     and B = 16, 1k at 50 % (0.999×); of the 26 rows it gives to tactic 1, tactic 2 was faster on 7, by
     ≤ 1.3 % but on SmolLM2 B = 1, 16k at 70 % (0.967×). Before all that, at d = 64 with no forced split:
-    :data:`WIDE_FUSED` when the tiles per SM are ≤ :data:`WIDE_MAX_TILES_PER_SM` (``wide=False``: the rule
-    before it), fit to ``bench/results/sparse_kv_warps_h200_e1a9128.json`` (H200, 36 shapes at ≥ 4k: it
-    never lost there) and checked on an H100 (``docs/sparse_kv.md``, session 25)."""
+    :data:`WIDE_FUSED` when the tiles per SM are ≤ :data:`WIDE_MAX_TILES_PER_SM`; else, with the record sizes
+    ``rk``/``rv`` given, :data:`WIDE16_FUSED` up to :data:`WIDE16_MAX_TILES_PER_SM` tiles per SM where
+    ``B · Hkv · ⌊sms / (B · Hkv)⌋ ≥`` :data:`WIDE16_MIN_FILL` ``· sms`` and its shared memory fits the device
+    (:data:`ORIN_SMEM_OPTIN` when ``sms`` is given instead of asked). ``wide=False``: the rule before them. Fit
+    to ``bench/results/sparse_kv_warps_h200_e1a9128.json`` and ``…_h100_a07d27a.json`` (36 shapes at ≥ 4k
+    each; where it picks a wide tactic it never lost there) and checked on other shapes (``docs/sparse_kv.md``,
+    session 25)."""
+    smem = ORIN_SMEM_OPTIN if sms else None
     sms = sms or sm_count()
     tiles_per_sm = batch * num_kv_heads * math.ceil(max(1, max_len) / TILE2) / sms
-    if wide and head_dim == 64 and tokens_per_split is None and tiles_per_sm <= WIDE_MAX_TILES_PER_SM:
-        return WIDE_FUSED
+    if wide and head_dim == 64 and tokens_per_split is None:
+        if tiles_per_sm <= WIDE_MAX_TILES_PER_SM:
+            return WIDE_FUSED
+        pairs = batch * num_kv_heads
+        if (rk is not None and rv is not None and tiles_per_sm <= WIDE16_MAX_TILES_PER_SM
+                and pairs * max(1, sms // pairs) >= WIDE16_MIN_FILL * sms
+                and smem_bytes2(64, rk, rv, WIDE_WARPS[WIDE16_FUSED]) + 16 <= (smem or smem_optin())):
+            return WIDE16_FUSED
     if tiles_per_sm > FUSED_MAX_TILES_PER_SM:
         return STREAM
     _, ns = plan(head_dim, num_q_heads, num_kv_heads, 0, 0, batch, max_len, sms, tokens_per_split, STREAM_FUSED)
@@ -296,7 +326,7 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
                tokens_per_split: int | None, tactic: int, warps: int | None = None) -> None:
     g = hq // hkv
     if tactic is None:
-        tactic = default_tactic(head_dim, hq, hkv, batch, max_len, sms, tokens_per_split)
+        tactic = default_tactic(head_dim, hq, hkv, batch, max_len, sms, tokens_per_split, rk=rk, rv=rv)
     warps = _warps(head_dim, tactic, warps)
     ts, ns = plan(head_dim, hq, hkv, rk, rv, batch, max_len, sms, tokens_per_split, tactic, warps)
     scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * _LOG2E
@@ -311,9 +341,9 @@ def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: in
         ka = _kernel(f"sparse_kv_attn2_d{head_dim}_g{gqa_pad(g)}{suffix}", max_smem_carveout=True)
         ka.launch((ns, hkv, batch), (32 * warps,),
                   [_p(q), _p(workspace), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale),
-                   _p(out), _i(1 if tactic in (STREAM_FUSED, WIDE_FUSED) else 0)],
+                   _p(out), _i(1 if tactic in FUSED_TACTICS else 0)],
                   stream, smem_bytes2(head_dim, rk, rv, warps))
-        if tactic in (STREAM_FUSED, WIDE_FUSED):
+        if tactic in FUSED_TACTICS:
             return
     kc = _kernel(f"sparse_kv_combine_d{head_dim}")
     kc.launch((batch * hq,), (COMBINE_THREADS,), [_p(parts), tensors[0], _p(out), _i(hq), _i(ts), _i(ns)], stream)
@@ -338,8 +368,7 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
         scale (float | None): Score scale, default ``1 / sqrt(d)``.
         sms (int | None): SM count for the split heuristic (default: the device's).
         tokens_per_split (int | None): Force the split size (multiple of 64; of 16 warps for tactics 1-3).
-        tactic (int | None): :data:`SPLIT_V1`, :data:`STREAM`, :data:`STREAM_FUSED`, :data:`WIDE_FUSED` or None
-            (default: :func:`default_tactic`).
+        tactic (int | None): one of :data:`TACTICS` or None (default: :func:`default_tactic`).
         warps (int | None): Warps per block of tactics 1 and 2 (default 4; 8 or 16 at d = 64, for measurements).
     """
     if not 1 <= max_len <= cfg.capacity or batch < 1:
@@ -381,7 +410,8 @@ def _up(n: int) -> int:
 def node_plan(cfg: SparseKVConfig, batch: int, sms: int | None = None, tactic: int | None = None) -> tuple[int, int]:
     """``(tactic, workspace bytes)`` of :func:`run_node` for ``batch`` sequences (split grid for ``capacity``)."""
     if tactic is None:
-        tactic = default_tactic(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, batch, cfg.capacity, sms)
+        tactic = default_tactic(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, batch, cfg.capacity, sms, rk=cfg.rk,
+                                rv=cfg.rv)
     _, ns = plan_cache(cfg, batch, cfg.capacity, sms, tactic=tactic)
     rows_q, rows_kv = batch * cfg.num_q_heads, batch * cfg.num_kv_heads
     nbytes = (_up(workspace_bytes(cfg.num_q_heads, cfg.head_dim, batch, ns)) + _up(4 * batch)
@@ -430,7 +460,7 @@ def run_node(cfg: SparseKVConfig, scale: float, batch: int, new_tokens: int, q: 
                 ctypes.c_longlong(S * d if back else d)]
         copy.launch((grid,), (128,), args, stream)
 
-    counters = _counter_words(batch, hq) if tactic in (STREAM_FUSED, WIDE_FUSED) else 0
+    counters = _counter_words(batch, hq) if tactic in FUSED_TACTICS else 0
     for i in range(S):
         n0 = counters if i == 0 else 0  # zeroed once per call, with the first step's lengths (one launch)
         step_lens.launch((-(-max(batch, n0) // 128),), (128,), [_p(lengths), _p(lens), _i(batch), _i(i + 1 - S),

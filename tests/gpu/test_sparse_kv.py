@@ -94,12 +94,14 @@ SPLITS = [(ks.SPLIT_V1, None), (ks.SPLIT_V1, 64), (ks.STREAM, None), (ks.STREAM,
 
 
 def splits_for(d):
-    """SPLITS, and at d = 64 WIDE_FUSED at its heuristic, one 8-warp tile pass (128) and 1024 tokens."""
-    return SPLITS + ([(ks.WIDE_FUSED, None), (ks.WIDE_FUSED, 128), (ks.WIDE_FUSED, 1024)] if d == 64 else [])
+    """SPLITS, and at d = 64 the wide tactics at their heuristic, one tile per warp (128 / 256 tokens) and longer."""
+    wide = [(ks.WIDE_FUSED, None), (ks.WIDE_FUSED, 128), (ks.WIDE_FUSED, 1024),
+            (ks.WIDE16_FUSED, None), (ks.WIDE16_FUSED, 256), (ks.WIDE16_FUSED, 2048)]
+    return SPLITS + (wide if d == 64 else [])
 
 
 def tactics_for(d):
-    return [t for t in ks.TACTICS if d == 64 or t != ks.WIDE_FUSED]
+    return [t for t in ks.TACTICS if d == 64 or t not in ks.WIDE_WARPS]
 
 
 def check_attention(out, expect):
@@ -200,7 +202,7 @@ def test_empty_sequence_gives_zeros_and_dense_kernel(tactic):
     q = rng.standard_normal((3, hq, d)).astype(np.float16)
     kd, vd, ld, qd = _dev(k), _dev(v), _dev(lens), _dev(q)
     expect = ref.decode_attention(q, k, v, lens)
-    for tps in (None, 128):
+    for tps in (None, 16 * ks.WIDE_WARPS.get(tactic, 8)):
         _, ns = ks.plan_dense(d, hq, hkv, 3, cap, tokens_per_split=tps, tactic=tactic)
         ws = torch.full((ks.workspace_bytes(hq, d, 3, ns) // 4,), float("nan"), device="cuda")
         ks.init_workspace(ws.data_ptr(), 3, hq, _stream())
