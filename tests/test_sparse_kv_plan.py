@@ -126,8 +126,8 @@ def test_wide_default_rule():
 
 
 def test_wide16_default_rule():
-    """WIDE16_FUSED above 75 tiles per SM, up to 1000, where one 16-warp block per SM fills >= 90 % of the SMs
-    and its shared memory fits (given sms: Orin's 163 KB, so at 70 % but not at 50 % at d = 64)."""
+    """WIDE16_FUSED above 75 tiles per SM, up to 1000, where its shared memory fits (given sms: Orin's 163 KB,
+    so at 70 % but not at 50 % at d = 64) and the tile model prices it below tactic 1's plan."""
     c70 = SparseKVConfig(64, 32, 8, 0.7, 0.7, 32768)
     c50 = SparseKVConfig(64, 32, 8, 0.5, 0.5, 32768)
     s70 = SparseKVConfig(64, 9, 3, 0.7, 0.7, 32768)
@@ -139,7 +139,11 @@ def test_wide16_default_rule():
         assert ks.default_tactic(64, cfg.num_q_heads, cfg.num_kv_heads, b, ctx, sms=132, rk=cfg.rk, rv=cfg.rv) \
             == ks.WIDE16_FUSED, (cfg.num_kv_heads, b, ctx)
         assert ks.plan_cache(cfg, b, ctx, sms=132) == plan
-    # not: without record sizes, past 1000 tiles per SM, 48 pairs (2 blocks each fill 96 of 132 SMs), 50 % (184 KB)
+    # not: without record sizes, past 1000 tiles per SM, 50 % (184 KB), and where the model prices tactic 1 lower:
+    # SmolLM2 B=16 4k (96 blocks of 8 tiles per warp: 128 tiles + 1 for 2 splits, against 4 blocks x 4 warps x 6
+    # tiles = 96 + 5.5 for 11 splits) and B=8 8k (120 blocks: 112 + 2.5 against 96 + 11; measured 0.90-0.94x)
+    assert ks._tile_cost(48, 132, 2048, 2) == 128 + 1 and ks._tile_cost(48, 132, 384, 11) == 96 + 5.5
+    assert ks.default_tactic(64, 9, 3, 8, 8192, sms=132, rk=s70.rk, rv=s70.rv) == ks.STREAM_FUSED
     assert ks.default_tactic(64, 32, 8, 1, 32768, sms=132) == ks.STREAM
     assert ks.default_tactic(64, 32, 8, 16, 32768, sms=132, rk=c70.rk, rv=c70.rv) == ks.STREAM
     assert ks.default_tactic(64, 9, 3, 16, 4096, sms=132, rk=s70.rk, rv=s70.rv) == ks.STREAM_FUSED

@@ -199,11 +199,17 @@ FUSED_MAX_SPLITS = 32
 
 
 #: :func:`default_tactic` at d = 64: :data:`WIDE_FUSED` while the 16-token tiles per SM stay at most
-#: WIDE_MAX_TILES_PER_SM; :data:`WIDE16_FUSED` up to WIDE16_MAX_TILES_PER_SM where one block per SM keeps at
-#: least WIDE16_MIN_FILL of the SMs busy and its shared memory fits.
+#: WIDE_MAX_TILES_PER_SM; :data:`WIDE16_FUSED` up to WIDE16_MAX_TILES_PER_SM where its shared memory fits and
+#: the tile model (:func:`_tile_cost`, MERGE_COST per split) prices it below tactic 1's split.
 WIDE_MAX_TILES_PER_SM = 75
 WIDE16_MAX_TILES_PER_SM = 1000
-WIDE16_MIN_FILL = 0.9
+MERGE_COST = 0.5
+
+
+def _tile_cost(pairs: int, sms: int, tokens_per_split: int, splits: int) -> float:
+    """Model of a streaming plan's time in tiles: the blocks one SM gets (``⌈pairs · splits / sms⌉``) times the
+    tiles each runs (``tokens_per_split / 16``), plus MERGE_COST per split of a (sequence, KV head) for the merge."""
+    return math.ceil(pairs * splits / sms) * tokens_per_split / TILE2 + MERGE_COST * splits
 
 
 def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: int, max_len: int,
@@ -217,12 +223,11 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
     and B = 16, 1k at 50 % (0.999×); of the 26 rows it gives to tactic 1, tactic 2 was faster on 7, by
     ≤ 1.3 % but on SmolLM2 B = 1, 16k at 70 % (0.967×). Before all that, at d = 64 with no forced split:
     :data:`WIDE_FUSED` when the tiles per SM are ≤ :data:`WIDE_MAX_TILES_PER_SM`; else, with the record sizes
-    ``rk``/``rv`` given, :data:`WIDE16_FUSED` up to :data:`WIDE16_MAX_TILES_PER_SM` tiles per SM where
-    ``B · Hkv · ⌊sms / (B · Hkv)⌋ ≥`` :data:`WIDE16_MIN_FILL` ``· sms`` and its shared memory fits the device
-    (:data:`ORIN_SMEM_OPTIN` when ``sms`` is given instead of asked). ``wide=False``: the rule before them. Fit
-    to ``bench/results/sparse_kv_warps_h200_e1a9128.json`` and ``…_h100_a07d27a.json`` (36 shapes at ≥ 4k
-    each; where it picks a wide tactic it never lost there) and checked on other shapes (``docs/sparse_kv.md``,
-    session 25)."""
+    ``rk``/``rv`` given, :data:`WIDE16_FUSED` up to :data:`WIDE16_MAX_TILES_PER_SM` tiles per SM where its
+    shared memory fits the device (:data:`ORIN_SMEM_OPTIN` when ``sms`` is given instead of asked) and
+    :func:`_tile_cost` prices its plan below tactic 1's. ``wide=False``: the rule before them. Fit to
+    ``bench/results/sparse_kv_warps_h200_e1a9128.json`` and ``…_h100_a07d27a.json`` (36 shapes at ≥ 4k each)
+    and checked on shapes it was not fit on (``docs/sparse_kv.md``, session 25)."""
     smem = ORIN_SMEM_OPTIN if sms else None
     sms = sms or sm_count()
     tiles_per_sm = batch * num_kv_heads * math.ceil(max(1, max_len) / TILE2) / sms
@@ -231,9 +236,11 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
             return WIDE_FUSED
         pairs = batch * num_kv_heads
         if (rk is not None and rv is not None and tiles_per_sm <= WIDE16_MAX_TILES_PER_SM
-                and pairs * max(1, sms // pairs) >= WIDE16_MIN_FILL * sms
                 and smem_bytes2(64, rk, rv, WIDE_WARPS[WIDE16_FUSED]) + 16 <= (smem or smem_optin())):
-            return WIDE16_FUSED
+            wide16 = plan(64, num_q_heads, num_kv_heads, rk, rv, batch, max_len, sms, tactic=WIDE16_FUSED)
+            narrow = plan(64, num_q_heads, num_kv_heads, rk, rv, batch, max_len, sms, tactic=STREAM)
+            if _tile_cost(pairs, sms, *wide16) < _tile_cost(pairs, sms, *narrow):
+                return WIDE16_FUSED
     if tiles_per_sm > FUSED_MAX_TILES_PER_SM:
         return STREAM
     _, ns = plan(head_dim, num_q_heads, num_kv_heads, 0, 0, batch, max_len, sms, tokens_per_split, STREAM_FUSED)
