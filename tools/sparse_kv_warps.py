@@ -159,11 +159,68 @@ def shape_rows(model, hq, hkv, d, B, ctx, sparsities):
     return rows
 
 
+def green_rows(timer, model, hq, hkv, d, B, ctx, sparsities):
+    """On the 16-SM green context (the Orin proxy): the default against the rule before it, both planned for 16 SMs
+    (so with Orin's shared-memory limit, see ``default_tactic``); outputs compared."""
+    import torch
+
+    import bench.bench_sparse_kv as bkv
+    from edgesdk.formats.sparse_kv import SparseKVConfig
+    from edgesdk.kernels import sparse_kv as ks
+
+    rows = []
+    sms = timer.sms
+    gen = torch.Generator(device="cuda").manual_seed(ctx + B)
+    k = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
+    v = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
+    q = torch.randn((B, hq, d), device="cuda", dtype=torch.float16, generator=gen)
+    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    inner = 20 if 4 * B * hkv * ctx * d < (64 << 20) else 8
+    for s in sparsities:
+        cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
+        mk = lambda r: torch.empty((B, hkv, cfg.record_capacity, r), device="cuda", dtype=torch.uint8)  # noqa: E731
+        k_rec, v_rec = mk(cfg.rk), mk(cfg.rv)
+        k_ring = torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16)
+        v_ring = torch.empty_like(k_ring)
+        ptr = ks.CachePtrs(k_rec.data_ptr(), v_rec.data_ptr(), k_ring.data_ptr(), v_ring.data_ptr(), lens.data_ptr())
+        ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(), ptr, torch.cuda.current_stream().cuda_stream)
+        torch.cuda.synchronize()
+        n_sp = bkv.copies_for(cfg.kv_bytes(ctx) * B * hkv)
+        caches = [(k_rec, v_rec, k_ring, v_ring)] + [tuple(x.clone() for x in (k_rec, v_rec, k_ring, v_ring))
+                                                     for _ in range(n_sp - 1)]
+        cptr = [ks.CachePtrs(*(x.data_ptr() for x in c), lens.data_ptr()) for c in caches]
+        res = {}
+        for label, tactic in (("default", ks.default_tactic(d, hq, hkv, B, ctx, sms=sms, rk=cfg.rk, rv=cfg.rv)),
+                              ("legacy", ks.default_tactic(d, hq, hkv, B, ctx, sms=sms, wide=False))):
+            ts, ns = ks.plan_cache(cfg, B, ctx, sms=sms, tactic=tactic)
+            ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
+            out = torch.full((B, hq, d), float("nan"), device="cuda", dtype=torch.float16)
+
+            def call(i, stream, tactic=tactic, ts=ts, ws=ws, out=out):
+                ks.decode_attention(cfg, B, ctx, q.data_ptr(), cptr[i], out.data_ptr(), ws.data_ptr(), stream,
+                                    sms=sms, tokens_per_split=ts, tactic=tactic)
+
+            us = timer.ours(call, n_sp, max(inner, n_sp))
+            torch.cuda.synchronize()
+            res[label] = (us, tactic, ts, out.float())
+        diff = float((res["default"][3] - res["legacy"][3]).abs().max())
+        assert diff < 2e-2 and torch.isfinite(res["default"][3]).all(), f"outputs differ by {diff}"
+        rows.append({"model": model, "batch": B, "context": ctx, "sparsity": s, "sms": sms,
+                     "default_us": res["default"][0], "default_tactic": res["default"][1], "default_split": res["default"][2],
+                     "legacy_default_us": res["legacy"][0], "legacy_tactic": res["legacy"][1],
+                     "legacy_split": res["legacy"][2], "default_gain": res["legacy"][0] / res["default"][0],
+                     "tiles_per_sm": B * hkv * math.ceil(ctx / 16) / sms, "max_abs_diff": diff})
+        caches = cptr = None
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--shapes", choices=("issue", "validation", "validation2"), default="issue",
                     help="issue 7's benchmark shapes at >= 4k, or VALIDATION / VALIDATION2 (other shapes)")
+    ap.add_argument("--green", action="store_true", help="on the 16-SM green context: the default vs the rule before it "
+                    "only (issue shapes at 1k-32k, both validation sets)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args(argv)
     import statistics
@@ -178,6 +235,22 @@ def main(argv=None) -> int:
     _cuda.init()
     rows = []
     t0 = time.time()
+    if args.green:
+        timer = bkv.Timer(green=True)
+        shapes = ([(model, hq, hkv, d, B, ctx) for model, (hq, hkv, d) in bkv.MODELS.items() for B in bkv.BATCHES
+                   for ctx in (1024, 4096, 16384, 32768)] + VALIDATION + VALIDATION2)
+        for model, hq, hkv, d, B, ctx in (shapes[::6] if args.quick else shapes):
+            rows += green_rows(timer, model, hq, hkv, d, B, ctx, (0.7, 0.5))
+        print_table(rows, ["model", "batch", "context", "sparsity", "tiles_per_sm", "legacy_default_us", "legacy_tactic",
+                           "default_us", "default_tactic", "default_split", "default_gain"])
+        ch = [r["default_gain"] for r in rows if r["default_tactic"] != r["legacy_tactic"]]
+        same = [r["default_gain"] for r in rows if r["default_tactic"] == r["legacy_tactic"]]
+        summ = [{"rows": len(rows), "changed": len(ch), "changed_median": statistics.median(ch) if ch else None,
+                 "changed_min": min(ch) if ch else None, "changed_max": max(ch) if ch else None,
+                 "unchanged_min": min(same) if same else None, "unchanged_max": max(same) if same else None}]
+        print_table(summ, list(summ[0]))
+        write_json(args.out / "sparse_kv_warps_green16.json", rows, meta({"summary": summ, "sms": timer.sms}))
+        return 0
     if args.shapes.startswith("validation"):
         shapes = VALIDATION if args.shapes == "validation" else VALIDATION2
         shapes = shapes[::4] if args.quick else shapes
