@@ -110,6 +110,11 @@ def test_wide_default_rule():
     for hq, hkv, b, ctx in ((32, 8, 1, 32768), (9, 3, 16, 4096), (32, 8, 16, 32768)):
         assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132) not in ks.WIDE_WARPS
     assert ks.default_tactic(64, 32, 8, 1, 4096, sms=132, tokens_per_split=256) == ks.STREAM_FUSED  # forced split
+    # not on small GPUs (Orin: 16 SMs): the rule before, whatever the shape
+    for hq, hkv, b, ctx in ((32, 8, 1, 1024), (9, 3, 1, 4096), (32, 8, 1, 16384), (9, 3, 4, 1024)):
+        cfg = SparseKVConfig(64, hq, hkv, 0.7, 0.7, ctx)
+        assert ks.default_tactic(64, hq, hkv, b, ctx, sms=16, rk=cfg.rk, rv=cfg.rv) == \
+            ks.default_tactic(64, hq, hkv, b, ctx, sms=16, wide=False)
     # more sequences than SMs: one split each (the whole length, capped)
     assert ks.plan(64, 32, 8, 48, 48, 64, 100, sms=132, tactic=ks.WIDE_FUSED) == (128, 1)
     assert ks.plan(64, 32, 8, 48, 48, 1, 10**6, sms=132, tactic=ks.WIDE_FUSED)[0] == ks.MAX_TOKENS_PER_SPLIT2

@@ -11,7 +11,11 @@ the best of the shipped kernel over tactics 1, 2 and half / the heuristic / twic
 ``bench/bench_sparse_kv.py`` reports); and for 8 and 16 warps the best over tactics 1, 2 and k in K_GRID.
 Every timed output is compared with the shipped default's (fp32 accumulation order differs: ~1e-3).
 
-Usage: python tools/sparse_kv_warps.py [--quick] [--out DIR]   (writes sparse_kv_warps.json)
+``--shapes validation|validation2``: other GQA layouts, batches and lengths (VALIDATION, VALIDATION2). ``--green``: only
+the default against the rule before, both planned for 16 SMs, on the 16-SM green context (the Orin proxy).
+
+Usage: python tools/sparse_kv_warps.py [--quick] [--shapes issue|validation|validation2] [--green] [--out DIR]
+(writes sparse_kv_warps.json, sparse_kv_warps_<shapes>.json or sparse_kv_warps_green16.json)
 """
 
 from __future__ import annotations

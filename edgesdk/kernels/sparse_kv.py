@@ -204,6 +204,9 @@ FUSED_MAX_SPLITS = 32
 WIDE_MAX_TILES_PER_SM = 75
 WIDE16_MAX_TILES_PER_SM = 1000
 MERGE_COST = 0.5
+#: ... and only on GPUs with at least this many SMs: the rule was fit and validated on 132-SM GPUs; on the 16-SM
+#: green context (Orin's SM count) it lost up to 0.76x on short contexts (docs/sparse_kv.md, session 25).
+WIDE_MIN_SMS = 100
 
 
 def _tile_cost(pairs: int, sms: int, tokens_per_split: int, splits: int) -> float:
@@ -225,13 +228,14 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
     :data:`WIDE_FUSED` when the tiles per SM are ≤ :data:`WIDE_MAX_TILES_PER_SM`; else, with the record sizes
     ``rk``/``rv`` given, :data:`WIDE16_FUSED` up to :data:`WIDE16_MAX_TILES_PER_SM` tiles per SM where its
     shared memory fits the device (:data:`ORIN_SMEM_OPTIN` when ``sms`` is given instead of asked) and
-    :func:`_tile_cost` prices its plan below tactic 1's. ``wide=False``: the rule before them. Fit to
+    :func:`_tile_cost` prices its plan below tactic 1's; both only with at least :data:`WIDE_MIN_SMS` SMs (not on
+    an Orin's 16). ``wide=False``: the rule before them. Fit to
     ``bench/results/sparse_kv_warps_h200_e1a9128.json`` and ``…_h100_a07d27a.json`` (36 shapes at ≥ 4k each)
     and checked on shapes it was not fit on (``docs/sparse_kv.md``, session 25)."""
     smem = ORIN_SMEM_OPTIN if sms else None
     sms = sms or sm_count()
     tiles_per_sm = batch * num_kv_heads * math.ceil(max(1, max_len) / TILE2) / sms
-    if wide and head_dim == 64 and tokens_per_split is None:
+    if wide and head_dim == 64 and tokens_per_split is None and sms >= WIDE_MIN_SMS:
         if tiles_per_sm <= WIDE_MAX_TILES_PER_SM:
             return WIDE_FUSED
         pairs = batch * num_kv_heads
