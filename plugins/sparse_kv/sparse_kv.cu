@@ -429,8 +429,9 @@ __device__ __noinline__ void merge_splits(const float* __restrict__ pg, int ns, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Decode attention v2 ("warp-streaming"), one split per block of kW2 warps. Each warp owns the
-// 16-token tiles warp, warp + kW2, ... of the split and runs flash attention over them on its own:
+// Decode attention v2 ("warp-streaming"), one split per block of NW warps (kW2 = 4; 8 or 16 for the wide
+// tactics 3, 4 at d = 64). Each warp owns the
+// 16-token tiles warp, warp + NW, ... of the split and runs flash attention over them on its own:
 // per tile, lanes 0-15 decompress the K records and lanes 16-31 the V records of the tile's 16 tokens
 // (one lane per token, set bits scattered into a dense fp16 tile in shared memory), then
 //   S[16 (GQA heads, padded) x 16 tokens] = Q . K^T   (mma.sync m16n8k16, Q fragments held in registers)
@@ -568,8 +569,8 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 // Bytes of one warp's region: K and V tiles [16][D + 8] fp16, then kStages record stages.
 __device__ __forceinline__ int stage_bytes(int rk, int rv) { return round_up(16 * rk, 16) + round_up(16 * rv, 16); }
 
-// Fused merge (tactic 2) of one L2 round trip per pass of up to 32 splits: warp w merges heads w,
-// w + kW2, ...; the pass's partials (m, l, O[D]) of one head are contiguous in the workspace and are
+// Fused merge (tactics 2-4) of one L2 round trip per pass of up to 32 splits: warp w merges heads w,
+// w + NW, ...; the pass's partials (m, l, O[D]) of one head are contiguous in the workspace and are
 // copied by the warp's lanes into the warp's own shared region with 8-byte cp.async (all in flight;
 // .ca is safe: within a launch no other block of this SM reads these lines, and L1 starts clean per
 // launch); lane s takes split s's (m, l), the head's maximum and sum by shuffles, then lane j sums the
