@@ -122,17 +122,40 @@ class Timer:
         return statistics.median(times), "eager"
 
 
+def dense_inputs(hq, hkv, d, B, ctx):
+    """Seeded random fp16 K, V ``[B, Hkv, ctx, d]``, q ``[B, Hq, d]`` and ``lens`` (all ``ctx``) on the GPU."""
+    gen = torch.Generator(device="cuda").manual_seed(ctx + B)
+    k = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
+    v = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
+    q = torch.randn((B, hq, d), device="cuda", dtype=torch.float16, generator=gen)
+    return k, v, q, torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+
+
+def sparse_caches(cfg, B, ctx, k, v, lens):
+    """K and V compressed by ``ks.prefill`` into a cache, and enough copies of it to read beyond L2 per rotation:
+    (list of (k_rec, v_rec, k_ring, v_ring) tensors, list of their ``CachePtrs``)."""
+    hkv, d = cfg.num_kv_heads, cfg.head_dim
+    mk = lambda r: torch.empty((B, hkv, cfg.record_capacity, r), device="cuda", dtype=torch.uint8)  # noqa: E731
+    k_rec, v_rec = mk(cfg.rk), mk(cfg.rv)
+    k_ring = torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16)
+    v_ring = torch.empty_like(k_ring)
+    ptr = ks.CachePtrs(k_rec.data_ptr(), v_rec.data_ptr(), k_ring.data_ptr(), v_ring.data_ptr(), lens.data_ptr())
+    ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(), ptr, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    n_sp = copies_for(cfg.kv_bytes(ctx) * B * hkv)
+    caches = [(k_rec, v_rec, k_ring, v_ring)] + [tuple(x.clone() for x in (k_rec, v_rec, k_ring, v_ring))
+                                                 for _ in range(n_sp - 1)]
+    return caches, [ks.CachePtrs(*(x.data_ptr() for x in c), lens.data_ptr()) for c in caches]
+
+
 def bench_shape(timers, model, hq, hkv, d, B, ctx, rows, quick):
     G = hq // hkv
     dense_bytes = 2 * B * hkv * ctx * d * 2
     n_dense = copies_for(dense_bytes)
     inner = 20 if dense_bytes < (64 << 20) else 8
     inner_d = max(inner, n_dense)
-    gen = torch.Generator(device="cuda").manual_seed(ctx + B)
-    k = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
-    v = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
-    q = torch.randn((B, hq, d), device="cuda", dtype=torch.float16, generator=gen)
-    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    k, v, q, lens = dense_inputs(hq, hkv, d, B, ctx)
+    gen = torch.Generator(device="cuda").manual_seed(ctx + B + 1)  # the append's new token (below)
     kc = [k] + [k.clone() for _ in range(n_dense - 1)]
     vc = [v] + [v.clone() for _ in range(n_dense - 1)]
     out = torch.empty((B, hq, d), device="cuda", dtype=torch.float16)
@@ -168,19 +191,8 @@ def bench_shape(timers, model, hq, hkv, d, B, ctx, rows, quick):
     del kc[1:], vc[1:]
     for s in SPARSITIES:
         cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
-        nr, ring = cfg.record_capacity, cfg.ring
-        mk = lambda r: torch.empty((B, hkv, nr, r), device="cuda", dtype=torch.uint8)  # noqa: E731
-        k_rec, v_rec = mk(cfg.rk), mk(cfg.rv)
-        k_ring = torch.empty((B, hkv, ring, d), device="cuda", dtype=torch.float16)
-        v_ring = torch.empty_like(k_ring)
-        ptr = ks.CachePtrs(k_rec.data_ptr(), v_rec.data_ptr(), k_ring.data_ptr(), v_ring.data_ptr(), lens.data_ptr())
-        ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(), ptr, torch.cuda.current_stream().cuda_stream)
-        torch.cuda.synchronize()
-        used = cfg.kv_bytes(ctx) * B * hkv
-        n_sp = copies_for(used)
-        caches = [(k_rec, v_rec, k_ring, v_ring)] + [tuple(x.clone() for x in (k_rec, v_rec, k_ring, v_ring))
-                                                     for _ in range(n_sp - 1)]
-        cptr = [ks.CachePtrs(*(x.data_ptr() for x in c), lens.data_ptr()) for c in caches]
+        caches, cptr = sparse_caches(cfg, B, ctx, k, v, lens)
+        n_sp = len(caches)
         name = f"sparse{s}"
         row = res.setdefault(name, {})
         row["kv_ratio"] = cfg.memory_ratio(ctx)

@@ -53,11 +53,7 @@ def shape_rows(model, hq, hkv, d, B, ctx, sparsities):
     from edgesdk.kernels import sparse_kv as ks
 
     rows = []
-    gen = torch.Generator(device="cuda").manual_seed(ctx + B)
-    k = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
-    v = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
-    q = torch.randn((B, hq, d), device="cuda", dtype=torch.float16, generator=gen)
-    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    k, v, q, lens = bkv.dense_inputs(hq, hkv, d, B, ctx)
     dense_bytes = 2 * B * hkv * ctx * d * 2
     n_dense = bkv.copies_for(dense_bytes)
     inner = 20 if dense_bytes < (64 << 20) else 8
@@ -76,17 +72,8 @@ def shape_rows(model, hq, hkv, d, B, ctx, sparsities):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for s in sparsities:
         cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
-        mk = lambda r: torch.empty((B, hkv, cfg.record_capacity, r), device="cuda", dtype=torch.uint8)  # noqa: E731
-        k_rec, v_rec = mk(cfg.rk), mk(cfg.rv)
-        k_ring = torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16)
-        v_ring = torch.empty_like(k_ring)
-        ptr = ks.CachePtrs(k_rec.data_ptr(), v_rec.data_ptr(), k_ring.data_ptr(), v_ring.data_ptr(), lens.data_ptr())
-        ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(), ptr, torch.cuda.current_stream().cuda_stream)
-        torch.cuda.synchronize()
-        n_sp = bkv.copies_for(cfg.kv_bytes(ctx) * B * hkv)
-        caches = [(k_rec, v_rec, k_ring, v_ring)] + [tuple(x.clone() for x in (k_rec, v_rec, k_ring, v_ring))
-                                                     for _ in range(n_sp - 1)]
-        cptr = [ks.CachePtrs(*(x.data_ptr() for x in c), lens.data_ptr()) for c in caches]
+        caches, cptr = bkv.sparse_caches(cfg, B, ctx, k, v, lens)
+        n_sp = len(caches)
         out = torch.empty((B, hq, d), device="cuda", dtype=torch.float16)
 
         def run(tactic, ts, warps):
@@ -174,25 +161,12 @@ def green_rows(timer, model, hq, hkv, d, B, ctx, sparsities):
 
     rows = []
     sms = timer.sms
-    gen = torch.Generator(device="cuda").manual_seed(ctx + B)
-    k = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
-    v = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
-    q = torch.randn((B, hq, d), device="cuda", dtype=torch.float16, generator=gen)
-    lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    k, v, q, lens = bkv.dense_inputs(hq, hkv, d, B, ctx)
     inner = 20 if 4 * B * hkv * ctx * d < (64 << 20) else 8
     for s in sparsities:
         cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
-        mk = lambda r: torch.empty((B, hkv, cfg.record_capacity, r), device="cuda", dtype=torch.uint8)  # noqa: E731
-        k_rec, v_rec = mk(cfg.rk), mk(cfg.rv)
-        k_ring = torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16)
-        v_ring = torch.empty_like(k_ring)
-        ptr = ks.CachePtrs(k_rec.data_ptr(), v_rec.data_ptr(), k_ring.data_ptr(), v_ring.data_ptr(), lens.data_ptr())
-        ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(), ptr, torch.cuda.current_stream().cuda_stream)
-        torch.cuda.synchronize()
-        n_sp = bkv.copies_for(cfg.kv_bytes(ctx) * B * hkv)
-        caches = [(k_rec, v_rec, k_ring, v_ring)] + [tuple(x.clone() for x in (k_rec, v_rec, k_ring, v_ring))
-                                                     for _ in range(n_sp - 1)]
-        cptr = [ks.CachePtrs(*(x.data_ptr() for x in c), lens.data_ptr()) for c in caches]
+        caches, cptr = bkv.sparse_caches(cfg, B, ctx, k, v, lens)
+        n_sp = len(caches)
         res = {}
         for label, tactic in (("default", ks.default_tactic(d, hq, hkv, B, ctx, sms=sms, rk=cfg.rk, rv=cfg.rv)),
                               ("legacy", ks.default_tactic(d, hq, hkv, B, ctx, sms=sms, wide=False))):

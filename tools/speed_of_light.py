@@ -181,11 +181,7 @@ def kv_part(floor: Floor, quick: bool) -> tuple[list[dict], list[dict]]:
                 dense_bytes = 2 * B * hkv * ctx * d * 2
                 n_dense = bkv.copies_for(dense_bytes)
                 inner = 20 if dense_bytes < (64 << 20) else 8
-                gen = torch.Generator(device="cuda").manual_seed(ctx + B)
-                k = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
-                v = torch.randn((B, hkv, ctx, d), device="cuda", dtype=torch.float16, generator=gen)
-                q = torch.randn((B, hq, d), device="cuda", dtype=torch.float16, generator=gen)
-                lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+                k, v, q, lens = bkv.dense_inputs(hq, hkv, d, B, ctx)
                 kc = [k] + [k.clone() for _ in range(n_dense - 1)]
                 vc = [v] + [v.clone() for _ in range(n_dense - 1)]
                 out = torch.empty((B, hq, d), device="cuda", dtype=torch.float16)
@@ -203,19 +199,8 @@ def kv_part(floor: Floor, quick: bool) -> tuple[list[dict], list[dict]]:
                 del kc[1:], vc[1:]
                 for s in KV_SPARSITIES:
                     cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
-                    mk = lambda r: torch.empty((B, hkv, cfg.record_capacity, r), device="cuda", dtype=torch.uint8)  # noqa: E731
-                    k_rec, v_rec = mk(cfg.rk), mk(cfg.rv)
-                    k_ring = torch.empty((B, hkv, cfg.ring, d), device="cuda", dtype=torch.float16)
-                    v_ring = torch.empty_like(k_ring)
-                    ptr = ks.CachePtrs(k_rec.data_ptr(), v_rec.data_ptr(), k_ring.data_ptr(), v_ring.data_ptr(),
-                                       lens.data_ptr())
-                    ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(), ptr, torch.cuda.current_stream().cuda_stream)
-                    torch.cuda.synchronize()
-                    used = cfg.kv_bytes(ctx) * B * hkv
-                    n_sp = bkv.copies_for(used)
-                    caches = [(k_rec, v_rec, k_ring, v_ring)] + [tuple(x.clone() for x in (k_rec, v_rec, k_ring, v_ring))
-                                                                 for _ in range(n_sp - 1)]
-                    cptr = [ks.CachePtrs(*(x.data_ptr() for x in c), lens.data_ptr()) for c in caches]
+                    caches, cptr = bkv.sparse_caches(cfg, B, ctx, k, v, lens)
+                    used, n_sp = cfg.kv_bytes(ctx) * B * hkv, len(caches)
                     _, ns = ks.plan_cache(cfg, B, ctx)
                     ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
                     j = [0]

@@ -100,22 +100,21 @@ def max_tokens_per_split(head_dim: int, g: int, rk: int, rv: int) -> int:
     return ts
 
 
-def smem_optin() -> int:
-    """Largest dynamic shared memory per block of the current device (opt-in)."""
+def _device_attribute(name: str) -> int:
     cu = _cuda._driver()
     _cuda.init()
     dev = _cuda.check(cu.cuCtxGetDevice())
-    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-    return int(_cuda.check(cu.cuDeviceGetAttribute(attr, dev)))
+    return int(_cuda.check(cu.cuDeviceGetAttribute(getattr(cu.CUdevice_attribute, name), dev)))
+
+
+def smem_optin() -> int:
+    """Largest dynamic shared memory per block of the current device (opt-in)."""
+    return _device_attribute("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
 
 
 def sm_count() -> int:
     """SMs of the current device (a green context reports the whole device: pass its count yourself)."""
-    cu = _cuda._driver()
-    _cuda.init()
-    dev = _cuda.check(cu.cuCtxGetDevice())
-    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
-    return int(_cuda.check(cu.cuDeviceGetAttribute(attr, dev)))
+    return _device_attribute("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
 
 
 def smem_bytes2(head_dim: int, rk: int, rv: int, warps: int = WARPS2) -> int:
