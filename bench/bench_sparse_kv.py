@@ -148,6 +148,39 @@ def sparse_caches(cfg, B, ctx, k, v, lens):
     return caches, [ks.CachePtrs(*(x.data_ptr() for x in c), lens.data_ptr()) for c in caches]
 
 
+def time_sdpa(k, v, q):
+    """Median µs per call of torch ``scaled_dot_product_attention`` (fp16, GQA) of one query per sequence over the
+    dense cache ``k``, ``v`` (copies rotated beyond L2; full GPU, CUDA graph)."""
+    dense_bytes = 4 * k.numel()
+    n = copies_for(dense_bytes)
+    kc = [k] + [k.clone() for _ in range(n - 1)]
+    vc = [v] + [v.clone() for _ in range(n - 1)]
+    q4 = q[:, :, None, :]
+    it = [0]
+
+    def sdpa():
+        i = it[0] % n
+        torch.nn.functional.scaled_dot_product_attention(q4, kc[i], vc[i], enable_gqa=True)
+        it[0] += 1
+
+    return time_graph(sdpa, inner=max(20 if dense_bytes < (64 << 20) else 8, n), reps=10)
+
+
+def time_default(cfg, B, ctx, q, cptr, out, inner):
+    """Median µs per call of ``decode_attention`` with its default tactic and split, over the rotated caches
+    ``cptr`` (full GPU, CUDA graph); ``out`` holds the last call's result."""
+    _, ns = ks.plan_cache(cfg, B, ctx)
+    ws = torch.zeros(ks.workspace_bytes(cfg.num_q_heads, cfg.head_dim, B, ns) // 4, device="cuda")  # counters zeroed
+    j = [0]
+
+    def call():
+        ks.decode_attention(cfg, B, ctx, q.data_ptr(), cptr[j[0] % len(cptr)], out.data_ptr(), ws.data_ptr(),
+                            torch.cuda.current_stream().cuda_stream)
+        j[0] += 1
+
+    return time_graph(call, inner=max(inner, len(cptr)), reps=10)
+
+
 def bench_shape(timers, model, hq, hkv, d, B, ctx, rows, quick):
     G = hq // hkv
     dense_bytes = 2 * B * hkv * ctx * d * 2

@@ -54,21 +54,8 @@ def shape_rows(model, hq, hkv, d, B, ctx, sparsities):
 
     rows = []
     k, v, q, lens = bkv.dense_inputs(hq, hkv, d, B, ctx)
-    dense_bytes = 2 * B * hkv * ctx * d * 2
-    n_dense = bkv.copies_for(dense_bytes)
-    inner = 20 if dense_bytes < (64 << 20) else 8
-    kc = [k] + [k.clone() for _ in range(n_dense - 1)]
-    vc = [v] + [v.clone() for _ in range(n_dense - 1)]
-    q4 = q[:, :, None, :]
-    it = [0]
-
-    def sdpa():
-        i = it[0] % n_dense
-        torch.nn.functional.scaled_dot_product_attention(q4, kc[i], vc[i], enable_gqa=True)
-        it[0] += 1
-
-    t_sdpa = time_graph(sdpa, inner=max(inner, n_dense), reps=10)
-    del kc[1:], vc[1:]
+    inner = 20 if 2 * B * hkv * ctx * d * 2 < (64 << 20) else 8
+    t_sdpa = bkv.time_sdpa(k, v, q)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for s in sparsities:
         cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
@@ -94,29 +81,18 @@ def shape_rows(model, hq, hkv, d, B, ctx, sparsities):
             torch.cuda.synchronize()
             return us, out.clone()
 
-        # the shipped default
-        _, ns0 = ks.plan_cache(cfg, B, ctx)
-        ws0 = torch.zeros(ks.workspace_bytes(hq, d, B, ns0) // 4, device="cuda")
-        j0 = [0]
-
-        def default():
-            ks.decode_attention(cfg, B, ctx, q.data_ptr(), cptr[j0[0] % n_sp], out.data_ptr(), ws0.data_ptr(),
-                                torch.cuda.current_stream().cuda_stream)
-            j0[0] += 1
-
-        t_default = time_graph(default, inner=max(inner, n_sp), reps=10)
+        # the shipped default (out poisoned first: every call writes it)
+        out.fill_(float("nan"))
+        t_default = bkv.time_default(cfg, B, ctx, q, cptr, out, inner)
+        torch.cuda.synchronize()
+        y0 = out.clone().float()
+        assert torch.isfinite(y0).all()
         # the default rule before WIDE_FUSED (session 24's), timed beside it
         legacy = ks.default_tactic(d, hq, hkv, B, ctx, wide=False)
         ts_legacy, _ = ks.plan_cache(cfg, B, ctx, tactic=legacy)
         t_legacy, y_legacy = run(legacy, ts_legacy, 4)
         new = ks.default_tactic(d, hq, hkv, B, ctx, rk=cfg.rk, rv=cfg.rv)
         ts_new, _ = ks.plan_cache(cfg, B, ctx)
-        out.fill_(float("nan"))
-        j0[0] = 0
-        default()
-        torch.cuda.synchronize()
-        y0 = out.clone().float()
-        assert torch.isfinite(y0).all()
         cand = {}
         for tactic in (ks.STREAM, ks.STREAM_FUSED):
             ts0, _ = ks.plan_cache(cfg, B, ctx, tactic=tactic, warps=4)

@@ -168,9 +168,7 @@ def kv_part(floor: Floor, quick: bool) -> tuple[list[dict], list[dict]]:
     import torch
 
     import bench.bench_sparse_kv as bkv
-    from bench._common import time_graph
     from edgesdk.formats.sparse_kv import SparseKVConfig
-    from edgesdk.kernels import sparse_kv as ks
 
     rows = []
     batches = (1, 16) if quick else bkv.BATCHES
@@ -179,38 +177,17 @@ def kv_part(floor: Floor, quick: bool) -> tuple[list[dict], list[dict]]:
         for B in batches:
             for ctx in contexts:
                 dense_bytes = 2 * B * hkv * ctx * d * 2
-                n_dense = bkv.copies_for(dense_bytes)
                 inner = 20 if dense_bytes < (64 << 20) else 8
                 k, v, q, lens = bkv.dense_inputs(hq, hkv, d, B, ctx)
-                kc = [k] + [k.clone() for _ in range(n_dense - 1)]
-                vc = [v] + [v.clone() for _ in range(n_dense - 1)]
                 out = torch.empty((B, hq, d), device="cuda", dtype=torch.float16)
-                q4 = q[:, :, None, :]
-                it = [0]
-
-                def sdpa():
-                    i = it[0] % n_dense
-                    torch.nn.functional.scaled_dot_product_attention(q4, kc[i], vc[i], enable_gqa=True)
-                    it[0] += 1
-
-                t_sdpa = time_graph(sdpa, inner=max(inner, n_dense), reps=10)
+                t_sdpa = bkv.time_sdpa(k, v, q)
                 qb, ob = 2 * B * hq * d, 2 * B * hq * d
                 f_dense, _ = floor.time(dense_bytes + qb, ob)
-                del kc[1:], vc[1:]
                 for s in KV_SPARSITIES:
                     cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
-                    caches, cptr = bkv.sparse_caches(cfg, B, ctx, k, v, lens)
-                    used, n_sp = cfg.kv_bytes(ctx) * B * hkv, len(caches)
-                    _, ns = ks.plan_cache(cfg, B, ctx)
-                    ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
-                    j = [0]
-
-                    def sparse():
-                        ks.decode_attention(cfg, B, ctx, q.data_ptr(), cptr[j[0] % n_sp], out.data_ptr(), ws.data_ptr(),
-                                            torch.cuda.current_stream().cuda_stream)
-                        j[0] += 1
-
-                    t_ours = time_graph(sparse, inner=max(inner, n_sp), reps=10)
+                    _, cptr = bkv.sparse_caches(cfg, B, ctx, k, v, lens)
+                    used = cfg.kv_bytes(ctx) * B * hkv
+                    t_ours = bkv.time_default(cfg, B, ctx, q, cptr, out, inner)
                     f, c = floor.time(used + qb, ob)
                     rows.append({"model": model, "batch": B, "context": ctx, "sparsity": s, "sdpa_us": t_sdpa,
                                  "dense_floor_us": f_dense, "dense_of_sol": f_dense / t_sdpa, "kv_bytes": used,
@@ -218,9 +195,9 @@ def kv_part(floor: Floor, quick: bool) -> tuple[list[dict], list[dict]]:
                                  "ours_us": t_ours, "sol_ratio": f / t_sdpa, "ours_ratio": t_ours / t_sdpa,
                                  "ours_of_sol": f / t_ours, "floor_GBps": (used + qb + ob) / f / 1e3,
                                  "ours_GBps": (used + qb + ob) / t_ours / 1e3})
-                    caches = cptr = None
+                    cptr = None
                 print(f"{model} B={B} {ctx}: SDPA {t_sdpa:.1f} us, dense floor {f_dense:.1f} us", flush=True)
-                kc = vc = k = v = None
+                k = v = None
                 torch.cuda.empty_cache()
     summary = []
     for s in KV_SPARSITIES:
