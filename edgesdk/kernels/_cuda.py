@@ -107,6 +107,40 @@ def current_context() -> int:
     return int(ctx)
 
 
+_ctx_facts: dict[tuple[int, str], int] = {}
+
+
+def context_attribute(name: str, ctx: int | None = None) -> int:
+    """``CU_DEVICE_ATTRIBUTE_<name>`` of the current context's device, asked of the driver once per (context,
+    attribute); ``ctx``: the current context where the caller has it already (the cache key)."""
+    ctx = current_context() if ctx is None else int(ctx)
+    v = _ctx_facts.get((ctx, name))
+    if v is None:
+        cu = _driver()
+        dev = check(cu.cuCtxGetDevice())
+        v = _ctx_facts[(ctx, name)] = int(check(cu.cuDeviceGetAttribute(
+            getattr(cu.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}"), dev)))
+    return v
+
+
+def context_sm_count(ctx: int | None = None) -> int:
+    """SMs of the current context: a green context's share, else the device's; asked once per context (``ctx``: the
+    current context where the caller has it already)."""
+    ctx = current_context() if ctx is None else int(ctx)
+    v = _ctx_facts.get((ctx, "sm_count"))
+    if v is None:
+        cu = _driver()
+        try:
+            v = int(check(cu.cuCtxGetDevResource(cu.CUcontext(ctx), cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
+                          ).sm.smCount)
+        except Exception:  # older drivers / bindings without device resources
+            v = 0
+        if v <= 0:
+            v = context_attribute("MULTIPROCESSOR_COUNT", ctx)
+        _ctx_facts[(ctx, "sm_count")] = v
+    return v
+
+
 def current_arch() -> str:
     """``sm_XY`` of the current device."""
     cu = _driver()

@@ -41,7 +41,6 @@ tactics act like tactic 1 where the decode path does not apply. Shared memory pe
 from __future__ import annotations
 
 import ctypes
-import functools
 import threading
 
 import numpy as np
@@ -118,28 +117,6 @@ def valid_tactics(attrs: dict, m: int | None = None) -> list[int]:
 def workspace_bytes(attrs: dict, m: int) -> int:
     """No workspace: K splits are reduced in shared memory."""
     return 0
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(ctx: int) -> int:
-    """SMs of the current context (a green context has fewer than the device)."""
-    cu = _cuda._driver()
-    try:
-        res = _cuda.check(cu.cuCtxGetDevResource(cu.CUcontext(ctx), cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
-        return int(res.sm.smCount)
-    except Exception:  # older drivers / bindings without green-context resources
-        dev = _cuda.check(cu.cuCtxGetDevice())
-        return int(_cuda.check(cu.cuDeviceGetAttribute(
-            cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)))
-
-
-@functools.lru_cache(maxsize=None)
-def _smem_per_sm(ctx: int) -> int:
-    """Shared memory per SM of the current device (bytes; 228 KB on sm_90, 164 KB on Orin)."""
-    cu = _cuda._driver()
-    dev = _cuda.check(cu.cuCtxGetDevice())
-    return int(_cuda.check(cu.cuDeviceGetAttribute(
-        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, dev)))
 
 
 def _gemv_slot(value_dtype: str, spw: int, m: int) -> int:
@@ -360,7 +337,8 @@ def _layer(attrs: dict) -> tuple[int, int, str, int]:
 def _plan(n: int, k: int, vd: str, x_dtype: str, m: int, tactic: int, x_aligned: bool) -> _cuda.Launch:
     """Kernel (resolved in the current context), grid, block, smem and arg block of one launch shape."""
     ctx = _cuda.current_context()
-    c = config(n, k, m, x_dtype, vd, tactic, _sm_count(ctx), x_aligned, _smem_per_sm(ctx))
+    c = config(n, k, m, x_dtype, vd, tactic, _cuda.context_sm_count(ctx), x_aligned,
+               _cuda.context_attribute("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", ctx))
     kern = _cuda.get_kernel(SOURCE, c["name"])
     if c["name"].endswith(("_r80", "_r80n", "_xs", "_xs80")):  # up to 24 warps of rings per SM: ask for the full carveout
         cu = _cuda._driver()

@@ -271,19 +271,8 @@ PERSISTENT_GRID_CAP: int | None = None
 
 
 def _context_sms() -> int:
-    """SMs of the current context: all of the device's, or a green context's share."""
-    cu = _cuda._driver()
-    ctx = _cuda.check(cu.cuCtxGetCurrent())
-    try:
-        res = _cuda.check(cu.cuCtxGetDevResource(ctx, cu.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
-        n = int(res.sm.smCount)
-        if n > 0:
-            return n
-    except Exception:  # pragma: no cover - older drivers / bindings without device resources
-        pass
-    dev = _cuda.check(cu.cuCtxGetDevice())
-    return int(_cuda.check(cu.cuDeviceGetAttribute(
-        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)))
+    """SMs of the current context: all of the device's, or a green context's share (asked once per context)."""
+    return _cuda.context_sm_count()
 
 
 def persistent_grid(kernel: _cuda.Kernel, cfg: Config, tiles: int) -> int:
