@@ -12,6 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("cuda.bindings.driver")
@@ -23,19 +24,26 @@ from launch_overhead import StubDriver  # noqa: E402
 from edgesdk.errors import EdgeSDKError  # noqa: E402
 from edgesdk.formats.vitbit_gemm import k_padded  # noqa: E402
 from edgesdk.kernels import _cuda  # noqa: E402
+from edgesdk.formats.sparse_kv import STATE_DTYPES, SparseKVConfig, state_shapes  # noqa: E402
 from edgesdk.kernels import bitmap_linear as kbl  # noqa: E402
+from edgesdk.kernels import sparse_kv as ks  # noqa: E402
 from edgesdk.kernels import vitbit_gemm as K  # noqa: E402
 
-P, I, F = "p", "i", "f"  # parameter kinds: pointer, int, float
+P, I, F, L = "p", "i", "f", "l"  # parameter kinds: pointer, int, float, long long
 BITMAP_SIG = [P] * 7 + [I] * 5  # X, bitmaps, values, offsets, scales, bias, Y, m, n, k, ks, spb
 QUANT_SIG = [P, P, F, I, I, I]  # X, Xq, x_scale, m, k, kp
 GEMM_SIG = [P] * 6 + [F] + [I] * 5  # Xq, W, Y, part, w_scale, bias, x_scale, flags, m, n, kp, kps
 EPI_SIG = [P, I, P, P, P, F, I, I, I]  # part, splits, Y, w_scale, bias, x_scale, flags, m, n
+# sparse_kv: attention (tactic 0; tactics 1-4 add out, fuse), merge, append, step lengths, token copy
+KV_ATTN_SIG = [P] * 7 + [I] * 12 + [F]  # q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, geometry (8), TS, NS, scale
+KV_SIGS = {"sparse_kv_attn_": KV_ATTN_SIG, "sparse_kv_attn2_": KV_ATTN_SIG + [P, I], "sparse_kv_combine_": [P] * 3 + [I] * 3,
+           "sparse_kv_append_": [P] * 7 + [I] * 9, "sparse_kv_step_lens": [P, P, I, I, P, I],
+           "sparse_kv_token_copy": [P, P, I, I, L, L]}
 
 
 def decode(params: int, sig: list[str]) -> list:
     arr = (ctypes.c_void_p * len(sig)).from_address(params)
-    typ = {P: ctypes.c_uint64, I: ctypes.c_int, F: ctypes.c_float}
+    typ = {P: ctypes.c_uint64, I: ctypes.c_int, F: ctypes.c_float, L: ctypes.c_longlong}
     return [typ[s].from_address(arr[i]).value for i, s in enumerate(sig)]
 
 
@@ -50,7 +58,8 @@ def stub(monkeypatch):
 
     def get_kernel(source, name, options=()):
         k = real_get(source, name, options)
-        s.sigs[int(k.function)] = (name, BITMAP_SIG if name.startswith("bitmap_") else QUANT_SIG
+        kv = [sig for prefix, sig in KV_SIGS.items() if name.startswith(prefix)]
+        s.sigs[int(k.function)] = (name, kv[0] if kv else BITMAP_SIG if name.startswith("bitmap_") else QUANT_SIG
                                    if name.startswith("vitbit_quantize") else EPI_SIG
                                    if name == "vitbit_splitk_epilogue" else GEMM_SIG)
         return k
@@ -67,12 +76,12 @@ def stub(monkeypatch):
     monkeypatch.setattr(_cuda, "_functions", {})
     monkeypatch.setattr(_cuda, "_initialized", False)
     monkeypatch.setattr(_cuda, "get_kernel", get_kernel)
+    monkeypatch.setattr(_cuda, "_ctx_facts", {})
     for mod in (kbl, K):
-        monkeypatch.setattr(mod, "_tls", threading.local())
         monkeypatch.setattr(mod, "_layers", {})
-    kbl._sm_count.cache_clear()
+    for mod in (kbl, K, ks):
+        monkeypatch.setattr(mod, "_tls", threading.local())
     yield s
-    kbl._sm_count.cache_clear()
 
 
 BM = {"n": 200, "k": 72, "value_dtype": "int8", "has_bias": 1, "plugin_version": "1"}
@@ -264,3 +273,110 @@ def test_vitbit_split_m_plans_head_and_tail(stub, tactic, tail):
     stub.seen.clear()
     K.gemm(a, "float16", m, ws + shift, ins[1] + shift, ins[2] + shift, ins[3] + shift, y + shift, 0, tactic)
     assert [{kk: v for kk, v in s.items() if kk != "params"} for s in stub.seen] == planned
+
+
+KV = SparseKVConfig(64, 32, 8, 0.7, 0.7, 4096)
+KV_PTRS = dict(q=0x11000, cache=ks.CachePtrs(0x21000, 0x22000, 0x23000, 0x24000, 0x25000), out=0x31000, ws=0x40000)
+
+
+def _kv_attention(stub, ptrs, **kw):
+    stub.seen.clear()
+    ks.decode_attention(KV, 2, 3000, ptrs["q"], ptrs["cache"], ptrs["out"], ptrs["ws"], 0x51, **kw)
+    return list(stub.seen)
+
+
+@pytest.mark.parametrize("tactic,names", [(None, ["sparse_kv_attn2_d64_g4_w8"]),
+                                          (ks.SPLIT_V1, ["sparse_kv_attn_d64_g4", "sparse_kv_combine_d64"]),
+                                          (ks.STREAM, ["sparse_kv_attn2_d64_g4", "sparse_kv_combine_d64"]),
+                                          (ks.STREAM_FUSED, ["sparse_kv_attn2_d64_g4"]),
+                                          (ks.WIDE16_FUSED, ["sparse_kv_attn2_d64_g4_w16"])])
+def test_sparse_kv_attention_plan_is_cached(stub, tactic, names):
+    """decode_attention resolves its launches once per call shape and context; a call rewrites the pointers only
+    (one driver query, the context), and every parameter is the one the plan functions give."""
+    first = _kv_attention(stub, KV_PTRS, tactic=tactic)
+    assert [x["name"] for x in first] == names
+    t = tactic if tactic is not None else ks.default_tactic(64, 32, 8, 2, 3000, rk=KV.rk, rv=KV.rv)
+    ts, ns = ks.plan_cache(KV, 2, 3000, tactic=t)
+    c = KV_PTRS["cache"]
+    parts = KV_PTRS["ws"] + 4 * ks._counter_words(2, 32)
+    geometry = [KV.record_capacity, KV.ring, KV.window, KV.group, KV.keep_k, KV.keep_v, KV.rk, KV.rv]
+    attn = first[0]
+    assert attn["grid"] == (ns, 8, 2) and attn["stream"] == 0x51
+    assert attn["args"][:7] == [KV_PTRS["q"], parts if t == ks.SPLIT_V1 else KV_PTRS["ws"], c.lens, c.k_rec, c.v_rec,
+                                c.k_ring, c.v_ring]
+    assert attn["args"][7:19] == [8, 4, *geometry, ts, ns]
+    assert attn["args"][19] == pytest.approx(1.4426950408889634 / 8, rel=1e-6)
+    if t != ks.SPLIT_V1:
+        assert attn["args"][20:] == [KV_PTRS["out"], 1 if t in ks.FUSED_TACTICS else 0]
+        assert attn["block"] == (32 * ks._warps(64, t, None), 1, 1)
+        assert attn["smem"] == ks.smem_bytes2(64, KV.rk, KV.rv, ks._warps(64, t, None))
+    if len(first) == 2:
+        assert first[1]["grid"] == (64, 1, 1) and first[1]["args"] == [parts, c.lens, KV_PTRS["out"], 32, ts, ns]
+
+    calls = dict(stub.calls)
+    moved = {k: (v + 0x100000 if k != "cache" else ks.CachePtrs(*(p + 0x100000 for p in v))) for k, v in KV_PTRS.items()}
+    second = _kv_attention(stub, moved, tactic=tactic)
+    assert [x["params"] for x in second] == [x["params"] for x in first]  # same arg blocks, rewritten
+    mc = moved["cache"]
+    assert second[0]["args"][0] == moved["q"] and second[0]["args"][2:7] == [mc.lens, mc.k_rec, mc.v_rec, mc.k_ring,
+                                                                             mc.v_ring]
+    assert stub.calls["cuCtxGetCurrent"] == calls["cuCtxGetCurrent"] + 1
+    assert stub.calls["cuLaunchKernel"] == calls["cuLaunchKernel"] + len(names)
+    assert {k: v for k, v in stub.calls.items() if k not in ("cuCtxGetCurrent", "cuLaunchKernel")} == {
+        k: v for k, v in calls.items() if k not in ("cuCtxGetCurrent", "cuLaunchKernel")}
+
+
+def test_sparse_kv_bad_call_raises_before_any_driver_call(stub):
+    with pytest.raises(EdgeSDKError, match="8 or 16 warps"):
+        ks.decode_attention(KV, 1, 256, 0, KV_PTRS["cache"], 0, 0, 0, tactic=ks.SPLIT_V1, warps=8)
+    with pytest.raises(EdgeSDKError, match="max_len"):
+        ks.decode_attention(KV, 1, 5000, 0, KV_PTRS["cache"], 0, 0, 0)
+    assert stub.calls == {}
+    assert not ks._tls.plans or all(not v for v in ks._tls.plans.values())
+
+
+@pytest.mark.parametrize("S", [1, 3])
+def test_sparse_kv_node_steps(stub, S):
+    """run_node: S steps of (lengths, [gather q/k/v], append, attention, [gather out]) from one plan; per step only
+    the step offset and the token pointers change; state copies only where input and output differ."""
+    d, B, ws = 64, 2, 0x900000
+    q, k, v, out, lengths = 0x100000, 0x200000, 0x300000, 0x400000, 0x500000
+    state_in = [0x600000, 0x610000, 0x620000, 0x630000]
+    state_out = [0x600000, 0x710000, 0x620000, 0x630000]  # v_records not aliased: one copy
+    tactic, nbytes = ks.node_plan(KV, B)
+    _, ns = ks.plan_cache(KV, B, KV.capacity, tactic=tactic)
+    lens = ws + ks._up(ks.workspace_bytes(32, d, B, ns))
+    q_ws = lens + ks._up(4 * B)
+    o_ws = q_ws + ks._up(2 * B * 32 * d)
+    k_ws = o_ws + ks._up(2 * B * 32 * d)
+    v_ws = k_ws + ks._up(2 * B * 8 * d)
+    assert v_ws + ks._up(2 * B * 8 * d) <= ws + nbytes
+    copies = []
+    stub.cuMemcpyDtoDAsync = lambda dst, src, n, stream: copies.append((dst, src, n)) or (stub._ok,)
+    for rep in range(2):  # the second call reuses the plan
+        stub.seen.clear()
+        ks.run_node(KV, 0.125, B, S, q, k, v, state_in, state_out, lengths, out, ws, 0x51)
+        per = len(stub.seen) // S
+        assert tactic in ks.FUSED_TACTICS and per * S == len(stub.seen) and per == (3 if S == 1 else 7)
+        for i in range(S):
+            step = stub.seen[i * per:(i + 1) * per]
+            names = [x["name"] for x in step]
+            assert names[0] == "sparse_kv_step_lens" and names[-1 if S == 1 else -2].startswith("sparse_kv_attn2_d64")
+            counters = ks._counter_words(B, 32) if (i == 0 and tactic in ks.FUSED_TACTICS) else 0
+            assert step[0]["args"] == [lengths, lens, B, i + 1 - S, ws, counters]
+            qi, ki, vi, oi = (q, k, v, out) if S == 1 else (q_ws, k_ws, v_ws, o_ws)
+            app = step[-2 if S == 1 else -3]
+            assert app["name"] == "sparse_kv_append_d64" and app["args"][:7] == [ki, vi, lens, 0x600000, 0x710000,
+                                                                              0x620000, 0x630000]
+            attn = step[-1 if S == 1 else -2]
+            assert attn["args"][0] == qi and attn["args"][1] == ws and attn["args"][2] == lens
+            assert attn["args"][20] == oi
+            if S > 1:
+                g = step[1:4]
+                assert [x["name"] for x in g] == ["sparse_kv_token_copy"] * 3
+                assert [x["args"][:2] for x in g] == [[q + 2 * i * d, q_ws], [k + 2 * i * d, k_ws], [v + 2 * i * d, v_ws]]
+                assert [x["args"][2:] for x in g] == [[B * 32, d, S * d, d], [B * 8, d, S * d, d], [B * 8, d, S * d, d]]
+                assert step[-1]["args"] == [o_ws, out + 2 * i * d, B * 32, d, d, S * d]
+        v_records = state_shapes(KV, B)["v_records"]
+        assert STATE_DTYPES["v_records"] == "int8"
+        assert copies == [(0x710000, 0x610000, int(np.prod(v_records)))] * (rep + 1)  # int8 state: 1 byte each

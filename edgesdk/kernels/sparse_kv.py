@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+import struct
+import threading
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -100,21 +102,14 @@ def max_tokens_per_split(head_dim: int, g: int, rk: int, rv: int) -> int:
     return ts
 
 
-def _device_attribute(name: str) -> int:
-    cu = _cuda._driver()
-    _cuda.init()
-    dev = _cuda.check(cu.cuCtxGetDevice())
-    return int(_cuda.check(cu.cuDeviceGetAttribute(getattr(cu.CUdevice_attribute, name), dev)))
-
-
 def smem_optin() -> int:
-    """Largest dynamic shared memory per block of the current device (opt-in)."""
-    return _device_attribute("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
+    """Largest dynamic shared memory per block of the current device (opt-in; asked once per context)."""
+    return _cuda.context_attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
 
 
 def sm_count() -> int:
-    """SMs of the current device (a green context reports the whole device: pass its count yourself)."""
-    return _device_attribute("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT")
+    """SMs of the current context: a green context's share, else the device's (asked once per context)."""
+    return _cuda.context_sm_count()
 
 
 def smem_bytes2(head_dim: int, rk: int, rv: int, warps: int = WARPS2) -> int:
@@ -323,40 +318,120 @@ def prefill(cfg: SparseKVConfig, batch: int, src_tokens: int, k_src: int, v_src:
 def append(cfg: SparseKVConfig, batch: int, k_new: int, v_new: int, cache: CachePtrs, stream: int) -> None:
     """Append token ``lens[b] - 1`` (``k_new``/``v_new`` fp16 ``[B, Hkv, d]``) of every sequence with
     ``lens[b] > 0``; compress a group where the window is full. Raise ``lens`` first."""
+    key = ("append", cfg, batch, _cuda.current_context())
+    plans = _cuda.thread_cache(_tls)
+    p = plans.get(key)
+    if p is None:
+        if batch < 1:
+            raise EdgeSDKError(f"sparse_kv append of batch {batch}", "pass batch ≥ 1")
+        p = _Plan(_APPEND_PTRS)
+        p.launches = [_append_launch(cfg, batch, p.addr)]
+        plans[key] = p
+    p.set(k_new, v_new, cache.lens, cache.k_rec, cache.v_rec, cache.k_ring, cache.v_ring)
+    _cuda.launch_all(p.launches, _stream(stream))
+
+
+#: Pointer arguments of one append, in the order of its plan's slots.
+_APPEND_PTRS = ("k_new", "v_new", "lens", "k_rec", "v_rec", "k_ring", "v_ring")
+
+
+def _append_launch(cfg: SparseKVConfig, batch: int, slot: dict) -> _cuda.Launch:
     k = _kernel(f"sparse_kv_append_d{cfg.head_dim}")
-    k.launch((math.ceil((cfg.group + 1) / COMP_WARPS), cfg.num_kv_heads, batch), (COMP_THREADS,),
-             [_p(k_new), _p(v_new), *_cache_args(cfg, cache)], stream)
+    args = [slot[n] for n in _APPEND_PTRS] + [_i(v) for v in (cfg.num_kv_heads, *_geometry(cfg))]
+    return k.plan((math.ceil((cfg.group + 1) / COMP_WARPS), cfg.num_kv_heads, batch), (COMP_THREADS,),
+                  _cuda.ArgBlock(args))
 
 
 COMBINE_THREADS = 256  # merge kernel (tactics 0, 1): one block per (sequence, query head), splits spread over its threads
 
 
-def _attention(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, q: int, out: int, workspace: int,
-               stream: int, tensors: list, geometry: list, rk: int, rv: int, scale: float | None, sms: int | None,
-               tokens_per_split: int | None, tactic: int, warps: int | None = None) -> None:
+#: Pointer arguments of one attention call, in the order of its plan's slots.
+_ATT_PTRS = ("q", "ws", "parts", "lens", "k_rec", "v_rec", "k_ring", "v_ring", "out")
+_tls = threading.local()  # per-thread launch plans (their pointer slots are written per call)
+
+
+class _Plan:
+    """The launches of one call shape, resolved once per thread and CUDA context: kernel handles, grids, shared
+    memory and argument blocks whose pointer parameters live in ``slots`` (rewritten per call by :meth:`set`)."""
+
+    __slots__ = ("slots", "addr", "_pack", "launches", "extra")
+
+    def __init__(self, names: Sequence[str]):
+        self.slots, addr = _cuda.ArgBlock.pointer_slots(len(names))
+        self.addr = dict(zip(names, addr))
+        self._pack = struct.Struct(f"={len(names)}Q").pack_into
+        self.launches: list = []
+        self.extra: dict = {}
+
+    def set(self, *ptrs: int) -> None:
+        self._pack(self.slots, 0, *ptrs)
+
+
+def _stream(stream):
+    """A raw ``cudaStream_t`` int, or a CUstream, as :func:`_cuda.launch_all` takes it."""
+    if isinstance(stream, int):
+        return stream
+    return stream if isinstance(stream, _cuda._driver().CUstream) else int(stream)
+
+
+def _attention_launches(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, geometry: Sequence[int],
+                        rk: int, rv: int, scale: float | None, sms: int | None, tokens_per_split: int | None,
+                        tactic: int | None, warps: int | None, slot: dict) -> list:
+    """Launch records of one attention call; ``slot`` maps the names of :data:`_ATT_PTRS` to the addresses of
+    the pointer slots the kernels read their pointers from."""
     g = hq // hkv
     if tactic is None:
         tactic = default_tactic(head_dim, hq, hkv, batch, max_len, sms, tokens_per_split, rk=rk, rv=rv)
     warps = _warps(head_dim, tactic, warps)
     ts, ns = plan(head_dim, hq, hkv, rk, rv, batch, max_len, sms, tokens_per_split, tactic, warps)
     scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * _LOG2E
-    parts = workspace + 4 * _counter_words(batch, hq)
+    common = [slot["lens"], slot["k_rec"], slot["v_rec"], slot["k_ring"], slot["v_ring"], _i(hkv), _i(g),
+              *(_i(v) for v in geometry), _i(ts), _i(ns), ctypes.c_float(scale)]
     if tactic == SPLIT_V1:
         ka = _kernel(f"sparse_kv_attn_d{head_dim}_g{gqa_pad(g)}", max_smem_carveout=True)
-        ka.launch((ns, hkv, batch), (THREADS,),
-                  [_p(q), _p(parts), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale)],
-                  stream, smem_bytes(head_dim, g, ts, rk, rv))
+        launches = [ka.plan((ns, hkv, batch), (THREADS,), _cuda.ArgBlock([slot["q"], slot["parts"], *common]),
+                            smem_bytes(head_dim, g, ts, rk, rv))]
     else:
         suffix = "" if warps == WARPS2 else f"_w{warps}"
         ka = _kernel(f"sparse_kv_attn2_d{head_dim}_g{gqa_pad(g)}{suffix}", max_smem_carveout=True)
-        ka.launch((ns, hkv, batch), (32 * warps,),
-                  [_p(q), _p(workspace), *tensors, _i(hkv), _i(g), *geometry, _i(ts), _i(ns), ctypes.c_float(scale),
-                   _p(out), _i(1 if tactic in FUSED_TACTICS else 0)],
-                  stream, smem_bytes2(head_dim, rk, rv, warps))
+        fused = _i(1 if tactic in FUSED_TACTICS else 0)
+        launches = [ka.plan((ns, hkv, batch), (32 * warps,),
+                            _cuda.ArgBlock([slot["q"], slot["ws"], *common, slot["out"], fused]),
+                            smem_bytes2(head_dim, rk, rv, warps))]
         if tactic in FUSED_TACTICS:
-            return
+            return launches
     kc = _kernel(f"sparse_kv_combine_d{head_dim}")
-    kc.launch((batch * hq,), (COMBINE_THREADS,), [_p(parts), tensors[0], _p(out), _i(hq), _i(ts), _i(ns)], stream)
+    launches.append(kc.plan((batch * hq,), (COMBINE_THREADS,),
+                            _cuda.ArgBlock([slot["parts"], slot["lens"], slot["out"], _i(hq), _i(ts), _i(ns)])))
+    return launches
+
+
+def _geometry(cfg: SparseKVConfig) -> tuple[int, ...]:
+    return (cfg.record_capacity, cfg.ring, cfg.window, cfg.group, cfg.keep_k, cfg.keep_v, cfg.rk, cfg.rv)
+
+
+def _check_attention(cfg: SparseKVConfig, batch: int, max_len: int, tokens_per_split, tactic, warps) -> None:
+    """The argument checks that need no device (run before the first driver call of a new call shape)."""
+    if not 1 <= max_len <= cfg.capacity or batch < 1:
+        raise EdgeSDKError(f"sparse_kv decode_attention: max_len={max_len}, batch={batch}",
+                           f"max_len must be in [1, capacity={cfg.capacity}] and batch ≥ 1")
+    if tactic is not None:
+        if tokens_per_split is None:
+            if tactic not in TACTICS:
+                raise EdgeSDKError(f"sparse_kv tactic {tactic!r} is unknown", f"use one of {TACTICS}")
+            _warps(cfg.head_dim, tactic, warps)
+        else:  # with both given, plan() asks no device
+            plan(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, cfg.rk, cfg.rv, batch, max_len, 1,
+                 tokens_per_split, tactic, warps)
+
+
+def _attention_plan(cfg: SparseKVConfig, batch: int, max_len: int, scale, sms, tokens_per_split, tactic,
+                    warps) -> _Plan:
+    p = _Plan(_ATT_PTRS)
+    p.launches = _attention_launches(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, batch, max_len, _geometry(cfg),
+                                     cfg.rk, cfg.rv, scale, sms, tokens_per_split, tactic, warps, p.addr)
+    p.extra["parts"] = 4 * _counter_words(batch, cfg.num_q_heads)
+    return p
 
 
 def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cache: CachePtrs, out: int,
@@ -381,14 +456,19 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
         tactic (int | None): one of :data:`TACTICS` or None (default: :func:`default_tactic`).
         warps (int | None): Warps per block of tactics 1 and 2 (default 4; 8 or 16 at d = 64, for measurements).
     """
-    if not 1 <= max_len <= cfg.capacity or batch < 1:
-        raise EdgeSDKError(f"sparse_kv decode_attention: max_len={max_len}, batch={batch}",
-                           f"max_len must be in [1, capacity={cfg.capacity}] and batch ≥ 1")
-    tensors = [_p(cache.lens), _p(cache.k_rec), _p(cache.v_rec), _p(cache.k_ring), _p(cache.v_ring)]
-    geometry = [_i(cfg.record_capacity), _i(cfg.ring), _i(cfg.window), _i(cfg.group), _i(cfg.keep_k),
-                _i(cfg.keep_v), _i(cfg.rk), _i(cfg.rv)]
-    _attention(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, batch, max_len, q, out, workspace, stream,
-               tensors, geometry, cfg.rk, cfg.rv, scale, sms, tokens_per_split, tactic, warps)
+    plans = _cuda.thread_cache(_tls)
+    key = ("attn", cfg, batch, max_len, scale, sms, tokens_per_split, tactic, warps)
+    per_ctx = plans.get(key)
+    if per_ctx is None:  # a new call shape: check it before any driver call
+        _check_attention(cfg, batch, max_len, tokens_per_split, tactic, warps)
+        per_ctx = plans[key] = {}
+    ctx = _cuda.current_context()
+    p = per_ctx.get(ctx)
+    if p is None:
+        p = per_ctx[ctx] = _attention_plan(cfg, batch, max_len, scale, sms, tokens_per_split, tactic, warps)
+    p.set(q, workspace, workspace + p.extra["parts"], cache.lens, cache.k_rec, cache.v_rec, cache.k_ring, cache.v_ring,
+          out)
+    _cuda.launch_all(p.launches, _stream(stream))
 
 
 def dense_decode_attention(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: int, capacity: int,
@@ -400,11 +480,20 @@ def dense_decode_attention(head_dim: int, num_q_heads: int, num_kv_heads: int, b
     if head_dim not in (64, 128) or not 1 <= max_len <= capacity:
         raise EdgeSDKError(f"dense_decode_attention: head_dim={head_dim}, max_len={max_len}, capacity={capacity}",
                            "head_dim 64 or 128, 1 ≤ max_len ≤ capacity")
-    tensors = [_p(lens), _p(0), _p(0), _p(k), _p(v)]
-    # No records (n_comp is always 0): record sizes 0, no staging memory.
-    geometry = [_i(1), _i(capacity), _i(_DENSE_WINDOW), _i(1), _i(1), _i(1), _i(0), _i(0)]
-    _attention(head_dim, num_q_heads, num_kv_heads, batch, max_len, q, out, workspace, stream, tensors,
-               geometry, 0, 0, scale, sms, tokens_per_split, tactic)
+    key = ("dense", head_dim, num_q_heads, num_kv_heads, batch, capacity, max_len, scale, sms, tokens_per_split, tactic,
+           _cuda.current_context())
+    plans = _cuda.thread_cache(_tls)
+    p = plans.get(key)
+    if p is None:
+        p = _Plan(_ATT_PTRS)
+        # No records (n_comp is always 0): record sizes 0, no staging memory.
+        geometry = (1, capacity, _DENSE_WINDOW, 1, 1, 1, 0, 0)
+        p.launches = _attention_launches(head_dim, num_q_heads, num_kv_heads, batch, max_len, geometry, 0, 0, scale,
+                                         sms, tokens_per_split, tactic, None, p.addr)
+        p.extra["parts"] = 4 * _counter_words(batch, num_q_heads)
+        plans[key] = p
+    p.set(q, workspace, workspace + p.extra["parts"], lens, 0, 0, k, v, out)
+    _cuda.launch_all(p.launches, _stream(stream))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -429,6 +518,55 @@ def node_plan(cfg: SparseKVConfig, batch: int, sms: int | None = None, tactic: i
     return tactic, nbytes
 
 
+#: Pointer arguments of one node call, in the order of its plan's slots: the per-call ones, then the per-step ones
+#: (token ``i`` of q, k, v and out, rewritten before each step when S > 1).
+_NODE_PTRS = ("lengths", "lens", "ws", "parts", "q", "k", "v", "out", "k_rec", "v_rec", "k_ring", "v_ring",
+              "q_src", "k_src", "v_src", "o_dst")
+
+
+def _node_plan(cfg: SparseKVConfig, scale: float, batch: int, S: int, sms: int | None, tactic: int | None) -> _Plan:
+    """The launches of one :func:`run_node` call shape: the first step's in ``launches`` (its ``step_lens`` also
+    zeroes the merge counters), the other steps' in ``extra["rest"]``; the step offset is one ``c_int`` both read.
+    Workspace layout: merge counters and split partials, then lens, then (S > 1) q, out, k, v of one token."""
+    d, hq, hkv = cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads
+    tactic, _ = node_plan(cfg, batch, sms, tactic)
+    _, ns = plan_cache(cfg, batch, cfg.capacity, sms, tactic=tactic)
+    p = _Plan(_NODE_PTRS)
+    a = p.addr
+    off = {"parts": 4 * _counter_words(batch, hq), "lens": _up(workspace_bytes(hq, d, batch, ns))}
+    off["q"] = off["lens"] + _up(4 * batch)
+    off["o"] = off["q"] + _up(2 * batch * hq * d)
+    off["k"] = off["o"] + _up(2 * batch * hq * d)
+    off["v"] = off["k"] + _up(2 * batch * hkv * d)
+    step = ctypes.c_int(0)
+    step_lens, copy = _kernel("sparse_kv_step_lens"), _kernel("sparse_kv_token_copy")
+
+    def lens_launch(n0: int) -> _cuda.Launch:  # n0 merge counters zeroed with the lengths (first step only)
+        return step_lens.plan((-(-max(batch, n0) // 128),), (128,),
+                              _cuda.ArgBlock([a["lengths"], a["lens"], _i(batch), step, a["ws"], _i(n0)]))
+
+    def gather(src: str, dst: str, rows: int, back: bool = False) -> _cuda.Launch:
+        strides = (d, S * d) if back else (S * d, d)
+        return copy.plan((min(max(1, rows * d // 4 // 128), 1024),), (128,),
+                         _cuda.ArgBlock([a[src], a[dst], _i(rows), _i(d), *(ctypes.c_longlong(x) for x in strides)]))
+
+    attention = _attention_launches(d, hq, hkv, batch, cfg.capacity, _geometry(cfg), cfg.rk, cfg.rv, scale, sms,
+                                    None, tactic, None, {n: a[n] for n in _ATT_PTRS})
+    append = _append_launch(cfg, batch, {"k_new": a["k"], "v_new": a["v"], "lens": a["lens"], "k_rec": a["k_rec"],
+                                         "v_rec": a["v_rec"], "k_ring": a["k_ring"], "v_ring": a["v_ring"]})
+    rows_q, rows_kv = batch * hq, batch * hkv
+    gathers = [] if S == 1 else [gather("q_src", "q", rows_q), gather("k_src", "k", rows_kv),
+                                 gather("v_src", "v", rows_kv)]
+    back = [] if S == 1 else [gather("out", "o_dst", rows_q, back=True)]
+    counters = _counter_words(batch, hq) if tactic in FUSED_TACTICS else 0
+    body = [*gathers, append, *attention, *back]
+    p.launches = [lens_launch(counters), *body]
+    p.extra.update(rest=[lens_launch(0), *body], step=step, offsets=off, pack_step=struct.Struct("=4Q").pack_into,
+                   state_bytes=[int(np.prod(shape)) * (1 if STATE_DTYPES[name] == "int8" else 2)
+                                for name, shape in state_shapes(cfg, batch).items()])
+    return p
+
+
 def run_node(cfg: SparseKVConfig, scale: float, batch: int, new_tokens: int, q: int, k: int, v: int,
              state_in: Sequence[int], state_out: Sequence[int], lengths: int, out: int, workspace: int,
              stream: int, sms: int | None = None, tactic: int | None = None) -> None:
@@ -442,47 +580,34 @@ def run_node(cfg: SparseKVConfig, scale: float, batch: int, new_tokens: int, q: 
         lengths (int): int32 ``[B]``, tokens cached after the call (each ≥ S; device).
         workspace (int): :func:`node_plan` bytes; nothing in it needs to survive between calls.
     """
-    if batch < 1 or new_tokens < 1:
-        raise EdgeSDKError(f"sparse_kv node call of batch {batch}, {new_tokens} new tokens",
-                           "pass batch >= 1 and at least one new token")
-    cu = _cuda._driver()
-    d, hq, hkv = cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads
-    shapes = state_shapes(cfg, batch)
-    for (name, shape), src, dst in zip(shapes.items(), state_in, state_out):
-        if int(src) != int(dst):
-            nbytes = int(np.prod(shape)) * (1 if STATE_DTYPES[name] == "int8" else 2)
-            _cuda.check(cu.cuMemcpyDtoDAsync(int(dst), int(src), nbytes, stream))
-    tactic, _ = node_plan(cfg, batch, sms, tactic)
-    _, ns = plan_cache(cfg, batch, cfg.capacity, sms, tactic=tactic)
-    ws = int(workspace)
-    lens = ws + _up(workspace_bytes(hq, d, batch, ns))
-    q_ws = lens + _up(4 * batch)
-    o_ws = q_ws + _up(2 * batch * hq * d)
-    k_ws = o_ws + _up(2 * batch * hq * d)
-    v_ws = k_ws + _up(2 * batch * hkv * d)
-    cache = CachePtrs(*(int(p) for p in state_out), lens)
-    step_lens, copy = _kernel("sparse_kv_step_lens"), _kernel("sparse_kv_token_copy")
     S = new_tokens
-
-    def gather(src, dst, rows, i, back=False):
-        grid = min(max(1, rows * d // 4 // 128), 1024)
-        args = [_p(src), _p(dst), _i(rows), _i(d), ctypes.c_longlong(d if back else S * d),
-                ctypes.c_longlong(S * d if back else d)]
-        copy.launch((grid,), (128,), args, stream)
-
-    counters = _counter_words(batch, hq) if tactic in FUSED_TACTICS else 0
+    key = ("node", cfg, scale, batch, S, sms, tactic, _cuda.current_context())
+    plans = _cuda.thread_cache(_tls)
+    p = plans.get(key)
+    if p is None:
+        if batch < 1 or new_tokens < 1:
+            raise EdgeSDKError(f"sparse_kv node call of batch {batch}, {new_tokens} new tokens",
+                               "pass batch >= 1 and at least one new token")
+        p = plans[key] = _node_plan(cfg, scale, batch, S, sms, tactic)
+    if any(int(a) != int(b) for a, b in zip(state_in, state_out)):
+        cu = _cuda._driver()
+        for src, dst, nbytes in zip(state_in, state_out, p.extra["state_bytes"]):
+            if int(src) != int(dst):
+                _cuda.check(cu.cuMemcpyDtoDAsync(int(dst), int(src), nbytes, stream))
+    ws, off = int(workspace), p.extra["offsets"]
+    lens = ws + off["lens"]
+    k_rec, v_rec, k_ring, v_ring = (int(x) for x in state_out)
+    q, k, v, out = int(q), int(k), int(v), int(out)
+    stream = _stream(stream)
+    if S == 1:
+        p.set(int(lengths), lens, ws, ws + off["parts"], q, k, v, out, k_rec, v_rec, k_ring, v_ring, 0, 0, 0, 0)
+        _cuda.launch_all(p.launches, stream)
+        return
+    p.set(int(lengths), lens, ws, ws + off["parts"], ws + off["q"], ws + off["k"], ws + off["v"], ws + off["o"],
+          k_rec, v_rec, k_ring, v_ring, q, k, v, out)
+    step, rest, pack, d2 = p.extra["step"], p.extra["rest"], p.extra["pack_step"], 2 * cfg.head_dim
     for i in range(S):
-        n0 = counters if i == 0 else 0  # zeroed once per call, with the first step's lengths (one launch)
-        step_lens.launch((-(-max(batch, n0) // 128),), (128,), [_p(lengths), _p(lens), _i(batch), _i(i + 1 - S),
-                                                               _p(ws), _i(n0)], stream)
-        if S == 1:
-            qi, ki, vi, oi = int(q), int(k), int(v), int(out)
-        else:
-            qi, ki, vi, oi = q_ws, k_ws, v_ws, o_ws
-            gather(int(q) + 2 * i * d, qi, batch * hq, i)
-            gather(int(k) + 2 * i * d, ki, batch * hkv, i)
-            gather(int(v) + 2 * i * d, vi, batch * hkv, i)
-        append(cfg, batch, ki, vi, cache, stream)
-        decode_attention(cfg, batch, cfg.capacity, qi, cache, oi, ws, stream, scale=scale, sms=sms, tactic=tactic)
-        if S > 1:
-            gather(oi, int(out) + 2 * i * d, batch * hq, i, back=True)
+        step.value = i + 1 - S
+        if i:
+            pack(p.slots, 8 * _NODE_PTRS.index("q_src"), q + i * d2, k + i * d2, v + i * d2, out + i * d2)
+        _cuda.launch_all(p.launches if i == 0 else rest, stream)

@@ -264,3 +264,18 @@ def test_record_words_empty_d64(tactic):
     expect = ref.cache_attention(host, q)
     for tps in (64, None, 1024):
         check_attention(gpu_attention(cfg, g, q, S, tps, tactic), expect)
+
+
+def test_sm_count_is_the_current_contexts():
+    """``sm_count()`` (the split heuristic's default) answers for the current context, queried once per context: the
+    device's SMs on torch's context, a green context's share inside one, the device's again after it."""
+    from edgesdk.kernels import _cuda
+
+    torch.zeros(1, device="cuda")  # torch's context current
+    full = torch.cuda.get_device_properties(0).multi_processor_count
+    assert ks.sm_count() == _cuda.context_sm_count() == full
+    with _cuda.in_green_context(16) as sms:
+        assert 16 <= sms < full
+        assert ks.sm_count() == _cuda.context_sm_count() == sms
+        assert ks.smem_optin() == _cuda.context_attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN") > 48 * 1024
+    assert ks.sm_count() == full
