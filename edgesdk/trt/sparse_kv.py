@@ -100,12 +100,30 @@ def workspace_bytes(attrs: dict, max_batch: int, sms: int | None = None) -> int:
     return max(ks.node_plan(cfg, b, sms)[1] for b in range(1, max(1, int(max_batch)) + 1))
 
 
+_configs: dict = {}  # attribute values -> (config, scale): validated once per distinct layer
+
+
+def _config(attrs: dict):
+    """:func:`~edgesdk.formats.sparse_kv.config_from_attributes`, cached by the attribute values (an enqueue per decode
+    step must not validate them again)."""
+    try:
+        key = tuple(attrs[name] for name in fmt.ATTRIBUTES)
+        return _configs[key]
+    except (KeyError, TypeError):  # first call for these values, or a missing / unhashable attribute
+        got = fmt.config_from_attributes(attrs)  # raises the clear error where one is due
+        try:
+            _configs[tuple(attrs[name] for name in fmt.ATTRIBUTES)] = got
+        except TypeError:
+            pass
+        return got
+
+
 def enqueue(attrs: dict, q_dims: tuple[int, ...], inputs, outputs, workspace: int, stream: int) -> None:
     """One call: ``run_node`` with TensorRT's pointers (state read from the inputs, written to the aliased outputs,
     which are the same buffers)."""
     from edgesdk.kernels import sparse_kv as ks
 
-    cfg, scale = fmt.config_from_attributes(attrs)
+    cfg, scale = _config(attrs)
     B, S = int(q_dims[0]), int(q_dims[2])
     ks.run_node(cfg, scale, B, S, int(inputs[0]), int(inputs[1]), int(inputs[2]), [int(p) for p in inputs[3:7]],
                 [int(p) for p in outputs[1:5]], int(inputs[7]), int(outputs[0]), int(workspace), int(stream))
