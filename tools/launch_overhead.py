@@ -176,6 +176,43 @@ def measure(calls: int, batches: int) -> list[dict]:
     return out
 
 
+def measure_sparse_kv(calls: int, batches: int) -> list[dict]:
+    """Median µs per call of the sparse KV launcher (``decode_attention``) and of the node's TensorRT ``enqueue``
+    (``edgesdk.trt.sparse_kv.enqueue`` = ``run_node``, state aliased) for 1 and 16 new tokens, per step."""
+    from edgesdk.formats import sparse_kv as fmt
+    from edgesdk.kernels import sparse_kv as ks
+    from edgesdk.trt import sparse_kv as tkv
+
+    stub = install_stub()
+    cfg = fmt.SparseKVConfig(64, 32, 8, 0.7, 0.7, 4096)  # Llama-3.2-1B-like attention layer
+    attrs = fmt.node_attributes(cfg, 0.125)
+    p = 0x7F0000000000
+    cache = ks.CachePtrs(*(p + i * 0x1000000 for i in range(5)))
+    out = []
+
+    def timed(label, fn, per):
+        fn()  # first call builds the plan / loads the modules
+        samples = []
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples.append((time.perf_counter() - t0) / calls / per * 1e6)
+        before = stub.calls.get("cuLaunchKernel", 0)
+        fn()
+        out.append({"case": label, "launch_us": statistics.median(samples),
+                    "kernels_per_call": (stub.calls["cuLaunchKernel"] - before) // per})
+
+    timed("sparse_kv decode_attention, B=1, 4096 tokens", lambda: ks.decode_attention(
+        cfg, 1, 4096, p, cache, p + 0x10000000, p + 0x20000000, 0x5000), 1)
+    for S in (1, 16):
+        ins = [p + i * 0x1000000 for i in range(8)]  # q, k, v, 4 state tensors, lengths
+        outs = [p + 0x30000000, *ins[3:7]]  # out, the state aliased
+        timed(f"sparse_kv node enqueue, B=1, S={S} (per step)", lambda S=S, ins=ins, outs=outs: tkv.enqueue(
+            attrs, (1, 32, S, 64), ins, outs, p + 0x20000000, 0x5000), S)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=2000, help="calls per timed batch")
@@ -187,6 +224,8 @@ def main() -> int:
     print(f"{'case':58s} {'enqueue µs':>10s} {'launch µs':>10s} {'kernels':>8s}")
     for r in rows:
         print(f"{r['case']:58s} {r['enqueue_us']:10.2f} {r['launch_us']:10.2f} {r['kernels_per_enqueue']:8d}")
+    for r in measure_sparse_kv(args.calls, args.batches):
+        print(f"{r['case']:58s} {'':>10s} {r['launch_us']:10.2f} {r['kernels_per_call']:8d}")
     return 0
 
 
