@@ -38,6 +38,7 @@ EPI_SIG = [P, I, P, P, P, F, I, I, I]  # part, splits, Y, w_scale, bias, x_scale
 KV_ATTN_SIG = [P] * 7 + [I] * 12 + [F]  # q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, geometry (8), TS, NS, scale
 KV_SIGS = {"sparse_kv_attn_": KV_ATTN_SIG, "sparse_kv_attn2_": KV_ATTN_SIG + [P, I], "sparse_kv_combine_": [P] * 3 + [I] * 3,
            "sparse_kv_append_": [P] * 7 + [I] * 9, "sparse_kv_step_lens": [P, P, I, I, P, I],
+           "sparse_kv_node_step": [P, P, I, P, I] + [P] * 8 + [I] * 5,
            "sparse_kv_token_copy": [P, P, I, I, L, L]}
 
 
@@ -337,13 +338,17 @@ def test_sparse_kv_bad_call_raises_before_any_driver_call(stub):
 
 @pytest.mark.parametrize("S", [1, 3])
 def test_sparse_kv_node_steps(stub, S):
-    """run_node: S steps of (lengths, [gather q/k/v], append, attention, [gather out]) from one plan; per step only
-    the step offset and the token pointers change; state copies only where input and output differ."""
+    """run_node: S steps from one plan. S = 1: lengths, append, attention on the node's tensors. S > 1: the step
+    kernel (lengths, token i of q/k/v into the workspace, the previous output row back), append, attention on the
+    workspace rows, then the last output row copied back; per step only the step index changes. The state is copied
+    only where input and output differ."""
     d, B, ws = 64, 2, 0x900000
     q, k, v, out, lengths = 0x100000, 0x200000, 0x300000, 0x400000, 0x500000
     state_in = [0x600000, 0x610000, 0x620000, 0x630000]
     state_out = [0x600000, 0x710000, 0x620000, 0x630000]  # v_records not aliased: one copy
     tactic, nbytes = ks.node_plan(KV, B)
+    assert tactic in ks.FUSED_TACTICS
+    counters = ks._counter_words(B, 32)
     _, ns = ks.plan_cache(KV, B, KV.capacity, tactic=tactic)
     lens = ws + ks._up(ks.workspace_bytes(32, d, B, ns))
     q_ws = lens + ks._up(4 * B)
@@ -356,27 +361,24 @@ def test_sparse_kv_node_steps(stub, S):
     for rep in range(2):  # the second call reuses the plan
         stub.seen.clear()
         ks.run_node(KV, 0.125, B, S, q, k, v, state_in, state_out, lengths, out, ws, 0x51)
-        per = len(stub.seen) // S
-        assert tactic in ks.FUSED_TACTICS and per * S == len(stub.seen) and per == (3 if S == 1 else 7)
+        seen = stub.seen
+        assert len(seen) == 3 * S + (S > 1)
+        qi, ki, vi, oi = (q, k, v, out) if S == 1 else (q_ws, k_ws, v_ws, o_ws)
         for i in range(S):
-            step = stub.seen[i * per:(i + 1) * per]
-            names = [x["name"] for x in step]
-            assert names[0] == "sparse_kv_step_lens" and names[-1 if S == 1 else -2].startswith("sparse_kv_attn2_d64")
-            counters = ks._counter_words(B, 32) if (i == 0 and tactic in ks.FUSED_TACTICS) else 0
-            assert step[0]["args"] == [lengths, lens, B, i + 1 - S, ws, counters]
-            qi, ki, vi, oi = (q, k, v, out) if S == 1 else (q_ws, k_ws, v_ws, o_ws)
-            app = step[-2 if S == 1 else -3]
+            prep, app, attn = seen[3 * i:3 * i + 3]
+            if S == 1:
+                assert prep["name"] == "sparse_kv_step_lens" and prep["args"] == [lengths, lens, B, 0, ws, counters]
+            else:
+                assert prep["name"] == "sparse_kv_node_step"
+                assert prep["args"] == [lengths, lens, B, ws, counters, q, k, v, out, q_ws, k_ws, v_ws, o_ws, B * 32,
+                                        B * 8, d, S, i]
             assert app["name"] == "sparse_kv_append_d64" and app["args"][:7] == [ki, vi, lens, 0x600000, 0x710000,
                                                                               0x620000, 0x630000]
-            attn = step[-1 if S == 1 else -2]
-            assert attn["args"][0] == qi and attn["args"][1] == ws and attn["args"][2] == lens
-            assert attn["args"][20] == oi
-            if S > 1:
-                g = step[1:4]
-                assert [x["name"] for x in g] == ["sparse_kv_token_copy"] * 3
-                assert [x["args"][:2] for x in g] == [[q + 2 * i * d, q_ws], [k + 2 * i * d, k_ws], [v + 2 * i * d, v_ws]]
-                assert [x["args"][2:] for x in g] == [[B * 32, d, S * d, d], [B * 8, d, S * d, d], [B * 8, d, S * d, d]]
-                assert step[-1]["args"] == [o_ws, out + 2 * i * d, B * 32, d, d, S * d]
+            assert attn["name"].startswith("sparse_kv_attn2_d64")
+            assert attn["args"][:3] == [qi, ws, lens] and attn["args"][20:] == [oi, 1]
+        if S > 1:
+            assert seen[-1]["name"] == "sparse_kv_token_copy"
+            assert seen[-1]["args"] == [o_ws, out + 2 * (S - 1) * d, B * 32, d, d, S * d]
         v_records = state_shapes(KV, B)["v_records"]
         assert STATE_DTYPES["v_records"] == "int8"
         assert copies == [(0x710000, 0x610000, int(np.prod(v_records)))] * (rep + 1)  # int8 state: 1 byte each

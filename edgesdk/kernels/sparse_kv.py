@@ -518,16 +518,20 @@ def node_plan(cfg: SparseKVConfig, batch: int, sms: int | None = None, tactic: i
     return tactic, nbytes
 
 
-#: Pointer arguments of one node call, in the order of its plan's slots: the per-call ones, then the per-step ones
-#: (token ``i`` of q, k, v and out, rewritten before each step when S > 1).
+#: Pointer arguments of one node call, in the order of its plan's slots: workspace parts, the node's tensors, the
+#: state, and (S > 1) out at the last token.
 _NODE_PTRS = ("lengths", "lens", "ws", "parts", "q", "k", "v", "out", "k_rec", "v_rec", "k_ring", "v_ring",
-              "q_src", "k_src", "v_src", "o_dst")
+              "q_src", "k_src", "v_src", "o_dst", "o_last")
 
 
 def _node_plan(cfg: SparseKVConfig, scale: float, batch: int, S: int, sms: int | None, tactic: int | None) -> _Plan:
-    """The launches of one :func:`run_node` call shape: the first step's in ``launches`` (its ``step_lens`` also
-    zeroes the merge counters), the other steps' in ``extra["rest"]``; the step offset is one ``c_int`` both read.
-    Workspace layout: merge counters and split partials, then lens, then (S > 1) q, out, k, v of one token."""
+    """The launches of one step of a :func:`run_node` call shape in ``launches``; S > 1: ``extra["last"]`` copies the
+    last step's output, and the step index is the ``c_int`` ``extra["step"]``, read by the step kernel.
+
+    S = 1: ``sparse_kv_step_lens`` (lengths, merge counters zeroed), append, attention straight on the node's
+    tensors. S > 1: ``sparse_kv_node_step`` (lengths, token i of q, k, v into the workspace, the previous step's
+    output row back into out), append, attention into the workspace row. Workspace layout: merge counters and split
+    partials, then lens, then (S > 1) one token's q, out, k, v."""
     d, hq, hkv = cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads
     tactic, _ = node_plan(cfg, batch, sms, tactic)
     _, ns = plan_cache(cfg, batch, cfg.capacity, sms, tactic=tactic)
@@ -538,32 +542,31 @@ def _node_plan(cfg: SparseKVConfig, scale: float, batch: int, S: int, sms: int |
     off["o"] = off["q"] + _up(2 * batch * hq * d)
     off["k"] = off["o"] + _up(2 * batch * hq * d)
     off["v"] = off["k"] + _up(2 * batch * hkv * d)
-    step = ctypes.c_int(0)
-    step_lens, copy = _kernel("sparse_kv_step_lens"), _kernel("sparse_kv_token_copy")
-
-    def lens_launch(n0: int) -> _cuda.Launch:  # n0 merge counters zeroed with the lengths (first step only)
-        return step_lens.plan((-(-max(batch, n0) // 128),), (128,),
-                              _cuda.ArgBlock([a["lengths"], a["lens"], _i(batch), step, a["ws"], _i(n0)]))
-
-    def gather(src: str, dst: str, rows: int, back: bool = False) -> _cuda.Launch:
-        strides = (d, S * d) if back else (S * d, d)
-        return copy.plan((min(max(1, rows * d // 4 // 128), 1024),), (128,),
-                         _cuda.ArgBlock([a[src], a[dst], _i(rows), _i(d), *(ctypes.c_longlong(x) for x in strides)]))
-
+    rows_q, rows_kv = batch * hq, batch * hkv
+    counters = _counter_words(batch, hq) if tactic in FUSED_TACTICS else 0
     attention = _attention_launches(d, hq, hkv, batch, cfg.capacity, _geometry(cfg), cfg.rk, cfg.rv, scale, sms,
                                     None, tactic, None, {n: a[n] for n in _ATT_PTRS})
     append = _append_launch(cfg, batch, {"k_new": a["k"], "v_new": a["v"], "lens": a["lens"], "k_rec": a["k_rec"],
                                          "v_rec": a["v_rec"], "k_ring": a["k_ring"], "v_ring": a["v_ring"]})
-    rows_q, rows_kv = batch * hq, batch * hkv
-    gathers = [] if S == 1 else [gather("q_src", "q", rows_q), gather("k_src", "k", rows_kv),
-                                 gather("v_src", "v", rows_kv)]
-    back = [] if S == 1 else [gather("out", "o_dst", rows_q, back=True)]
-    counters = _counter_words(batch, hq) if tactic in FUSED_TACTICS else 0
-    body = [*gathers, append, *attention, *back]
-    p.launches = [lens_launch(counters), *body]
-    p.extra.update(rest=[lens_launch(0), *body], step=step, offsets=off, pack_step=struct.Struct("=4Q").pack_into,
-                   state_bytes=[int(np.prod(shape)) * (1 if STATE_DTYPES[name] == "int8" else 2)
-                                for name, shape in state_shapes(cfg, batch).items()])
+    p.extra.update(offsets=off, state_bytes=[int(np.prod(shape)) * (1 if STATE_DTYPES[name] == "int8" else 2)
+                                             for name, shape in state_shapes(cfg, batch).items()])
+    if S == 1:
+        lens = _kernel("sparse_kv_step_lens").plan(
+            (-(-max(batch, counters) // 128),), (128,),
+            _cuda.ArgBlock([a["lengths"], a["lens"], _i(batch), _i(0), a["ws"], _i(counters)]))
+        p.launches = [lens, append, *attention]
+        return p
+    step = ctypes.c_int(0)
+    items = max(batch, counters) + 2 * (rows_q + rows_kv) * (d // 4)
+    prep = _kernel("sparse_kv_node_step").plan(
+        (min(-(-items // 128), 1024),), (128,),
+        _cuda.ArgBlock([a["lengths"], a["lens"], _i(batch), a["ws"], _i(counters), a["q_src"], a["k_src"], a["v_src"],
+                        a["o_dst"], a["q"], a["k"], a["v"], a["out"], _i(rows_q), _i(rows_kv), _i(d), _i(S), step]))
+    last = _kernel("sparse_kv_token_copy").plan(
+        (min(max(1, rows_q * d // 4 // 128), 1024),), (128,),
+        _cuda.ArgBlock([a["out"], a["o_last"], _i(rows_q), _i(d), ctypes.c_longlong(d), ctypes.c_longlong(S * d)]))
+    p.launches = [prep, append, *attention]
+    p.extra.update(step=step, last=[last])
     return p
 
 
@@ -580,14 +583,14 @@ def run_node(cfg: SparseKVConfig, scale: float, batch: int, new_tokens: int, q: 
         lengths (int): int32 ``[B]``, tokens cached after the call (each ≥ S; device).
         workspace (int): :func:`node_plan` bytes; nothing in it needs to survive between calls.
     """
+    if batch < 1 or new_tokens < 1:
+        raise EdgeSDKError(f"sparse_kv node call of batch {batch}, {new_tokens} new tokens",
+                           "pass batch >= 1 and at least one new token")
     S = new_tokens
     key = ("node", cfg, scale, batch, S, sms, tactic, _cuda.current_context())
     plans = _cuda.thread_cache(_tls)
     p = plans.get(key)
     if p is None:
-        if batch < 1 or new_tokens < 1:
-            raise EdgeSDKError(f"sparse_kv node call of batch {batch}, {new_tokens} new tokens",
-                               "pass batch >= 1 and at least one new token")
         p = plans[key] = _node_plan(cfg, scale, batch, S, sms, tactic)
     if any(int(a) != int(b) for a, b in zip(state_in, state_out)):
         cu = _cuda._driver()
@@ -600,14 +603,13 @@ def run_node(cfg: SparseKVConfig, scale: float, batch: int, new_tokens: int, q: 
     q, k, v, out = int(q), int(k), int(v), int(out)
     stream = _stream(stream)
     if S == 1:
-        p.set(int(lengths), lens, ws, ws + off["parts"], q, k, v, out, k_rec, v_rec, k_ring, v_ring, 0, 0, 0, 0)
+        p.set(int(lengths), lens, ws, ws + off["parts"], q, k, v, out, k_rec, v_rec, k_ring, v_ring, 0, 0, 0, 0, 0)
         _cuda.launch_all(p.launches, stream)
         return
     p.set(int(lengths), lens, ws, ws + off["parts"], ws + off["q"], ws + off["k"], ws + off["v"], ws + off["o"],
-          k_rec, v_rec, k_ring, v_ring, q, k, v, out)
-    step, rest, pack, d2 = p.extra["step"], p.extra["rest"], p.extra["pack_step"], 2 * cfg.head_dim
+          k_rec, v_rec, k_ring, v_ring, q, k, v, out, out + 2 * (S - 1) * cfg.head_dim)
+    step = p.extra["step"]
     for i in range(S):
-        step.value = i + 1 - S
-        if i:
-            pack(p.slots, 8 * _NODE_PTRS.index("q_src"), q + i * d2, k + i * d2, v + i * d2, out + i * d2)
-        _cuda.launch_all(p.launches if i == 0 else rest, stream)
+        step.value = i
+        _cuda.launch_all(p.launches, stream)
+    _cuda.launch_all(p.extra["last"], stream)

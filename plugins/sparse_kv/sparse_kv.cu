@@ -1085,6 +1085,47 @@ extern "C" __global__ void __launch_bounds__(128) sparse_kv_step_lens(const int*
   if (t < n_counters) counters[t] = 0u;
 }
 
+// Step i of a node call of S > 1 tokens, in one launch: lens (as sparse_kv_step_lens; the merge counters zeroed on the
+// first step only), token i of q, k, v ([B, H, S, d]) into the workspace rows q_ws, k_ws, v_ws ([B, H, d]), and, from
+// the second step on, the previous step's output row o_ws back into out at token i - 1 (the last step's is copied by
+// sparse_kv_token_copy after it). One grid-stride loop over the five parts; 8-byte moves (d = 64 or 128). The
+// stream orders it after the previous step's attention (which read the rows and wrote o_ws) and before this step's.
+extern "C" __global__ void __launch_bounds__(128) sparse_kv_node_step(
+    const int* lengths, int* lens, int batch, unsigned* counters, int n_counters, const __half* q, const __half* k,
+    const __half* v, __half* out, __half* q_ws, __half* k_ws, __half* v_ws, const __half* o_ws, int rows_q,
+    int rows_kv, int d, int S, int i) {
+  const int per_row = d / 4;
+  const long long n0 = max(batch, i == 0 ? n_counters : 0), nq = (long long)rows_q * per_row,
+                  nkv = (long long)rows_kv * per_row;
+  const long long n = n0 + nq + 2 * nkv + (i > 0 ? nq : 0);
+  const long long pitch = (long long)S * d;
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x) {
+    if (e < n0) {
+      if (e < batch) lens[e] = lengths[e] + i + 1 - S;
+      if (i == 0 && e < n_counters) counters[e] = 0u;
+      continue;
+    }
+    long long x = e - n0;
+    const __half* src;
+    __half* dst;
+    int tok;
+    bool back = false;
+    if (x < nq) {
+      src = q, dst = q_ws, tok = i;
+    } else if ((x -= nq) < nkv) {
+      src = k, dst = k_ws, tok = i;
+    } else if ((x -= nkv) < nkv) {
+      src = v, dst = v_ws, tok = i;
+    } else {
+      x -= nkv, src = o_ws, dst = out, tok = i - 1, back = true;
+    }
+    const long long r = x / per_row, c = (x % per_row) * 4;
+    const long long s_off = back ? r * d + c : r * pitch + (long long)tok * d + c;
+    const long long d_off = back ? r * pitch + (long long)tok * d + c : r * d + c;
+    *reinterpret_cast<uint2*>(dst + d_off) = *reinterpret_cast<const uint2*>(src + s_off);
+  }
+}
+
 // rows of d halves from src (row pitch src_stride halves) to dst (row pitch dst_stride): token i of
 // [B, H, S, d] to [B, H, d] (src_stride = S d) and back (dst_stride = S d). d is 64 or 128: 8-byte moves.
 extern "C" __global__ void __launch_bounds__(128) sparse_kv_token_copy(const __half* src, __half* dst, int rows,
