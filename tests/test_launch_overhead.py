@@ -37,7 +37,7 @@ EPI_SIG = [P, I, P, P, P, F, I, I, I]  # part, splits, Y, w_scale, bias, x_scale
 # sparse_kv: attention (tactic 0; tactics 1-4 add out, fuse), merge, append, step lengths, token copy
 KV_ATTN_SIG = [P] * 7 + [I] * 12 + [F]  # q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, geometry (8), TS, NS, scale
 KV_SIGS = {"sparse_kv_attn_": KV_ATTN_SIG, "sparse_kv_attn2_": KV_ATTN_SIG + [P, I], "sparse_kv_combine_": [P] * 3 + [I] * 3,
-           "sparse_kv_append_": [P] * 7 + [I] * 9, "sparse_kv_step_lens": [P, P, I, I, P, I],
+           "sparse_kv_append_": [P] * 7 + [I] * 9 + [P, I],
            "sparse_kv_node_step": [P, P, I, P, I] + [P] * 8 + [I] * 5,
            "sparse_kv_token_copy": [P, P, I, I, L, L]}
 
@@ -338,7 +338,8 @@ def test_sparse_kv_bad_call_raises_before_any_driver_call(stub):
 
 @pytest.mark.parametrize("S", [1, 3])
 def test_sparse_kv_node_steps(stub, S):
-    """run_node: S steps from one plan. S = 1: lengths, append, attention on the node's tensors. S > 1: the step
+    """run_node: S steps from one plan. S = 1: append (zeroing the merge counters) and attention on the node's
+    tensors and lengths. S > 1: the step
     kernel (lengths, token i of q/k/v into the workspace, the previous output row back), append, attention on the
     workspace rows, then the last output row copied back; per step only the step index changes. The state is copied
     only where input and output differ."""
@@ -362,20 +363,23 @@ def test_sparse_kv_node_steps(stub, S):
         stub.seen.clear()
         ks.run_node(KV, 0.125, B, S, q, k, v, state_in, state_out, lengths, out, ws, 0x51)
         seen = stub.seen
-        assert len(seen) == 3 * S + (S > 1)
+        assert len(seen) == (2 if S == 1 else 3 * S + 1)
         qi, ki, vi, oi = (q, k, v, out) if S == 1 else (q_ws, k_ws, v_ws, o_ws)
+        li = lengths if S == 1 else lens  # one token: the node's lengths are the cached lengths
         for i in range(S):
-            prep, app, attn = seen[3 * i:3 * i + 3]
             if S == 1:
-                assert prep["name"] == "sparse_kv_step_lens" and prep["args"] == [lengths, lens, B, 0, ws, counters]
+                app, attn = seen
+                assert app["args"][-2:] == [ws, counters]  # append zeroes the merge counters
             else:
+                prep, app, attn = seen[3 * i:3 * i + 3]
                 assert prep["name"] == "sparse_kv_node_step"
                 assert prep["args"] == [lengths, lens, B, ws, counters, q, k, v, out, q_ws, k_ws, v_ws, o_ws, B * 32,
                                         B * 8, d, S, i]
-            assert app["name"] == "sparse_kv_append_d64" and app["args"][:7] == [ki, vi, lens, 0x600000, 0x710000,
+                assert app["args"][-2:] == [0, 0]
+            assert app["name"] == "sparse_kv_append_d64" and app["args"][:7] == [ki, vi, li, 0x600000, 0x710000,
                                                                               0x620000, 0x630000]
             assert attn["name"].startswith("sparse_kv_attn2_d64")
-            assert attn["args"][:3] == [qi, ws, lens] and attn["args"][20:] == [oi, 1]
+            assert attn["args"][:3] == [qi, ws, li] and attn["args"][20:] == [oi, 1]
         if S > 1:
             assert seen[-1]["name"] == "sparse_kv_token_copy"
             assert seen[-1]["args"] == [o_ws, out + 2 * (S - 1) * d, B * 32, d, d, S * d]

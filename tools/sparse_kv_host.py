@@ -5,7 +5,8 @@ makes every decode step (and every token of a prompt fed through the ``EdgeSpars
 token) host-bound. For one layer shape (default Llama-3.2-1B-like attention, batch 1, 4096 cached tokens, 70 %),
 per launcher module — this repository's ``edgesdk.kernels.sparse_kv`` and, with ``--launcher FILE`` (repeatable),
 other versions of that file (e.g. ``git show REV:edgesdk/kernels/sparse_kv.py``), loaded side by side in one process
-on the same cache — it measures:
+on the same cache — it measures (a ``.cu`` file beside ``FILE`` with the same stem is taken as that version's kernel
+source: launchers and kernels of one commit belong together):
 
 * ``host_us``: µs of Python per call, calls timed in batches without waiting for the GPU (synchronised between
   batches, outside the timing), median of the batches;
@@ -16,7 +17,8 @@ Cases: ``decode_attention``; ``run_node`` (the node's TensorRT ``enqueue``) with
 aliased, the same lengths every call (the steps re-append the same positions; timing only). Every launcher's
 ``decode_attention`` output is compared with the first one's (bit-identical expected: same kernels).
 
-    python tools/sparse_kv_host.py [--launcher OLD.py] [--json bench/results/sparse_kv_host.json]
+    git show REV:edgesdk/kernels/sparse_kv.py > /tmp/old.py; git show REV:plugins/sparse_kv/sparse_kv.cu > /tmp/old.cu
+    python tools/sparse_kv_host.py [--launcher /tmp/old.py] [--json bench/results/sparse_kv_host.json]
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ def load_launcher(path: str, i: int):
     spec = importlib.util.spec_from_file_location(f"edgesdk.kernels._sparse_kv_alt{i}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    cu = Path(path).with_suffix(".cu")
+    if cu.is_file():
+        mod.SOURCE = str(cu.resolve())
     return mod
 
 

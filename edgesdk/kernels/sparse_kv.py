@@ -335,9 +335,12 @@ def append(cfg: SparseKVConfig, batch: int, k_new: int, v_new: int, cache: Cache
 _APPEND_PTRS = ("k_new", "v_new", "lens", "k_rec", "v_rec", "k_ring", "v_ring")
 
 
-def _append_launch(cfg: SparseKVConfig, batch: int, slot: dict) -> _cuda.Launch:
+def _append_launch(cfg: SparseKVConfig, batch: int, slot: dict, n_counters: int = 0) -> _cuda.Launch:
+    """The append kernel's launch; with ``n_counters`` > 0 it also zeroes that many merge counters at the address in
+    ``slot["counters"]`` (the node's one-token call)."""
     k = _kernel(f"sparse_kv_append_d{cfg.head_dim}")
     args = [slot[n] for n in _APPEND_PTRS] + [_i(v) for v in (cfg.num_kv_heads, *_geometry(cfg))]
+    args += [slot["counters"] if n_counters else ctypes.c_void_p(0), _i(n_counters)]
     return k.plan((math.ceil((cfg.group + 1) / COMP_WARPS), cfg.num_kv_heads, batch), (COMP_THREADS,),
                   _cuda.ArgBlock(args))
 
@@ -528,10 +531,10 @@ def _node_plan(cfg: SparseKVConfig, scale: float, batch: int, S: int, sms: int |
     """The launches of one step of a :func:`run_node` call shape in ``launches``; S > 1: ``extra["last"]`` copies the
     last step's output, and the step index is the ``c_int`` ``extra["step"]``, read by the step kernel.
 
-    S = 1: ``sparse_kv_step_lens`` (lengths, merge counters zeroed), append, attention straight on the node's
-    tensors. S > 1: ``sparse_kv_node_step`` (lengths, token i of q, k, v into the workspace, the previous step's
-    output row back into out), append, attention into the workspace row. Workspace layout: merge counters and split
-    partials, then lens, then (S > 1) one token's q, out, k, v."""
+    S = 1: append (which also zeroes the merge counters), attention, straight on the node's tensors and lengths (the
+    cached lengths are the lengths after the call). S > 1: ``sparse_kv_node_step`` (lengths, token i of q, k, v into
+    the workspace, the previous step's output row back into out), append, attention into the workspace row.
+    Workspace layout: merge counters and split partials, then lens, then (S > 1) one token's q, out, k, v."""
     d, hq, hkv = cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads
     tactic, _ = node_plan(cfg, batch, sms, tactic)
     _, ns = plan_cache(cfg, batch, cfg.capacity, sms, tactic=tactic)
@@ -547,14 +550,12 @@ def _node_plan(cfg: SparseKVConfig, scale: float, batch: int, S: int, sms: int |
     attention = _attention_launches(d, hq, hkv, batch, cfg.capacity, _geometry(cfg), cfg.rk, cfg.rv, scale, sms,
                                     None, tactic, None, {n: a[n] for n in _ATT_PTRS})
     append = _append_launch(cfg, batch, {"k_new": a["k"], "v_new": a["v"], "lens": a["lens"], "k_rec": a["k_rec"],
-                                         "v_rec": a["v_rec"], "k_ring": a["k_ring"], "v_ring": a["v_ring"]})
+                                         "v_rec": a["v_rec"], "k_ring": a["k_ring"], "v_ring": a["v_ring"],
+                                         "counters": a["ws"]}, counters if S == 1 else 0)
     p.extra.update(offsets=off, state_bytes=[int(np.prod(shape)) * (1 if STATE_DTYPES[name] == "int8" else 2)
                                              for name, shape in state_shapes(cfg, batch).items()])
     if S == 1:
-        lens = _kernel("sparse_kv_step_lens").plan(
-            (-(-max(batch, counters) // 128),), (128,),
-            _cuda.ArgBlock([a["lengths"], a["lens"], _i(batch), _i(0), a["ws"], _i(counters)]))
-        p.launches = [lens, append, *attention]
+        p.launches = [append, *attention]
         return p
     step = ctypes.c_int(0)
     items = max(batch, counters) + 2 * (rows_q + rows_kv) * (d // 4)
@@ -602,8 +603,9 @@ def run_node(cfg: SparseKVConfig, scale: float, batch: int, new_tokens: int, q: 
     k_rec, v_rec, k_ring, v_ring = (int(x) for x in state_out)
     q, k, v, out = int(q), int(k), int(v), int(out)
     stream = _stream(stream)
-    if S == 1:
-        p.set(int(lengths), lens, ws, ws + off["parts"], q, k, v, out, k_rec, v_rec, k_ring, v_ring, 0, 0, 0, 0, 0)
+    if S == 1:  # the kernels read the node's lengths as the cached lengths
+        p.set(int(lengths), int(lengths), ws, ws + off["parts"], q, k, v, out, k_rec, v_rec, k_ring, v_ring, 0, 0, 0, 0,
+              0)
         _cuda.launch_all(p.launches, stream)
         return
     p.set(int(lengths), lens, ws, ws + off["parts"], ws + off["q"], ws + off["k"], ws + off["v"], ws + off["o"],

@@ -976,7 +976,12 @@ template <int D>
 __device__ __forceinline__ void append(
     const __half* __restrict__ k_new, const __half* __restrict__ v_new, const int* __restrict__ lens,
     uint8_t* __restrict__ k_rec, uint8_t* __restrict__ v_rec, __half* __restrict__ k_ring,
-    __half* __restrict__ v_ring, int Hkv, int cap, int C, int W, int A, int keep_k, int keep_v, int rk, int rv) {
+    __half* __restrict__ v_ring, int Hkv, int cap, int C, int W, int A, int keep_k, int keep_v, int rk, int rv,
+    unsigned* __restrict__ counters, int n_counters) {
+  // The node's one-token call (run_node, S = 1) zeroes the fused merge's counters here (TensorRT's scratch holds
+  // anything on entry); the attention launched after this on the same stream uses them. n_counters = 0 otherwise.
+  if (n_counters > 0 && (blockIdx.x | blockIdx.y | blockIdx.z) == 0)
+    for (int t = threadIdx.x; t < n_counters; t += blockDim.x) counters[t] = 0u;
   const int i = blockIdx.x * kCompWarps + (threadIdx.x >> 5), h = blockIdx.y, b = blockIdx.z;
   const int L = lens[b];
   if (L <= 0 || i > A) return;
@@ -1064,29 +1069,19 @@ DEF_ATTN2W(64, 8, 16)
     prefill<D>(k_src, v_src, S, CACHE_PASS);                                                           \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(kCompThreads) sparse_kv_append_d##D(                       \
-      const __half* k_new, const __half* v_new, CACHE_ARGS) {                                         \
-    append<D>(k_new, v_new, CACHE_PASS);                                                               \
+      const __half* k_new, const __half* v_new, CACHE_ARGS, unsigned* counters, int n_counters) {     \
+    append<D>(k_new, v_new, CACHE_PASS, counters, n_counters);                                         \
   }
 DEF_D(64)
 DEF_D(128)
 
 // ---- The EdgeSparseKVAttention node's steps (edgesdk.kernels.sparse_kv.run_node): a call of S new tokens runs S
-// decode steps. Both kernels keep everything on the device (no host read of the lengths; CUDA-graph safe).
+// decode steps. Everything stays on the device (no host read of the lengths; CUDA-graph safe). A call of one token
+// needs neither kernel below: its lengths are the cached lengths, and append zeroes the merge counters.
 
-// lens[b] = lengths[b] + offset: the cached length at step i of S (lengths = tokens cached after the call,
-// offset = i + 1 - S); and, where n_counters > 0 (the first step of a call of the fused tactic), zero the merge
-// counters at the start of the workspace (TensorRT's scratch holds anything on entry; the fused kernel leaves them
-// zero after each use).
-extern "C" __global__ void __launch_bounds__(128) sparse_kv_step_lens(const int* lengths, int* lens, int batch,
-                                                                     int offset, unsigned* counters,
-                                                                     int n_counters) {
-  const int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t < batch) lens[t] = lengths[t] + offset;
-  if (t < n_counters) counters[t] = 0u;
-}
-
-// Step i of a node call of S > 1 tokens, in one launch: lens (as sparse_kv_step_lens; the merge counters zeroed on the
-// first step only), token i of q, k, v ([B, H, S, d]) into the workspace rows q_ws, k_ws, v_ws ([B, H, d]), and, from
+// Step i of a node call of S > 1 tokens, in one launch: lens[b] = lengths[b] + i + 1 - S (the cached length at step
+// i; lengths = tokens cached after the call) and, on the first step, the fused merge's counters zeroed (TensorRT's
+// scratch holds anything on entry; the fused kernel leaves them zero after each use); token i of q, k, v ([B, H, S, d]) into the workspace rows q_ws, k_ws, v_ws ([B, H, d]), and, from
 // the second step on, the previous step's output row o_ws back into out at token i - 1 (the last step's is copied by
 // sparse_kv_token_copy after it). One grid-stride loop over the five parts; 8-byte moves (d = 64 or 128). The
 // stream orders it after the previous step's attention (which read the rows and wrote o_ws) and before this step's.
