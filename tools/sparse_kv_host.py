@@ -9,7 +9,8 @@ on the same cache — it measures (a ``.cu`` file beside ``FILE`` with the same 
 source: launchers and kernels of one commit belong together):
 
 * ``host_us``: µs of Python per call, calls timed in batches without waiting for the GPU (synchronised between
-  batches, outside the timing), median of the batches;
+  batches, outside the timing), median over rounds in which every launcher version takes its turn (the host's
+  drift falls on all of them alike);
 * ``wall_us``: µs from the call to the end of its GPU work (call, then ``cudaStreamSynchronize``), median;
 * ``gpu_us`` (``decode_attention`` only): µs per call in CUDA-graph replays (what the GPU itself spends).
 
@@ -80,7 +81,7 @@ def main() -> int:
     ap.add_argument("--hkv", type=int, default=8)
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--sparsity", type=float, default=0.7)
-    ap.add_argument("--batches", type=int, default=15)
+    ap.add_argument("--batches", type=int, default=30, help="rounds (each launcher: one host batch, 3 waited calls)")
     ap.add_argument("--json", default=None, help="write the results here (bench/results/...)")
     a = ap.parse_args()
 
@@ -100,7 +101,13 @@ def main() -> int:
     ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(), cache, stream)
     torch.cuda.synchronize()
 
-    rows, first_out = [], None
+    # Per launcher: its workspace, output and the callables of the three cases. The decode outputs are compared
+    # first, before any node call writes to the cache.
+    calls, first_out, same = {}, None, {}
+    node_in = {S: (rnd(B, a.hq, S, d), rnd(B, a.hkv, S, d), rnd(B, a.hkv, S, d),
+                   torch.full((B,), ctx + S, dtype=torch.int32, device="cuda"),
+                   torch.empty((B, a.hq, S, d), device="cuda", dtype=torch.float16)) for S in (1, S_max)}
+    ptrs = [t.data_ptr() for t in state]
     for label, mod in mods:
         _, ns = mod.plan_cache(cfg, B, ctx)
         _, node_ws = mod.node_plan(cfg, B)
@@ -110,34 +117,39 @@ def main() -> int:
         def attend(mod=mod, out=out, ws=ws, stream=stream):
             mod.decode_attention(cfg, B, ctx, q.data_ptr(), cache, out.data_ptr(), ws.data_ptr(), stream)
 
-        def attend_captured(mod=mod, out=out, ws=ws):  # on the capture stream
-            attend(mod, out, ws, torch.cuda.current_stream().cuda_stream)
+        def node(S, mod=mod, ws=ws):
+            qn, kn, vn, lengths, node_out = node_in[S]
+            mod.run_node(cfg, 0.125, B, S, qn.data_ptr(), kn.data_ptr(), vn.data_ptr(), ptrs, ptrs,
+                         lengths.data_ptr(), node_out.data_ptr(), ws.data_ptr(), stream)
 
         attend()
         torch.cuda.synchronize()
         if first_out is None:
             first_out = out.clone()
-        same = bool(torch.equal(out, first_out))
-        rows.append({"launcher": label, "case": f"decode_attention B={B} ctx={ctx}",
-                     "host_us": host_us(attend, 20, a.batches), "wall_us": wall_us(attend, 5 * a.batches),
-                     "gpu_us": time_graph(attend_captured, inner=20, reps=10), "same_output": same})
-        for S in (1, S_max):
-            qn, kn, vn = rnd(B, a.hq, S, d), rnd(B, a.hkv, S, d), rnd(B, a.hkv, S, d)
-            lengths = torch.full((B,), ctx + S, dtype=torch.int32, device="cuda")
-            node_out = torch.empty((B, a.hq, S, d), device="cuda", dtype=torch.float16)
-            ptrs = [t.data_ptr() for t in state]
+        same[label] = bool(torch.equal(out, first_out))
+        gpu = time_graph(lambda attend=attend: attend(stream=torch.cuda.current_stream().cuda_stream), inner=20,
+                         reps=10)
+        calls[label] = {f"decode_attention B={B} ctx={ctx}": (attend, 20, gpu),
+                        f"run_node B={B} S=1 (per call)": (lambda node=node: node(1), 20, None),
+                        f"run_node B={B} S={S_max} (per call)": (lambda node=node: node(S_max), 2, None)}
+        for fn, _, _ in calls[label].values():
+            fn()  # plans built, modules loaded
+    torch.cuda.synchronize()
 
-            def node(mod=mod, S=S, qn=qn, kn=kn, vn=vn, lengths=lengths, node_out=node_out, ws=ws, ptrs=ptrs):
-                mod.run_node(cfg, 0.125, B, S, qn.data_ptr(), kn.data_ptr(), vn.data_ptr(), ptrs, ptrs,
-                             lengths.data_ptr(), node_out.data_ptr(), ws.data_ptr(), stream)
-
-            node()
-            rows.append({"launcher": label, "case": f"run_node B={B} S={S} (per call)",
-                         "host_us": host_us(node, 20 if S == 1 else 2, a.batches),
-                         "wall_us": wall_us(node, 3 * a.batches), "gpu_us": None, "same_output": None})
-        # the caches hold the same state again for the next launcher: re-prefill
-        ks.prefill(cfg, B, ctx, k.data_ptr(), v.data_ptr(), cache, stream)
-        torch.cuda.synchronize()
+    # Rounds: every launcher in turn, one host batch and a few waited calls each, so that the host's drift (clock,
+    # other tenants) falls on all of them alike; medians over the rounds.
+    host = {(lb, c): [] for lb in calls for c in calls[lb]}
+    wall = {(lb, c): [] for lb in calls for c in calls[lb]}
+    for _ in range(a.batches):
+        for case in calls[mods[0][0]]:
+            for label, _ in mods:
+                fn, per_batch, _ = calls[label][case]
+                host[(label, case)].append(host_us(fn, per_batch, 1))
+                wall[(label, case)].append(wall_us(fn, 3))
+    rows = [{"launcher": label, "case": case, "host_us": statistics.median(host[(label, case)]),
+             "wall_us": statistics.median(wall[(label, case)]), "gpu_us": calls[label][case][2],
+             "same_output": same[label] if case.startswith("decode") else None}
+            for label, _ in mods for case in calls[label]]
 
     print_table(rows, ["launcher", "case", "host_us", "wall_us", "gpu_us", "same_output"])
     if a.json:
