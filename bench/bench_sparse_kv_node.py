@@ -2,8 +2,9 @@
 
 Per decode step (one new token, CUDA-graph replays, medians), side by side in one run:
 
-* ``node``: ``run_node`` with S = 1, what the TensorRT plugin's ``enqueue`` launches (zero the merge counters, set
-  the lengths on the device, append, attention);
+* ``node``: ``run_node`` with S = 1, what the TensorRT plugin's ``enqueue`` launches (append, which also zeroes the
+  merge counters, and attention; the lengths read from the node's input; before session 26 a third kernel set the
+  lengths and zeroed the counters);
 * ``kernels``: ``append`` + ``decode_attention`` alone on the same cache (the lengths already set), as
   ``bench/bench_sparse_kv.py`` times attention;
 * ``sdpa``: torch's ``scaled_dot_product_attention`` on a dense fp16 cache of the same length (context only);
