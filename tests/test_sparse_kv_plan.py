@@ -97,22 +97,16 @@ def test_wide_block_plans(warps, batch, max_len):
 
 def test_wide_default_rule():
     """At d = 64, WIDE_FUSED while the 16-token tiles per SM are <= 75 (and no split is forced); its split is
-    the fewest 128-token units per split that keep B * Hkv * splits within one block per SM, or within two from
-    WIDE_TWO_BLOCKS_MIN_TILES (45) tiles per SM on where the splits then stay <= 32 (one merge pass)."""
-    # (hq, hkv, B, ctx) -> tiles per SM on 132 SMs: 15.5, 62.1, 5.8, 23.3, 46.5, 23.3, 62.1, 51.3 (wide); 124.1, 93.1
-    # (not). Two blocks per SM: 62.1 (twice), 51.3; one: 46.5 (two would need 86 splits).
-    wide = [((32, 8, 1, 4096), (256, 16), 1), ((32, 8, 1, 16384), (512, 32), 2), ((9, 3, 1, 4096), (128, 32), 1),
-            ((9, 3, 1, 16384), (384, 43), 1), ((9, 3, 1, 32768), (768, 43), 1), ((9, 3, 4, 4096), (384, 11), 1),
-            ((32, 8, 4, 4096), (512, 8), 2), ((32, 8, 3, 4500), (512, 9), 2)]
-    assert ks.WIDE_TWO_BLOCKS_MIN_TILES == 45
-    for (hq, hkv, b, ctx), plan, blocks in wide:
+    the fewest 128-token units per split that keep B * Hkv * splits within one block per SM."""
+    # (hq, hkv, B, ctx) -> tiles per SM on 132 SMs: 15.5, 62.1, 5.8, 23.3, 46.5, 23.3 (wide); 124.1, 93.1 (not)
+    wide = [((32, 8, 1, 4096), (256, 16)), ((32, 8, 1, 16384), (1024, 16)), ((9, 3, 1, 4096), (128, 32)),
+            ((9, 3, 1, 16384), (384, 43)), ((9, 3, 1, 32768), (768, 43)), ((9, 3, 4, 4096), (384, 11)),
+            ((32, 8, 4, 4096), (1024, 4))]
+    for (hq, hkv, b, ctx), plan in wide:
         assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132) == ks.WIDE_FUSED, (hq, hkv, b, ctx)
         cfg = SparseKVConfig(64, hq, hkv, 0.7, 0.7, ctx)
         assert ks.plan_cache(cfg, b, ctx, sms=132) == plan == ks.plan_cache(cfg, b, ctx, sms=132, tactic=ks.WIDE_FUSED)
-        assert b * hkv * plan[1] <= blocks * 132 and (blocks == 1 or b * hkv * plan[1] > 132)
-    # WIDE16_FUSED keeps one block per SM
-    cfg = SparseKVConfig(64, 32, 8, 0.7, 0.7, 16384)
-    assert ks.plan_cache(cfg, 1, 16384, sms=132, tactic=ks.WIDE16_FUSED) == (1024, 16)
+        assert b * hkv * plan[1] <= 132
     for hq, hkv, b, ctx in ((32, 8, 1, 32768), (9, 3, 16, 4096), (32, 8, 16, 32768)):
         assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132) not in ks.WIDE_WARPS
     assert ks.default_tactic(64, 32, 8, 1, 4096, sms=132, tokens_per_split=256) == ks.STREAM_FUSED  # forced split

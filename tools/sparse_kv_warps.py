@@ -14,12 +14,8 @@ Every timed output is compared with the shipped default's (fp32 accumulation ord
 ``--shapes validation|validation2``: other GQA layouts, batches and lengths (VALIDATION, VALIDATION2). ``--green``: only
 the default against the rule before, both planned for 16 SMs, on the 16-SM green context (the Orin proxy).
 
-``--two-blocks``: the default against itself with WIDE_FUSED at one block per SM (WIDE_TWO_BLOCKS_MIN_TILES off), on
-VALIDATION3 (session 26).
-
-Usage: python tools/sparse_kv_warps.py [--quick] [--shapes issue|validation|validation2] [--green] [--two-blocks]
-[--out DIR] (writes sparse_kv_warps.json, sparse_kv_warps_<shapes>.json, sparse_kv_warps_green16.json or
-sparse_kv_warps_twoblocks.json)
+Usage: python tools/sparse_kv_warps.py [--quick] [--shapes issue|validation|validation2] [--green] [--out DIR]
+(writes sparse_kv_warps.json, sparse_kv_warps_<shapes>.json or sparse_kv_warps_green16.json)
 """
 
 from __future__ import annotations
@@ -46,69 +42,6 @@ VALIDATION2 = ([("qwen2.5-0.5b", 14, 2, 64, b, c) for b in (4, 12) for c in (100
                + [("tinyllama-1.1b", 32, 4, 64, b, c) for b in (3, 6) for c in (5000, 16000)]
                + [("llama3.2-1b", 32, 8, 64, b, c) for b in (3, 12) for c in (4500, 9000)]
                + [("smollm2-135m", 9, 3, 64, b, c) for b in (6, 12) for c in (12000, 30000)])
-# A third set (session 26), drawn to check WIDE_TWO_BLOCKS_MIN_TILES after it was fit: 45-72 tiles per SM on 132
-# SMs, none of these shapes timed before.
-VALIDATION3 = ([("qwen2.5-0.5b", 14, 2, 64, b, c) for b, c in ((3, 16000), (5, 10000), (6, 12000))]
-               + [("tinyllama-1.1b", 32, 4, 64, b, c) for b, c in ((1, 26000), (3, 9000), (5, 6000))]
-               + [("llama3.2-1b", 32, 8, 64, b, c) for b, c in ((1, 14000), (2, 9500), (5, 3000))]
-               + [("smollm2-135m", 9, 3, 64, b, c) for b, c in ((2, 18000), (4, 10000), (7, 5000))])
-
-
-def two_block_rows(model, hq, hkv, d, B, ctx, sparsities, rounds=3):
-    """The default against the same default with one block per SM for WIDE_FUSED (WIDE_TWO_BLOCKS_MIN_TILES off),
-    timed in turns (``rounds`` each, medians; CUDA-graph replays over caches rotated beyond L2); outputs compared."""
-    import statistics
-
-    import torch
-
-    import bench.bench_sparse_kv as bkv
-    from bench._common import time_graph
-    from edgesdk.formats.sparse_kv import SparseKVConfig
-    from edgesdk.kernels import sparse_kv as ks
-
-    rows = []
-    k, v, q, lens = bkv.dense_inputs(hq, hkv, d, B, ctx)
-    inner = 20 if 2 * B * hkv * ctx * d * 2 < (64 << 20) else 8
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for s in sparsities:
-        cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
-        caches, cptr = bkv.sparse_caches(cfg, B, ctx, k, v, lens)  # caches: keeps the tensors cptr points to
-        assert len(caches) == len(cptr)
-        tactic = ks.default_tactic(d, hq, hkv, B, ctx, rk=cfg.rk, rv=cfg.rv)
-        ts_new, _ = ks.plan_cache(cfg, B, ctx, tactic=tactic)
-        saved, ks.WIDE_TWO_BLOCKS_MIN_TILES = ks.WIDE_TWO_BLOCKS_MIN_TILES, math.inf
-        try:
-            ts_old, _ = ks.plan_cache(cfg, B, ctx, tactic=tactic)
-        finally:
-            ks.WIDE_TWO_BLOCKS_MIN_TILES = saved
-        calls, outs = {}, {}
-        for label, ts in (("new", ts_new), ("old", ts_old)):
-            _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts, tactic=tactic)
-            ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
-            out = torch.full((B, hq, d), float("nan"), device="cuda", dtype=torch.float16)
-            j = [0]
-
-            def call(ts=ts, ws=ws, out=out, j=j):
-                ks.decode_attention(cfg, B, ctx, q.data_ptr(), cptr[j[0] % len(cptr)], out.data_ptr(), ws.data_ptr(),
-                                    torch.cuda.current_stream().cuda_stream, tokens_per_split=ts, tactic=tactic)
-                j[0] += 1
-
-            call()
-            torch.cuda.synchronize()
-            calls[label], outs[label] = call, out.float()
-        diff = float((outs["new"] - outs["old"]).abs().max())
-        assert torch.isfinite(outs["new"]).all() and diff < 2e-2, f"{model} B={B} {ctx} s={s}: outputs differ by {diff}"
-        times = {"new": [], "old": []}
-        for _ in range(rounds):
-            for label in ("new", "old"):
-                times[label].append(time_graph(calls[label], inner=max(inner, len(cptr)), reps=10))
-        t_new, t_old = statistics.median(times["new"]), statistics.median(times["old"])
-        rows.append({"model": model, "batch": B, "context": ctx, "sparsity": s, "tactic": tactic,
-                     "tiles_per_sm": B * hkv * math.ceil(ctx / 16) / sms, "split_new": ts_new, "split_old": ts_old,
-                     "changed": ts_new != ts_old, "new_us": t_new, "old_us": t_old, "gain": t_old / t_new,
-                     "max_abs_diff": diff})
-        caches = cptr = None
-    return rows
 
 
 def shape_rows(model, hq, hkv, d, B, ctx, sparsities):
@@ -242,8 +175,6 @@ def main(argv=None) -> int:
                     help="issue 7's benchmark shapes at >= 4k, or VALIDATION / VALIDATION2 (other shapes)")
     ap.add_argument("--green", action="store_true", help="on the 16-SM green context: the default vs the rule before it "
                     "only (issue shapes at 1k-32k, both validation sets)")
-    ap.add_argument("--two-blocks", action="store_true", help="the default against one block per SM for WIDE_FUSED "
-                    "(WIDE_TWO_BLOCKS_MIN_TILES off), on VALIDATION3")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args(argv)
     import statistics
@@ -273,20 +204,6 @@ def main(argv=None) -> int:
                  "unchanged_min": min(same) if same else None, "unchanged_max": max(same) if same else None}]
         print_table(summ, list(summ[0]))
         write_json(args.out / "sparse_kv_warps_green16.json", rows, meta({"summary": summ, "sms": timer.sms}))
-        return 0
-    if args.two_blocks:
-        for model, hq, hkv, d, B, ctx in VALIDATION3:
-            rows += two_block_rows(model, hq, hkv, d, B, ctx, (0.7, 0.5))
-        print_table(rows, ["model", "batch", "context", "sparsity", "tiles_per_sm", "split_old", "split_new", "old_us",
-                           "new_us", "gain"])
-        ch = [r["gain"] for r in rows if r["changed"]]
-        same = [r["gain"] for r in rows if not r["changed"]]
-        summ = [{"rows": len(rows), "changed": len(ch), "changed_median": statistics.median(ch) if ch else None,
-                 "changed_min": min(ch) if ch else None, "changed_max": max(ch) if ch else None,
-                 "below_0.97": sum(g < 0.97 for g in ch), "unchanged_min": min(same) if same else None,
-                 "unchanged_max": max(same) if same else None}]
-        print_table(summ, list(summ[0]))
-        write_json(args.out / "sparse_kv_warps_twoblocks.json", rows, meta({"summary": summ, "shapes": "validation3"}))
         return 0
     if args.shapes.startswith("validation"):
         shapes = VALIDATION if args.shapes == "validation" else VALIDATION2

@@ -157,8 +157,7 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
 
     :data:`WIDE_FUSED` / :data:`WIDE16_FUSED` (W = 8 / 16 warps): the fewest tiles per warp ``k``
     (``tokens_per_split = 16 W k``) whose grid ``B · Hkv · ⌈max_len / 16 W k⌉`` fits one block per SM: few
-    splits to merge, all of them in flight; WIDE_FUSED from :data:`WIDE_TWO_BLOCKS_MIN_TILES` tiles per SM on: two
-    blocks per SM where that keeps the splits within one merge pass
+    splits to merge, all of them in flight
     (``bench/results/sparse_kv_warps*.json``, ``docs/sparse_kv.md``, session 25)."""
     if tactic is None:
         tactic = default_tactic(head_dim, num_q_heads, num_kv_heads, batch, max_len, sms, tokens_per_split, rk=rk, rv=rv)
@@ -173,16 +172,9 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
             want = math.ceil(max(1, max_len) * batch * num_kv_heads / (4 * sms))
             tokens_per_split = min(cap, max(128, -(-want // 64) * 64))
         elif tactic in WIDE_WARPS:
-            unit, pairs = TILE2 * warps, max(1, batch * num_kv_heads)
-
-            def wave_split(blocks_per_sm: int) -> int:  # fewest tiles per warp whose grid fits this many blocks per SM
-                per_seq = max(1, blocks_per_sm * sms // pairs)  # splits per (sequence, KV head)
-                return min(cap // unit * unit, unit * max(1, math.ceil(max(1, max_len) / (unit * per_seq))))
-
-            tokens_per_split = wave_split(1)
-            if (tactic == WIDE_FUSED and pairs * math.ceil(max(1, max_len) / TILE2) / sms >= WIDE_TWO_BLOCKS_MIN_TILES
-                    and math.ceil(max(1, max_len) / wave_split(2)) <= FUSED_MAX_SPLITS):
-                tokens_per_split = wave_split(2)
+            unit = TILE2 * warps
+            per_seq = max(1, sms // max(1, batch * num_kv_heads))  # splits per (sequence, KV head) in one wave
+            tokens_per_split = min(cap // unit * unit, unit * max(1, math.ceil(max(1, max_len) / (unit * per_seq))))
         else:
             tiles_per_sm = batch * num_kv_heads * math.ceil(max(1, max_len) / TILE2) / sms
             k = max(1, round(math.sqrt(tiles_per_sm) / 1.6))
@@ -209,11 +201,6 @@ MERGE_COST = 0.5
 #: ... and only on GPUs with at least this many SMs: the rule was fit and validated on 132-SM GPUs; on the 16-SM
 #: green context (Orin's SM count) it lost up to 0.76x on short contexts (docs/sparse_kv.md, session 25).
 WIDE_MIN_SMS = 100
-#: :func:`plan` of WIDE_FUSED: two blocks per SM (half the split) instead of one from this many 16-token tiles per SM
-#: on, where the doubled split count stays within one merge pass (:data:`FUSED_MAX_SPLITS`). Fit in session 26 to
-#: session 25's sweeps and validation runs (two blocks: 1.02-1.09x at 51-62 tiles per SM; 0.87-0.95x where it would
-#: double 33-44 splits; 0.91-0.93x at 31 tiles per SM), then checked on shapes it was not fit on (docs/sparse_kv.md).
-WIDE_TWO_BLOCKS_MIN_TILES = 45
 
 
 def _tile_cost(pairs: int, sms: int, tokens_per_split: int, splits: int) -> float:
