@@ -1081,10 +1081,11 @@ DEF_D(128)
 
 // Step i of a node call of S > 1 tokens, in one launch: lens[b] = lengths[b] + i + 1 - S (the cached length at step
 // i; lengths = tokens cached after the call) and, on the first step, the fused merge's counters zeroed (TensorRT's
-// scratch holds anything on entry; the fused kernel leaves them zero after each use); token i of q, k, v ([B, H, S, d]) into the workspace rows q_ws, k_ws, v_ws ([B, H, d]), and, from
-// the second step on, the previous step's output row o_ws back into out at token i - 1 (the last step's is copied by
-// sparse_kv_token_copy after it). One grid-stride loop over the five parts; 8-byte moves (d = 64 or 128). The
-// stream orders it after the previous step's attention (which read the rows and wrote o_ws) and before this step's.
+// scratch holds anything on entry; the fused kernel leaves them zero after each use); token i of q, k, v
+// ([B, H, S, d]) into the workspace rows q_ws, k_ws, v_ws ([B, H, d]); and, from the second step on, the previous
+// step's output row o_ws back into out at token i - 1 (the last step's is copied by sparse_kv_token_copy after it).
+// One grid-stride loop over the five parts; 8-byte moves (d = 64 or 128). The stream orders it after the previous
+// step's attention (which read the rows and wrote o_ws) and before this step's.
 extern "C" __global__ void __launch_bounds__(128) sparse_kv_node_step(
     const int* lengths, int* lens, int batch, unsigned* counters, int n_counters, const __half* q, const __half* k,
     const __half* v, __half* out, __half* q_ws, __half* k_ws, __half* v_ws, const __half* o_ws, int rows_q,
