@@ -140,6 +140,19 @@ def cases():
     ]
 
 
+def median_us(fn, calls: int, batches: int) -> float:
+    """Median over ``batches`` of the mean µs per ``fn()`` in a batch of ``calls`` (after one untimed call, which builds
+    the plan and loads the modules)."""
+    fn()
+    samples = []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(samples)
+
+
 def measure(calls: int, batches: int) -> list[dict]:
     """Median µs per ``_logic.enqueue`` call (and per launcher ``launch`` call) for every case."""
     from edgesdk.trt import _logic
@@ -161,14 +174,7 @@ def measure(calls: int, batches: int) -> list[dict]:
 
         row = {"case": label}
         for what, fn in (("enqueue_us", enqueue), ("launch_us", launch)):
-            fn()  # first call builds the plan / loads the module
-            samples = []
-            for _ in range(batches):
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                samples.append((time.perf_counter() - t0) / calls * 1e6)
-            row[what] = statistics.median(samples)
+            row[what] = median_us(fn, calls, batches)
         before = stub.calls.get("cuLaunchKernel", 0)
         enqueue()
         row["kernels_per_enqueue"] = stub.calls["cuLaunchKernel"] - before
@@ -191,17 +197,10 @@ def measure_sparse_kv(calls: int, batches: int) -> list[dict]:
     out = []
 
     def timed(label, fn, per):
-        fn()  # first call builds the plan / loads the modules
-        samples = []
-        for _ in range(batches):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            samples.append((time.perf_counter() - t0) / calls / per * 1e6)
+        us = median_us(fn, calls, batches) / per
         before = stub.calls.get("cuLaunchKernel", 0)
         fn()
-        out.append({"case": label, "launch_us": statistics.median(samples),
-                    "kernels_per_call": (stub.calls["cuLaunchKernel"] - before) // per})
+        out.append({"case": label, "launch_us": us, "kernels_per_call": (stub.calls["cuLaunchKernel"] - before) // per})
 
     timed("sparse_kv decode_attention, B=1, 4096 tokens", lambda: ks.decode_attention(
         cfg, 1, 4096, p, cache, p + 0x10000000, p + 0x20000000, 0x5000), 1)
