@@ -34,7 +34,7 @@ BITMAP_SIG = [P] * 7 + [I] * 5  # X, bitmaps, values, offsets, scales, bias, Y, 
 QUANT_SIG = [P, P, F, I, I, I]  # X, Xq, x_scale, m, k, kp
 GEMM_SIG = [P] * 6 + [F] + [I] * 5  # Xq, W, Y, part, w_scale, bias, x_scale, flags, m, n, kp, kps
 EPI_SIG = [P, I, P, P, P, F, I, I, I]  # part, splits, Y, w_scale, bias, x_scale, flags, m, n
-# sparse_kv: attention (tactic 0; tactics 1-4 add out, fuse), merge, append, step lengths, token copy
+# sparse_kv: attention (tactic 0; tactics 1-4 add out, fuse), merge, append, the node's step kernel, token copy
 KV_ATTN_SIG = [P] * 7 + [I] * 12 + [F]  # q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, geometry (8), TS, NS, scale
 KV_SIGS = {"sparse_kv_attn_": KV_ATTN_SIG, "sparse_kv_attn2_": KV_ATTN_SIG + [P, I], "sparse_kv_combine_": [P] * 3 + [I] * 3,
            "sparse_kv_append_": [P] * 7 + [I] * 9 + [P, I],
@@ -339,10 +339,9 @@ def test_sparse_kv_bad_call_raises_before_any_driver_call(stub):
 @pytest.mark.parametrize("S", [1, 3])
 def test_sparse_kv_node_steps(stub, S):
     """run_node: S steps from one plan. S = 1: append (zeroing the merge counters) and attention on the node's
-    tensors and lengths. S > 1: the step
-    kernel (lengths, token i of q/k/v into the workspace, the previous output row back), append, attention on the
-    workspace rows, then the last output row copied back; per step only the step index changes. The state is copied
-    only where input and output differ."""
+    tensors and lengths. S > 1: the step kernel (lengths, token i of q/k/v into the workspace, the previous output row
+    back), append, attention on the workspace rows, then the last output row copied back; per step only the step index
+    changes. The state is copied only where input and output differ."""
     d, B, ws = 64, 2, 0x900000
     q, k, v, out, lengths = 0x100000, 0x200000, 0x300000, 0x400000, 0x500000
     state_in = [0x600000, 0x610000, 0x620000, 0x630000]
