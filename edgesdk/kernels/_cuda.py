@@ -315,7 +315,7 @@ class Kernel:
         in the kernel's parameter order. Nothing is allocated on the device and nothing synchronises.
         """
         launch = self.plan(grid, block, args, smem)
-        launch_all((launch,), stream if isinstance(stream, _driver().CUstream) else int(stream))
+        launch_all((launch,), raw_stream(stream))
 
     def plan(self, grid, block, args: Sequence[Any], smem: int = 0) -> "Launch":
         """A reusable :class:`Launch` of this kernel (sets the shared-memory opt-in attribute now where the
@@ -381,6 +381,13 @@ class Launch(NamedTuple):
     smem: int
     params: int
     args: ArgBlock  # keeps the parameter memory alive
+
+
+def raw_stream(stream):
+    """A stream as :func:`launch_all` takes it: a raw ``cudaStream_t`` int, or a CUstream as it is."""
+    if isinstance(stream, int):
+        return stream
+    return stream if isinstance(stream, _driver().CUstream) else int(stream)
 
 
 def launch_all(launches: Sequence[Launch], stream) -> None:

@@ -328,7 +328,7 @@ def append(cfg: SparseKVConfig, batch: int, k_new: int, v_new: int, cache: Cache
         p.launches = [_append_launch(cfg, batch, p.addr)]
         plans[key] = p
     p.set(k_new, v_new, cache.lens, cache.k_rec, cache.v_rec, cache.k_ring, cache.v_ring)
-    _cuda.launch_all(p.launches, _stream(stream))
+    _cuda.launch_all(p.launches, _cuda.raw_stream(stream))
 
 
 #: Pointer arguments of one append, in the order of its plan's slots.
@@ -368,13 +368,6 @@ class _Plan:
 
     def set(self, *ptrs: int) -> None:
         self._pack(self.slots, 0, *ptrs)
-
-
-def _stream(stream):
-    """A raw ``cudaStream_t`` int, or a CUstream, as :func:`_cuda.launch_all` takes it."""
-    if isinstance(stream, int):
-        return stream
-    return stream if isinstance(stream, _cuda._driver().CUstream) else int(stream)
 
 
 def _attention_launches(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, geometry: Sequence[int],
@@ -471,7 +464,7 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
         p = per_ctx[ctx] = _attention_plan(cfg, batch, max_len, scale, sms, tokens_per_split, tactic, warps)
     p.set(q, workspace, workspace + p.extra["parts"], cache.lens, cache.k_rec, cache.v_rec, cache.k_ring, cache.v_ring,
           out)
-    _cuda.launch_all(p.launches, _stream(stream))
+    _cuda.launch_all(p.launches, _cuda.raw_stream(stream))
 
 
 def dense_decode_attention(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: int, capacity: int,
@@ -496,7 +489,7 @@ def dense_decode_attention(head_dim: int, num_q_heads: int, num_kv_heads: int, b
         p.extra["parts"] = 4 * _counter_words(batch, num_q_heads)
         plans[key] = p
     p.set(q, workspace, workspace + p.extra["parts"], lens, 0, 0, k, v, out)
-    _cuda.launch_all(p.launches, _stream(stream))
+    _cuda.launch_all(p.launches, _cuda.raw_stream(stream))
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -602,7 +595,7 @@ def run_node(cfg: SparseKVConfig, scale: float, batch: int, new_tokens: int, q: 
     lens = ws + off["lens"]
     k_rec, v_rec, k_ring, v_ring = (int(x) for x in state_out)
     q, k, v, out = int(q), int(k), int(v), int(out)
-    stream = _stream(stream)
+    stream = _cuda.raw_stream(stream)
     if S == 1:  # the kernels read the node's lengths as the cached lengths
         p.set(int(lengths), int(lengths), ws, ws + off["parts"], q, k, v, out, k_rec, v_rec, k_ring, v_ring, 0, 0, 0, 0,
               0)
