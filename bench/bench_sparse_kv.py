@@ -3,15 +3,18 @@
 
 Shapes (issue 7): Llama-3.2-1B-like (32 q, 8 kv, d 64) and SmolLM2-135M-like (9 q, 3 kv, d 64), batch
 1/4/16, context 1k/4k/16k/32k, sparsity 0.5/0.7 (K and V). Side by side in one run: torch
-``scaled_dot_product_attention`` (fp16, GQA), our dense split-K decode kernel (tactic 0 on a plain fp16
-cache), and the sparse kernel. Each of our kernels is timed at the heuristic split size and twice it
+``scaled_dot_product_attention`` (fp16, GQA), a Triton flash-decoding kernel (``bench/triton_decode.py``: split
+over tokens, the GQA group as one ``tl.dot`` operand; fastest of its configurations and split counts per shape,
+each checked against SDPA's output first), our dense split-K decode kernel (tactic 0 on a plain fp16
+cache), and the sparse kernel. "Best dense" is the fastest of the three dense ones. Each of our kernels is timed at the heuristic split size and twice it
 (tactics 1, 2 also at half of it), the sparse one for every tactic (``t0_full``… per tactic); the
 fastest is kept (what a tactic selector would pick; ``ts_*`` and ``tactic_*`` record it). Caches are replicated
 and rotated so every call reads beyond L2. Compression: one ``append`` call that compresses a group of
 32 tokens (all heads, all sequences) and writes the new token.
 
 Full GPU: CUDA-graph replays (``bench._common.time_graph``). 16-SM green context: our kernels in a
-driver-level CUDA graph on a green-context stream; SDPA eagerly on that stream (``sdpa_timing`` says so).
+driver-level CUDA graph on a green-context stream; SDPA and the Triton kernel eagerly on that stream
+(``timing_*`` says so; where a launch fails there, ``error_green16`` records why).
 
 Usage: python bench/bench_sparse_kv.py [--quick]
 """
@@ -40,6 +43,13 @@ CONTEXTS = (1024, 4096, 16384, 32768)
 SPARSITIES = (0.5, 0.7)
 ROTATE_BYTES = 160 << 20  # > 3x the H100/H200 L2
 MAX_COPIES = 64
+DENSE = ("sdpa", "dense_cuda", "triton_fd")  # the dense baselines: "best dense" is the fastest of these
+
+try:
+    from bench import triton_decode as TRITON
+except ImportError as _e:  # Triton absent: the benchmark runs without that baseline and says so
+    print(f"Triton flash-decoding baseline unavailable: {_e!r}")
+    TRITON = None
 
 
 def copies_for(nbytes: int) -> int:
@@ -205,6 +215,29 @@ def bench_shape(timers, model, hq, hkv, d, B, ctx, rows, quick):
         us, how = t.torch_op(sdpa, n_dense, inner_d)
         res.setdefault("sdpa", {})[tag] = us
         res["sdpa"]["timing_" + tag] = how
+        ref = torch.nn.functional.scaled_dot_product_attention(q4, k, v, enable_gqa=True)[:, :, 0]
+        # a Triton flash-decoding kernel (bench/triton_decode.py): fastest configuration x split count
+        if TRITON is not None:
+            try:
+                best = None
+                for ns in TRITON.split_counts(B, hkv, ctx, t.sms):
+                    for cfg in TRITON.CONFIGS:
+                        fd = TRITON.FlashDecode(hq, hkv, d, B, ctx, ns, cfg)
+                        with torch.cuda.stream(t.torch_stream):
+                            out.fill_(float("nan"))
+                            fd(q, k, v, lens, out)
+                        t.torch_stream.synchronize()
+                        err = (out.float() - ref.float()).abs().max().item()
+                        if not err <= 2e-2:  # NaN fails too
+                            raise RuntimeError(f"Triton flash-decoding {cfg}, {ns} splits: max |diff| vs SDPA {err}")
+                        us, how = t.torch_op(lambda i, fd=fd: fd(q, kc[i], vc[i], lens, out), n_dense, inner_d)
+                        if best is None or us < best[0]:
+                            best = (us, ns, cfg, how, err)
+                row = res.setdefault("triton_fd", {})
+                row[tag], row["splits_" + tag], row["config_" + tag], row["timing_" + tag] = best[:4]
+                row["max_diff_vs_sdpa"] = max(row.get("max_diff_vs_sdpa", 0.0), best[4])
+            except Exception as e:  # noqa: BLE001 - recorded: e.g. a green context the Triton launcher cannot use
+                res.setdefault("triton_fd", {})["error_" + tag] = repr(e)[:300]
         # our dense split kernel
         ts0, _ = ks.plan_dense(d, hq, hkv, B, ctx, sms=t.sms)
         best = None
@@ -269,7 +302,7 @@ def bench_shape(timers, model, hq, hkv, d, B, ctx, rows, quick):
     for name, r in res.items():
         row = dict(base, variant=name, **r)
         for tag in ("full", "green16"):
-            best_dense = min(res["sdpa"].get(tag, math.inf), res["dense_cuda"].get(tag, math.inf))
+            best_dense = min(res[n].get(tag, math.inf) for n in DENSE if n in res)
             if tag in r:
                 row["vs_best_dense_" + tag] = r[tag] / best_dense
             if "compress_group_us_" + tag in r:
