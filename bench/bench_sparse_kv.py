@@ -237,7 +237,8 @@ def bench_shape(timers, model, hq, hkv, d, B, ctx, rows, quick):
                 row[tag], row["splits_" + tag], row["config_" + tag], row["timing_" + tag] = best[:4]
                 row["max_diff_vs_sdpa"] = max(row.get("max_diff_vs_sdpa", 0.0), best[4])
             except Exception as e:  # noqa: BLE001 - recorded: e.g. a green context the Triton launcher cannot use
-                res.setdefault("triton_fd", {})["error_" + tag] = repr(e)[:300]
+                msg = repr(e)
+                res.setdefault("triton_fd", {})["error_" + tag] = msg if len(msg) < 600 else msg[:200] + " ... " + msg[-400:]
         # our dense split kernel
         ts0, _ = ks.plan_dense(d, hq, hkv, B, ctx, sms=t.sms)
         best = None

@@ -21,7 +21,7 @@ import triton.language as tl
 
 # (BLOCK_N, num_warps, num_stages): the configurations the benchmark tries per shape.
 CONFIGS = [(32, 4, 3), (64, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3)]
-NEG = -1.0e30  # a finite "minus infinity": an empty split leaves m = NEG, l = 0 and merges as nothing
+NEG = tl.constexpr(-1.0e30)  # a finite "minus infinity": an empty split leaves m = NEG, l = 0 and merges as nothing
 
 
 @triton.jit
@@ -100,9 +100,10 @@ class FlashDecode:
             raise ValueError(f"head dim {d}: a power of two >= 16")
         self.hq, self.hkv, self.d, self.B, self.T = hq, hkv, d, batch, max_len
         self.g = hq // hkv
-        self.ts = max(1, math.ceil(max_len / max(1, splits)))
-        self.ns = math.ceil(max_len / self.ts)
         self.block_n, self.warps, self.stages = config
+        bn = self.block_n  # splits start on a block boundary: no partial block but a sequence's last
+        self.ts = max(1, math.ceil(math.ceil(max_len / max(1, splits)) / bn)) * bn
+        self.ns = math.ceil(max_len / self.ts)
         dev = "cuda" if torch.cuda.is_available() else "cpu"
         self.m = torch.empty(batch * hq * self.ns, dtype=torch.float32, device=dev)
         self.l = torch.empty_like(self.m)

@@ -55,7 +55,7 @@ print(json.dumps(res))
 # more splits than a short sequence has tokens for, the two benchmark GQA groups (4, 3) and a full group of 8.
 CASES = [
     (2, 2, 3, 64, 77, [77, 40], 3, (32, 4, 3)),
-    (3, 1, 4, 64, 131, [131, 0, 17], 5, (64, 4, 3)),
+    (3, 1, 4, 64, 131, [131, 0, 17], 5, (16, 4, 2)),
     (1, 3, 8, 128, 45, [45], 1, (16, 4, 2)),
     (2, 2, 4, 64, 200, [199, 3], 7, (32, 4, 3)),
 ]
