@@ -22,6 +22,7 @@ Usage: python bench/bench_sparse_kv.py [--quick]
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import statistics
 import sys
@@ -220,22 +221,24 @@ def bench_shape(timers, model, hq, hkv, d, B, ctx, rows, quick):
         if TRITON is not None:
             try:
                 best = None
-                for ns in TRITON.split_counts(B, hkv, ctx, t.sms):
-                    for cfg in TRITON.CONFIGS:
-                        fd = TRITON.FlashDecode(hq, hkv, d, B, ctx, ns, cfg)
-                        with torch.cuda.stream(t.torch_stream):
-                            out.fill_(float("nan"))
-                            fd(q, k, v, lens, out)
-                        t.torch_stream.synchronize()
-                        err = (out.float() - ref.float()).abs().max().item()
-                        if not err <= 2e-2:  # NaN fails too
-                            raise RuntimeError(f"Triton flash-decoding {cfg}, {ns} splits: max |diff| vs SDPA {err}")
-                        us, how = t.torch_op(lambda i, fd=fd: fd(q, kc[i], vc[i], lens, out), n_dense, inner_d)
-                        if best is None or us < best[0]:
-                            best = (us, ns, cfg, how, err)
+                for ns, cfg, fused in itertools.product(TRITON.split_counts(B, hkv, ctx, t.sms), TRITON.CONFIGS,
+                                                        (False, True)):
+                    fd = TRITON.FlashDecode(hq, hkv, d, B, ctx, ns, cfg, fused=fused)
+                    with torch.cuda.stream(t.torch_stream):
+                        out.fill_(float("nan"))
+                        fd(q, k, v, lens, out)
+                    t.torch_stream.synchronize()
+                    err = (out.float() - ref.float()).abs().max().item()
+                    if not err <= 2e-2:  # NaN fails too
+                        raise RuntimeError(f"Triton flash-decoding {cfg}, {ns} splits, fused {fused}: "
+                                           f"max |diff| vs SDPA {err}")
+                    us, how = t.torch_op(lambda i, fd=fd: fd(q, kc[i], vc[i], lens, out), n_dense, inner_d)
+                    if best is None or us < best[0]:
+                        best = (us, fd.ns, cfg, fused, how, err)
                 row = res.setdefault("triton_fd", {})
-                row[tag], row["splits_" + tag], row["config_" + tag], row["timing_" + tag] = best[:4]
-                row["max_diff_vs_sdpa"] = max(row.get("max_diff_vs_sdpa", 0.0), best[4])
+                (row[tag], row["splits_" + tag], row["config_" + tag], row["fused_" + tag],
+                 row["timing_" + tag]) = best[:5]
+                row["max_diff_vs_sdpa"] = max(row.get("max_diff_vs_sdpa", 0.0), best[5])
             except Exception as e:  # noqa: BLE001 - recorded: e.g. a green context the Triton launcher cannot use
                 msg = repr(e)
                 res.setdefault("triton_fd", {})["error_" + tag] = msg if len(msg) < 600 else msg[:200] + " ... " + msg[-400:]

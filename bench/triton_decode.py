@@ -64,6 +64,47 @@ def _split(Q, K, V, Lens, Wm, Wl, Wo, scale_log2, TS, NS, T,
 
 
 @triton.jit
+def _split_fused(Q, K, V, Lens, Wm, Wl, Wo, Cnt, Out, scale_log2, TS, NS, T,
+                 HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_S: tl.constexpr, SB: tl.constexpr):
+    """``_split``, and the last program of each (sequence, KV head) to finish merges all its splits: one launch.
+    ``Cnt`` (int32 per (sequence, KV head), zero before the first call) counts the finished splits; the merging
+    program sets it back to zero, so CUDA-graph replays need no reset."""
+    _split(Q, K, V, Lens, Wm, Wl, Wo, scale_log2, TS, NS, T, HKV, G, D, GP, BLOCK_N)
+    bh = tl.program_id(0)
+    tl.debug_barrier()  # every thread's partial stored before the release below (CUTLASS's semaphore pattern)
+    old = tl.atomic_add(Cnt + bh, 1, sem="acq_rel", scope="gpu")
+    if old == NS - 1:
+        tl.store(Cnt + bh, 0)
+        offs_g = tl.arange(0, GP)
+        offs_d = tl.arange(0, D)
+        gm = offs_g < G
+        offs_s = tl.arange(0, BLOCK_S)
+        okm = gm[:, None] & (offs_s[None, :] < NS)
+        rows = (bh * G + offs_g)[:, None] * NS + offs_s[None, :]
+        m = tl.load(Wm + rows, mask=okm, other=NEG, cache_modifier=".cg")
+        mx = tl.max(m, 1)
+        den = tl.zeros([GP], tl.float32)
+        num = tl.zeros([GP, D], tl.float32)
+        for s0 in range(0, NS, SB):  # the splits in chunks of SB (registers)
+            offs_c = s0 + tl.arange(0, SB)
+            okc = gm[:, None] & (offs_c[None, :] < NS)
+            rc = (bh * G + offs_g)[:, None] * NS + offs_c[None, :]
+            mc = tl.load(Wm + rc, mask=okc, other=NEG, cache_modifier=".cg")
+            lc = tl.load(Wl + rc, mask=okc, other=0.0, cache_modifier=".cg")
+            oc = tl.load(Wo + rc[:, :, None] * D + offs_d[None, None, :], mask=okc[:, :, None], other=0.0,
+                         cache_modifier=".cg")
+            w = tl.where(okc, tl.exp2(mc - mx[:, None]), 0.0)
+            den += tl.sum(w * lc, 1)
+            num += tl.sum(w[:, :, None] * oc, 1)
+        res = tl.where(den[:, None] > 0, num / den[:, None], 0.0)
+        b = bh // HKV
+        h = bh % HKV
+        tl.store(Out + ((b * HKV + h) * G + offs_g)[:, None] * D + offs_d[None, :], res.to(tl.float16),
+                 mask=gm[:, None])
+
+
+@triton.jit
 def _combine(Wm, Wl, Wo, Out, Lens, TS, NS, HQ: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr):
     bq = tl.program_id(0)
     L = tl.load(Lens + bq // HQ)
@@ -91,7 +132,8 @@ class FlashDecode:
         config: (BLOCK_N, num_warps, num_stages), one of :data:`CONFIGS` or any other.
     """
 
-    def __init__(self, hq: int, hkv: int, d: int, batch: int, max_len: int, splits: int, config=CONFIGS[1]):
+    def __init__(self, hq: int, hkv: int, d: int, batch: int, max_len: int, splits: int, config=CONFIGS[1],
+                 fused: bool = False):
         import torch
 
         if hq % hkv or hq // hkv > 16:
@@ -108,11 +150,19 @@ class FlashDecode:
         self.m = torch.empty(batch * hq * self.ns, dtype=torch.float32, device=dev)
         self.l = torch.empty_like(self.m)
         self.o = torch.empty(batch * hq * self.ns * d, dtype=torch.float32, device=dev)
+        self.fused = fused
+        self.cnt = torch.zeros(batch * hkv, dtype=torch.int32, device=dev) if fused else None
 
     def __call__(self, q, k, v, lens, out, scale: float | None = None) -> None:
         """q ``[B, Hq, d]`` fp16, k/v ``[B, Hkv, T, d]`` fp16 contiguous (T = ``max_len``), lens int32 ``[B]``,
         out ``[B, Hq, d]`` fp16."""
         scale = scale if scale is not None else 1.0 / math.sqrt(self.d)
+        if self.fused:
+            _split_fused[(self.B * self.hkv, self.ns)](
+                q, k, v, lens, self.m, self.l, self.o, self.cnt, out, scale * 1.4426950408889634, self.ts, self.ns,
+                self.T, HKV=self.hkv, G=self.g, D=self.d, GP=16, BLOCK_N=self.block_n,
+                BLOCK_S=max(2, triton.next_power_of_2(self.ns)), SB=8, num_warps=self.warps, num_stages=self.stages)
+            return
         _split[(self.B * self.hkv, self.ns)](
             q, k, v, lens, self.m, self.l, self.o, scale * 1.4426950408889634, self.ts, self.ns, self.T,
             HKV=self.hkv, G=self.g, D=self.d, GP=16, BLOCK_N=self.block_n,

@@ -35,7 +35,7 @@ def reference(q, k, v, lens, g):
 
 res = []
 for case in json.loads(sys.argv[2]):
-    B, hkv, g, d, T, lens, splits, cfg = case
+    B, hkv, g, d, T, lens, splits, cfg, fused = case
     rng = np.random.default_rng(len(res) + 7)
     hq = hkv * g
     q = rng.standard_normal((B, hq, d)).astype(np.float16)
@@ -43,21 +43,31 @@ for case in json.loads(sys.argv[2]):
     v = rng.standard_normal((B, hkv, T, d)).astype(np.float16)
     lens = np.array(lens, np.int32)
     out = torch.full((B, hq, d), float("nan"), dtype=torch.float16)  # poisoned
-    fd = FlashDecode(hq, hkv, d, B, T, splits, tuple(cfg))
-    fd(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), torch.from_numpy(lens), out)
-    got = out.numpy().astype(np.float64)
-    res.append({"case": case, "splits": fd.ns, "finite": bool(np.isfinite(got).all()),
-                "err": float(np.abs(got - reference(q, k, v, lens, g)).max())})
+    fd = FlashDecode(hq, hkv, d, B, T, splits, tuple(cfg), fused=fused)
+    errs, finite = [], True
+    for call in range(2):  # twice: the fused merge must leave its counters as it found them
+        out.fill_(float("nan"))
+        fd(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v), torch.from_numpy(lens), out)
+        got = out.numpy().astype(np.float64)
+        finite = finite and bool(np.isfinite(got).all())
+        errs.append(float(np.abs(got - reference(q, k, v, lens, g)).max()))
+    res.append({"case": case, "splits": fd.ns, "finite": finite, "err": max(errs),
+                "counters": None if fd.cnt is None else fd.cnt.tolist()})
 print(json.dumps(res))
 """
 
-# (B, Hkv, G, d, T, lens, splits, (BLOCK_N, warps, stages)): odd lengths, ragged batches, an empty sequence,
-# more splits than a short sequence has tokens for, the two benchmark GQA groups (4, 3) and a full group of 8.
+# (B, Hkv, G, d, T, lens, splits, (BLOCK_N, warps, stages), fused merge): odd lengths, ragged batches, an empty
+# sequence, more splits than a short sequence has tokens for, the two benchmark GQA groups (4, 3) and a full group
+# of 8; more splits than the fused merge's chunk of 8.
 CASES = [
-    (2, 2, 3, 64, 77, [77, 40], 3, (32, 4, 3)),
-    (3, 1, 4, 64, 131, [131, 0, 17], 5, (16, 4, 2)),
-    (1, 3, 8, 128, 45, [45], 1, (16, 4, 2)),
-    (2, 2, 4, 64, 200, [199, 3], 7, (32, 4, 3)),
+    (2, 2, 3, 64, 77, [77, 40], 3, (32, 4, 3), False),
+    (3, 1, 4, 64, 131, [131, 0, 17], 5, (16, 4, 2), False),
+    (1, 3, 8, 128, 45, [45], 1, (16, 4, 2), False),
+    (2, 2, 4, 64, 200, [199, 3], 7, (32, 4, 3), False),
+    (2, 2, 3, 64, 77, [77, 40], 3, (32, 4, 3), True),
+    (3, 1, 4, 64, 131, [131, 0, 17], 5, (16, 4, 2), True),
+    (1, 3, 8, 128, 45, [45], 1, (16, 4, 2), True),
+    (2, 1, 4, 64, 333, [333, 150], 11, (16, 4, 2), True),
 ]
 
 
@@ -74,4 +84,6 @@ def test_flash_decode_matches_float64():
         assert r["finite"], r  # every output written (poisoned with NaN before)
         # fp16 output, P rounded to fp16 for the P.V product: a few fp16 ulps of |O| <= ~1
         assert r["err"] < 2e-3, r
-    assert [r["splits"] for r in res] == [3, 5, 1, 7]
+    assert [r["splits"] for r in res] == [3, 5, 1, 7, 3, 5, 1, 11]
+    for r in res[4:]:
+        assert r["counters"] == [0] * len(r["counters"]), r
