@@ -77,22 +77,30 @@ class Timer:
             self.torch_stream = torch.cuda.Stream()
             self.stream = self.torch_stream.cuda_stream
 
-    def ours(self, fn, n_rot: int, inner: int, reps: int = 10) -> float:
-        """Median µs per call of our launches (CUDA graph of ``inner`` calls)."""
+    def ours(self, fn, n_rot: int, inner: int, reps: int = 10, green_ctx_current: bool = True) -> float:
+        """Median µs per call of our launches (CUDA graph of ``inner`` calls). On the green context the graph is
+        captured on its stream with the green context current (our launchers load their kernels per context), or,
+        with ``green_ctx_current=False``, with the primary context current (launchers that keep the primary
+        context's kernels, such as Triton's, as their eager calls on that stream do)."""
         cu = self.cu
         if not self.green:
             it = iter(range(1 << 30))
             return time_graph(lambda: fn(next(it) % n_rot, self.stream), inner=inner, reps=reps,
                               stream=self.torch_stream)
-        _cuda.check(cu.cuCtxSetCurrent(self.ctx))
+        if green_ctx_current:
+            _cuda.check(cu.cuCtxSetCurrent(self.ctx))
         try:
             st = cu.CUstream(self.stream)
             for i in range(3):
                 fn(i % n_rot, self.stream)
             _cuda.check(cu.cuStreamSynchronize(st))
             _cuda.check(cu.cuStreamBeginCapture(st, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
-            for i in range(inner):
-                fn(i % n_rot, self.stream)
+            try:
+                for i in range(inner):
+                    fn(i % n_rot, self.stream)
+            except BaseException:
+                cu.cuStreamEndCapture(st)  # leave the stream usable for the next timing
+                raise
             graph = _cuda.check(cu.cuStreamEndCapture(st))
             exe = _cuda.check(cu.cuGraphInstantiate(graph, 0))
             e0, e1 = _cuda.check(cu.cuEventCreate(0)), _cuda.check(cu.cuEventCreate(0))
@@ -232,7 +240,15 @@ def bench_shape(timers, model, hq, hkv, d, B, ctx, rows, quick):
                     if not err <= 2e-2:  # NaN fails too
                         raise RuntimeError(f"Triton flash-decoding {cfg}, {ns} splits, fused {fused}: "
                                            f"max |diff| vs SDPA {err}")
-                    us, how = t.torch_op(lambda i, fd=fd: fd(q, kc[i], vc[i], lens, out), n_dense, inner_d)
+                    def tri(i, stream, fd=fd):
+                        with torch.cuda.stream(t.torch_stream):
+                            fd(q, kc[i], vc[i], lens, out)
+
+                    try:
+                        us, how = t.ours(tri, n_dense, inner_d, green_ctx_current=False), "graph"
+                    except Exception as e:  # noqa: BLE001 - a graph on the green stream refused: eager, and why
+                        res.setdefault("triton_fd", {})["graph_error_" + tag] = repr(e)[-300:]
+                        us, how = t.torch_op(lambda i, fd=fd: fd(q, kc[i], vc[i], lens, out), n_dense, inner_d)
                     if best is None or us < best[0]:
                         best = (us, fd.ns, cfg, fused, how, err)
                 row = res.setdefault("triton_fd", {})
