@@ -119,6 +119,12 @@ def smem_bytes2(head_dim: int, rk: int, rv: int, warps: int = WARPS2) -> int:
     return warps * (2 * TILE2 * (head_dim + 8) * 2 + STAGES2 * (r16(TILE2 * rk) + r16(TILE2 * rv)))
 
 
+def smem_bytes_dense2(head_dim: int, warps: int = WARPS2) -> int:
+    """Dynamic shared memory of the dense streaming kernel (:func:`dense_decode_attention`, tactics 1-4): per warp
+    :data:`STAGES2` slots of two ``[16][d + 8]`` fp16 tiles (mirrors ``attn2_split<..., DENSE>`` in the .cu)."""
+    return warps * STAGES2 * 2 * TILE2 * (head_dim + 8) * 2
+
+
 def _warps(head_dim: int, tactic: int, warps: int | None) -> int:
     """Warps per block of a streaming tactic (checked)."""
     if tactic in WIDE_WARPS:
@@ -372,9 +378,10 @@ class _Plan:
 
 def _attention_launches(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, geometry: Sequence[int],
                         rk: int, rv: int, scale: float | None, sms: int | None, tokens_per_split: int | None,
-                        tactic: int | None, warps: int | None, slot: dict) -> list:
+                        tactic: int | None, warps: int | None, slot: dict, dense: bool = False) -> list:
     """Launch records of one attention call; ``slot`` maps the names of :data:`_ATT_PTRS` to the addresses of
-    the pointer slots the kernels read their pointers from."""
+    the pointer slots the kernels read their pointers from. ``dense``: the streaming tactics on a plain fp16 cache
+    (``sparse_kv_dense2_*``)."""
     g = hq // hkv
     if tactic is None:
         tactic = default_tactic(head_dim, hq, hkv, batch, max_len, sms, tokens_per_split, rk=rk, rv=rv)
@@ -389,11 +396,15 @@ def _attention_launches(head_dim: int, hq: int, hkv: int, batch: int, max_len: i
                             smem_bytes(head_dim, g, ts, rk, rv))]
     else:
         suffix = "" if warps == WARPS2 else f"_w{warps}"
-        ka = _kernel(f"sparse_kv_attn2_d{head_dim}_g{gqa_pad(g)}{suffix}", max_smem_carveout=True)
+        smem = smem_bytes_dense2(head_dim, warps) if dense else smem_bytes2(head_dim, rk, rv, warps)
+        if smem > smem_optin():
+            raise EdgeSDKError(f"sparse_kv tactic {tactic} with {warps} warps needs {smem} bytes of shared memory per "
+                               f"block; this device allows {smem_optin()}", "use a tactic with fewer warps per block")
+        ka = _kernel(f"sparse_kv_{'dense2' if dense else 'attn2'}_d{head_dim}_g{gqa_pad(g)}{suffix}",
+                     max_smem_carveout=True)
         fused = _i(1 if tactic in FUSED_TACTICS else 0)
         launches = [ka.plan((ns, hkv, batch), (32 * warps,),
-                            _cuda.ArgBlock([slot["q"], slot["ws"], *common, slot["out"], fused]),
-                            smem_bytes2(head_dim, rk, rv, warps))]
+                            _cuda.ArgBlock([slot["q"], slot["ws"], *common, slot["out"], fused]), smem)]
         if tactic in FUSED_TACTICS:
             return launches
     kc = _kernel(f"sparse_kv_combine_d{head_dim}")
@@ -471,7 +482,11 @@ def dense_decode_attention(head_dim: int, num_q_heads: int, num_kv_heads: int, b
                            max_len: int, q: int, k: int, v: int, lens: int, out: int, workspace: int,
                            stream: int, scale: float | None = None, sms: int | None = None,
                            tokens_per_split: int | None = None, tactic: int = SPLIT_V1) -> None:
-    """Dense fp16 baseline on the same split kernels: ``k``/``v`` fp16 ``[B, Hkv, capacity, d]``."""
+    """Dense fp16 decode attention on the same split kernels (the benchmark's hand-written dense baseline): ``k``/``v``
+    fp16 ``[B, Hkv, capacity, d]``. Tactic 0 is the split kernel of :data:`SPLIT_V1`; tactics 1-4 the streaming
+    kernels (``sparse_kv_dense2_*``): each warp's 16-token K and V tiles copied by ``cp.async`` straight into the
+    tiles ``ldmatrix`` reads, :data:`STAGES2` deep, no decode; 1 with the merge kernel, 2-4 with the fused merge
+    (zero the workspace's counters once with :func:`init_workspace`), 3-4 with 8 / 16 warps per block (d = 64)."""
     gqa_pad(num_q_heads // num_kv_heads)
     if head_dim not in (64, 128) or not 1 <= max_len <= capacity:
         raise EdgeSDKError(f"dense_decode_attention: head_dim={head_dim}, max_len={max_len}, capacity={capacity}",
@@ -482,10 +497,10 @@ def dense_decode_attention(head_dim: int, num_q_heads: int, num_kv_heads: int, b
     p = plans.get(key)
     if p is None:
         p = _Plan(_ATT_PTRS)
-        # No records (n_comp is always 0): record sizes 0, no staging memory.
+        # No records (nothing is ever compressed): record sizes 0.
         geometry = (1, capacity, _DENSE_WINDOW, 1, 1, 1, 0, 0)
         p.launches = _attention_launches(head_dim, num_q_heads, num_kv_heads, batch, max_len, geometry, 0, 0, scale,
-                                         sms, tokens_per_split, tactic, None, p.addr)
+                                         sms, tokens_per_split, tactic, None, p.addr, dense=True)
         p.extra["parts"] = 4 * _counter_words(batch, num_q_heads)
         plans[key] = p
     p.set(q, workspace, workspace + p.extra["parts"], lens, 0, 0, k, v, out)

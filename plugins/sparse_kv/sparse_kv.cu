@@ -566,6 +566,11 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
 }
 
+// 16 bytes from src, or 16 zero bytes where !valid (src-size 0: nothing is read).
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+
 // Bytes of one warp's region: K and V tiles [16][D + 8] fp16, then kStages record stages.
 __device__ __forceinline__ int stage_bytes(int rk, int rv) { return round_up(16 * rk, 16) + round_up(16 * rv, 16); }
 
@@ -635,7 +640,11 @@ __device__ __forceinline__ void merge_last1(const float* __restrict__ part0, int
   }
 }
 
-template <int D, int GP, int NW>
+// DENSE (sparse_kv_dense2_*: the dense fp16 baseline of dense_decode_attention, tactics 1-4): the same kernel on a
+// plain cache (k_ring/v_ring = [B, Hkv, C, D], token t in row t, nothing compressed). A tile's 16 K and V rows go
+// by cp.async straight into the stage slot, laid out as the [16][D + 8] tiles that ldmatrix reads (rows past the
+// split zero-filled), kStages deep like the records; there is no decode and no separate tile area.
+template <int D, int GP, int NW, bool DENSE = false>
 __device__ __forceinline__ void attn2_split(
     const __half* __restrict__ q, float* __restrict__ ws, const int* __restrict__ lens,
     const uint8_t* __restrict__ k_rec, const uint8_t* __restrict__ v_rec,
@@ -661,15 +670,17 @@ __device__ __forceinline__ void attn2_split(
   const int t_end = min(t_begin + TS, L);
   const int n = t_end - t_begin;
   if (n <= 0) return;  // the merge reads only splits below ceil(L / TS)
-  const int n_comp = min(n_compressed(L, W, A), cap);
+  const int n_comp = DENSE ? 0 : min(n_compressed(L, W, A), cap);
   const int ncomp_end = min(t_end, n_comp);
   const size_t bh = static_cast<size_t>(b) * Hkv + h;
-  const int sb = stage_bytes(rk, rv);
+  constexpr int kTileBytes = 2 * 16 * TR * 2;  // K and V tiles [16][D + 8] fp16
+  const int sb = DENSE ? kTileBytes : stage_bytes(rk, rv);
   const int kbytes = round_up(16 * rk, 16);
-  uint8_t* wbase = smem_raw + static_cast<size_t>(warp) * (2 * 16 * TR * 2 + kStages * sb);
+  const int wbytes = (DENSE ? 0 : kTileBytes) + kStages * sb;  // one warp's region (see smem_bytes2)
+  uint8_t* wbase = smem_raw + static_cast<size_t>(warp) * wbytes;
   __half* kt = reinterpret_cast<__half*>(wbase);
   __half* vt = kt + 16 * TR;
-  uint8_t* stages = wbase + 2 * 16 * TR * 2;
+  uint8_t* stages = wbase + (DENSE ? 0 : kTileBytes);
 
   const int ntiles = (n + 15) >> 4;
   const int cnt = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;
@@ -685,7 +696,35 @@ __device__ __forceinline__ void attn2_split(
   const uint32_t st_first = smem_u32(stages) + 8 * lane, st_last = st_first + (kStages - 1) * sb;
   uint32_t st_issue = st_first;
   int ii = 0;
+  // DENSE: chunk e = lane + 32 j (j < D / 8) of the tile's 2 x 16 rows x D / 8 16-byte chunks: cache e / (2 D),
+  // row (e / (D / 8)) % 16, chunk e % (D / 8); per lane a source offset advanced by NW tiles per issue.
+  const size_t doff0 = DENSE ? (bh * C + t_begin + warp * 16 + (lane / (D / 8))) * D + 8 * (lane % (D / 8)) : 0;
+  const __half* dksrc = DENSE ? k_ring + doff0 : nullptr;
+  const __half* dvsrc = DENSE ? v_ring + doff0 : nullptr;
+  const size_t dstep = static_cast<size_t>(NW * 16) * D;
+  const int drow0 = DENSE ? t_begin + warp * 16 + lane / (D / 8) : 0;  // token of this lane's first chunk
   auto issue_next = [&]() {  // this warp's tile ii into the next stage slot
+    if constexpr (DENSE) {
+      if (ii < cnt) {
+        const uint32_t dst0 = st_issue - 8 * lane;  // slot base
+        const int row0 = drow0 + ii * NW * 16;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          const int e = lane + 32 * j;
+          const int kv = e / (2 * D), r = (e / (D / 8)) % 16, c = e % (D / 8);
+          const int rr0 = (32 * j / (D / 8)) % 16;  // row of chunk j relative to the lane's first row
+          const bool ok = row0 + rr0 < t_end;
+          cp_async16_zfill(dst0 + 2 * (kv * 16 * TR + r * TR + 8 * c), ok ? (kv ? dvsrc : dksrc) + rr0 * D : k_ring,
+                           ok);
+        }
+      }
+      cp_async_commit();
+      ++ii;
+      dksrc += dstep;
+      dvsrc += dstep;
+      st_issue = st_issue == st_last ? st_first : st_issue + sb;
+      return;
+    }
     if (ii < cnt) {
       const int tb = t_begin + (warp + ii * NW) * 16;
       if (tb + 16 <= ncomp_end) {  // warp-uniform
@@ -747,12 +786,13 @@ __device__ __forceinline__ void attn2_split(
   const __half* vrow = vt + ((mi >> 1) * 8 + rr) * TR + (mi & 1) * 8;  // ldmatrix.trans: A = V^T [channels x tokens]
 
   const uint8_t* st_dec = stages + doff;  // this lane's record in the slot of tile i
+  const __half* kslot = DENSE ? reinterpret_cast<const __half*>(stages) : nullptr;  // DENSE: the slot of tile i
   for (int i = 0; i < cnt; ++i) {
     issue_next();
     cp_async_wait<kStages - 1>();
     __syncwarp();
     const int tb = t_begin + (warp + i * NW) * 16;
-    {
+    if constexpr (!DENSE) {
       const int t = tb + dr;
       if (t < ncomp_end) {
         decode_row_desc<D>(st_dec, dkeep, drow);
@@ -776,7 +816,7 @@ __device__ __forceinline__ void attn2_split(
 #pragma unroll
     for (int kc = 0; kc < KC; ++kc) {
       uint32_t ak[4];
-      ldmatrix_x4(ak, krow + kc * 16);
+      ldmatrix_x4(ak, (DENSE ? kslot + (krow - kt) : krow) + kc * 16);
       mma16816(s, ak, qb[kc][0], qb[kc][1]);
     }
     const bool ok0 = tb + g_row < t_end, ok1 = tb + g_row + 8 < t_end;
@@ -811,10 +851,13 @@ __device__ __forceinline__ void attn2_split(
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
       uint32_t av[4];
-      ldmatrix_x4_trans(av, vrow + m * 16);
+      ldmatrix_x4_trans(av, (DENSE ? kslot + (vrow - kt) : vrow) + m * 16);
       mma16816(acc[m], av, pb[0], pb[1]);
     }
     st_dec = st_dec == stages + doff + (kStages - 1) * sb ? stages + doff : st_dec + sb;
+    if constexpr (DENSE) kslot = reinterpret_cast<const uint8_t*>(kslot) == stages + (kStages - 1) * sb
+                ? reinterpret_cast<const __half*>(stages)
+                : reinterpret_cast<const __half*>(reinterpret_cast<const uint8_t*>(kslot) + sb);
     __syncwarp();
   }
   cp_async_wait<0>();
@@ -840,7 +883,7 @@ __device__ __forceinline__ void attn2_split(
     }
   }
   __syncthreads();
-  const size_t wstride = (2 * 16 * TR * 2 + kStages * sb) / 4;  // floats between warp regions
+  const size_t wstride = wbytes / 4;  // floats between warp regions
   // Workspace: uint32 counters[round_up(B * Hq, 4)] (fused merge), then the split partials.
   unsigned int* counters = reinterpret_cast<unsigned int*>(ws);
   float* part0 = ws + round_up(static_cast<int>(gridDim.z) * Hq, 4) + (static_cast<size_t>(b) * Hq + h * G) * NS * PR;  // head g, split s: (g * NS + s) * PR
@@ -870,8 +913,7 @@ __device__ __forceinline__ void attn2_split(
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  merge_last1<D, NW>(part0, ns, NS, G, out + (static_cast<size_t>(b) * Hq + h * G) * D, wbase,
-                 2 * 16 * TR * 2 + kStages * sb);
+  merge_last1<D, NW>(part0, ns, NS, G, out + (static_cast<size_t>(b) * Hq + h * G) * D, wbase, wbytes);
   if (tid == 0) counters[bh] = 0u;  // ready for the next call (CUDA-graph replays)
 }
 
@@ -1052,6 +1094,29 @@ DEF_ATTN2W(64, 1, 16)
 DEF_ATTN2W(64, 2, 16)
 DEF_ATTN2W(64, 4, 16)
 DEF_ATTN2W(64, 8, 16)
+
+// The dense fp16 baseline (dense_decode_attention, tactics 1-4): the streaming kernels above on a plain cache.
+#define DEF_DENSE2(D, GP, NW, SUF, MINB)                                                               \
+  extern "C" __global__ void __launch_bounds__(32 * NW, MINB) sparse_kv_dense2_d##D##_g##GP##SUF(        \
+      ATTN_ARGS, __half* out, int fuse) {                                                               \
+    attn2_split<D, GP, NW, true>(ATTN_PASS, out, fuse);                                                \
+  }
+DEF_DENSE2(64, 1, 4, , 6)
+DEF_DENSE2(64, 2, 4, , 6)
+DEF_DENSE2(64, 4, 4, , 6)
+DEF_DENSE2(64, 8, 4, , 6)
+DEF_DENSE2(128, 1, 4, , 3)
+DEF_DENSE2(128, 2, 4, , 3)
+DEF_DENSE2(128, 4, 4, , 3)
+DEF_DENSE2(128, 8, 4, , 3)
+DEF_DENSE2(64, 1, 8, _w8, 3)
+DEF_DENSE2(64, 2, 8, _w8, 3)
+DEF_DENSE2(64, 4, 8, _w8, 3)
+DEF_DENSE2(64, 8, 8, _w8, 3)
+DEF_DENSE2(64, 1, 16, _w16, 1)
+DEF_DENSE2(64, 2, 16, _w16, 1)
+DEF_DENSE2(64, 4, 16, _w16, 1)
+DEF_DENSE2(64, 8, 16, _w16, 1)
 
 #define CACHE_ARGS                                                                                     \
   const int *lens, uint8_t *k_rec, uint8_t *v_rec, __half *k_ring, __half *v_ring, int Hkv, int cap,  \

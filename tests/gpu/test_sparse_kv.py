@@ -193,16 +193,19 @@ def test_append_steps_match_host(d):
         check_attention(gpu_attention(cfg, g, q, cfg.capacity, tps, tactic), ref.cache_attention(host, q))
 
 
-@pytest.mark.parametrize("tactic", ks.TACTICS)
-def test_empty_sequence_gives_zeros_and_dense_kernel(tactic):
-    rng = np.random.default_rng(7)
-    d, hq, hkv, cap = 64, 8, 2, 700
+@pytest.mark.parametrize("d,tactic", [(64, t) for t in ks.TACTICS] + [(128, t) for t in tactics_for(128)])
+def test_empty_sequence_gives_zeros_and_dense_kernel(d, tactic):
+    """dense_decode_attention (tactic 0: the split kernel; 1-4: the dense streaming kernels) on a poisoned
+    workspace: ragged lengths, an empty sequence, the heuristic split, one tile per warp and one split of many
+    tiles per warp (every cp.async stage reused)."""
+    rng = np.random.default_rng(7 + d)
+    hq, hkv, cap = 8, 2, 700
     lens = np.array([0, 699, 45], np.int32)
     k, v = make(rng, 3, hkv, cap, d)
     q = rng.standard_normal((3, hq, d)).astype(np.float16)
     kd, vd, ld, qd = _dev(k), _dev(v), _dev(lens), _dev(q)
     expect = ref.decode_attention(q, k, v, lens)
-    for tps in (None, 16 * ks.WIDE_WARPS.get(tactic, 8)):
+    for tps in (None, 16 * ks.WIDE_WARPS.get(tactic, 8), 512 if tactic == ks.SPLIT_V1 else 768 if d == 128 else 1024):
         _, ns = ks.plan_dense(d, hq, hkv, 3, cap, tokens_per_split=tps, tactic=tactic)
         ws = torch.full((ks.workspace_bytes(hq, d, 3, ns) // 4,), float("nan"), device="cuda")
         ks.init_workspace(ws.data_ptr(), 3, hq, _stream())
