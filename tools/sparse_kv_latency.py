@@ -14,7 +14,11 @@ medians:
 
 The dense kernel's output is checked against SDPA's first (the sparse kernels' against float64 in the GPU tests).
 
-Usage: python tools/sparse_kv_latency.py [--out FILE]
+``--ab OLD.cu`` instead times the default sparse call with the kernels of ``OLD.cu`` (another version of
+``plugins/sparse_kv/sparse_kv.cu``) against this tree's, same plan, taking turns over ``--rounds`` rounds, on
+:data:`SHAPES` and :data:`AB_SHAPES`; outputs of the two are compared (max |diff|) before timing.
+
+Usage: python tools/sparse_kv_latency.py [--out FILE] [--ab OLD.cu [--rounds N]]
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ from edgesdk.formats.sparse_kv import SparseKVConfig  # noqa: E402
 from edgesdk.kernels import _cuda  # noqa: E402
 from edgesdk.kernels import sparse_kv as ks  # noqa: E402
 
+# (model name, Hq, Hkv): models of few KV heads, whose batch-1 calls have the most splits per head
+AB_MODELS = {"qwen2.5-0.5b": (14, 2, 64), "tinyllama": (32, 4, 64)}
+AB_SHAPES = [("qwen2.5-0.5b", 1, 8192), ("qwen2.5-0.5b", 1, 24576), ("tinyllama", 1, 16384), ("smollm2-135m", 2, 16384),
+             ("llama3.2-1b", 2, 8192), ("qwen2.5-0.5b", 4, 12000)]
 SHAPES = [("llama3.2-1b", 1, 4096), ("llama3.2-1b", 1, 16384), ("llama3.2-1b", 1, 32768), ("smollm2-135m", 1, 4096),
           ("smollm2-135m", 1, 16384), ("smollm2-135m", 1, 32768), ("llama3.2-1b", 4, 4096), ("smollm2-135m", 4, 4096)]
 
@@ -48,12 +56,74 @@ def nomerge(launches: list) -> list:
     return [launch]
 
 
+def ab(old_src: str, rounds: int, out_name: str | None) -> None:
+    """The default sparse call with OLD's kernels vs this tree's (same launcher and plan), rounds taking turns."""
+    import statistics
+
+    stream = torch.cuda.Stream()
+    raw = stream.cuda_stream
+    rows = []
+    models = dict(MODELS, **AB_MODELS)
+    for model, B, ctx in SHAPES + AB_SHAPES:
+        hq, hkv, d = models[model]
+        k, v, q, lens = dense_inputs(hq, hkv, d, B, ctx)
+        cfg = SparseKVConfig(d, hq, hkv, 0.7, 0.7, ctx + 1)
+        caches, cptr = sparse_caches(cfg, B, ctx, k, v, lens)
+        n_sp = len(caches)
+        st = ks.default_tactic(d, hq, hkv, B, ctx, rk=cfg.rk, rv=cfg.rv)
+        _, ns = ks.plan_cache(cfg, B, ctx, tactic=st)
+        versions = {}
+        for name, src in (("old", old_src), ("new", ks.SOURCE)):
+            saved, ks.SOURCE = ks.SOURCE, src
+            try:
+                p = ks._attention_plan(cfg, B, ctx, None, None, None, st, None)
+            finally:
+                ks.SOURCE = saved
+            ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
+            o = torch.full((B, hq, d), float("nan"), dtype=torch.float16, device="cuda")
+            versions[name] = (p, ws, o)
+        it = iter(range(1 << 30))
+
+        def call(name):
+            p, ws, o = versions[name]
+            c = cptr[next(it) % n_sp]
+            p.set(q.data_ptr(), ws.data_ptr(), ws.data_ptr() + p.extra["parts"], c.lens, c.k_rec, c.v_rec, c.k_ring,
+                  c.v_ring, o.data_ptr())
+            _cuda.launch_all(p.launches, raw)
+
+        for name in versions:
+            call(name)
+        stream.synchronize()
+        diff = (versions["old"][2].float() - versions["new"][2].float()).abs().max().item()
+        assert diff <= 2e-3, f"{model} B={B} {ctx}: old and new kernels differ by {diff}"
+        times = {"old": [], "new": []}
+        for _ in range(rounds):
+            for name in ("old", "new"):
+                times[name].append(time_graph(lambda name=name: call(name), inner=max(20, n_sp), reps=10,
+                                              stream=stream))
+        row = {"model": model, "batch": B, "context": ctx, "tactic": st, "splits": ns,
+               "old": statistics.median(times["old"]), "new": statistics.median(times["new"]), "max_diff": diff}
+        row["speedup"] = row["old"] / row["new"]
+        rows.append(row)
+        print(row, flush=True)
+        caches = cptr = None
+        torch.cuda.empty_cache()
+    path = write_results(out_name or "sparse_kv_merge_ab", rows, meta({"old_source": old_src, "rounds": rounds}))
+    print_table(rows, ["model", "batch", "context", "tactic", "splits", "old", "new", "speedup", "max_diff"])
+    print(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--ab", default=None, help="another sparse_kv.cu: time the default sparse call with its kernels too")
+    ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     torch.cuda.init()
     _cuda.init()
+    if a.ab:
+        ab(str(Path(a.ab).resolve()), a.rounds, Path(a.out).stem if a.out else None)
+        return
     stream = torch.cuda.Stream()
     raw = stream.cuda_stream
     sol = _cuda.get_kernel(ROOT / "tools" / "speed_of_light.cu", "sol_read1")

@@ -168,6 +168,40 @@ def test_wide_blocks(case, warps):
             check_attention(gpu_attention(cfg, g, q, S, tps, tactic, warps=warps), expect)
 
 
+@pytest.mark.parametrize("hq,hkv", [(9, 3), (4, 2)])
+def test_merge_shared_by_warps(hq, hkv):
+    """More splits than one merge pass holds, in blocks with warps to spare: several warps share a head's merge
+    (tactic 2 with G = 2: 2 warps; tactic 3: 2 or 4; tactic 4: 5 or 8, some with no pass of their own), sparse and
+    dense, against float64; ragged lengths so that one sequence has far fewer splits than the grid."""
+    d = 64
+    rng = np.random.default_rng(hq * 10 + hkv)
+    lens = [9001, 300, 4500]
+    S = max(lens) + 3
+    cfg = f.SparseKVConfig(d, hq, hkv, 0.7, 0.7, S)
+    k, v = make(rng, len(lens), hkv, S, d)
+    host = f.SparseKVCache.prefill(cfg, k, v, lens)
+    g = gpu_prefill(cfg, k, v, lens)
+    q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
+    expect = ref.cache_attention(host, q)
+    for tactic, tps in ((ks.STREAM_FUSED, 64), (ks.STREAM_FUSED, 192), (ks.WIDE_FUSED, 128), (ks.WIDE16_FUSED, 256)):
+        _, ns = ks.plan_cache(cfg, len(lens), S, tokens_per_split=tps, tactic=tactic)
+        assert ns > 32
+        check_attention(gpu_attention(cfg, g, q, S, tps, tactic), expect)
+    kd, vd, ld, qd = _dev(k), _dev(v), _dev(np.array(lens, np.int32)), _dev(q)
+    dense_expect = ref.decode_attention(q, k, v, np.array(lens, np.int32))
+    for tactic, tps in ((ks.WIDE_FUSED, 128), (ks.WIDE16_FUSED, 256)):
+        _, ns = ks.plan_dense(d, hq, hkv, len(lens), S, tokens_per_split=tps, tactic=tactic)
+        ws = torch.full((ks.workspace_bytes(hq, d, len(lens), ns) // 4,), float("nan"), device="cuda")
+        ks.init_workspace(ws.data_ptr(), len(lens), hq, _stream())
+        for _ in range(2):
+            out = torch.full((len(lens), hq, d), float("nan"), dtype=torch.float16, device="cuda")
+            ks.dense_decode_attention(d, hq, hkv, len(lens), S, S, qd.data_ptr(), kd.data_ptr(), vd.data_ptr(),
+                                      ld.data_ptr(), out.data_ptr(), ws.data_ptr(), _stream(), tokens_per_split=tps,
+                                      tactic=tactic)
+            torch.cuda.synchronize()
+            check_attention(out.cpu().numpy(), dense_expect)
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_append_steps_match_host(d):
     """Decode 150 steps from ragged prompts: bytes after every compression and attention at the end."""
