@@ -580,26 +580,20 @@ __device__ __forceinline__ int stage_bytes(int rk, int rv) { return round_up(16 
 // .ca is safe: within a launch no other block of this SM reads these lines, and L1 starts clean per
 // launch); lane s takes split s's (m, l), the head's maximum and sum by shuffles, then lane j sums the
 // channels D/32 * j, ... over the pass's splits (weights by shuffle, LDS.64/128) and folds the pass
-// into its running (M, den, acc) online. Fixed order: deterministic. Where the splits need more than one pass and
-// the block has warps to spare (NW >= 2 G), WPH = NW / G warps share a head: warp sub of a head takes passes sub,
-// sub + WPH, ... (their loads in flight at once instead of one pass after the other), publishes its (M, den, acc)
-// in its region, and after one block barrier the head's first warp folds the others' in, in warp order. All threads
-// of the block call this function (the barrier).
+// into its running (M, den, acc) online. No barrier; fixed order: deterministic.
 template <int D, int NW>
 __device__ __forceinline__ void merge_last1(const float* __restrict__ part0, int ns, int NS, int G,
                                             __half* __restrict__ dst, uint8_t* wbase, int wbytes) {
   constexpr int PR = D + 2, V = D / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int cs = min(32, wbytes / (PR * 4));  // splits per pass (>= 23: see smem_bytes2)
-  const int wph = ns > cs ? max(1, NW / G) : 1;  // warps per head (block-uniform)
-  const int sub = warp % wph;
   float* buf = reinterpret_cast<float*>(wbase);
-  for (int g = warp / wph; g < G; g += NW / wph) {  // wph > 1: G wph <= NW, one head per warp at most
+  for (int g = warp; g < G; g += NW) {
     const float* pg = part0 + static_cast<size_t>(g) * NS * PR;
     float M = -INFINITY, den = 0.f, acc[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = 0.f;
-    for (int s0 = sub * cs; s0 < ns; s0 += wph * cs) {
+    for (int s0 = 0; s0 < ns; s0 += cs) {
       const int n = min(cs, ns - s0);
       const float* src = pg + static_cast<size_t>(s0) * PR;
       for (int e = lane; e < n * (PR / 2); e += 32) cp_async8(buf + 2 * e, src + 2 * e);
@@ -639,39 +633,11 @@ __device__ __forceinline__ void merge_last1(const float* __restrict__ part0, int
       }
       __syncwarp();  // buf is rewritten by the next pass
     }
-    if (wph > 1) {  // publish this warp's share of the head (M, den, acc[D] by lane)
-      if (lane == 0) { buf[0] = M; buf[1] = den; }
-#pragma unroll
-      for (int v = 0; v < V; ++v) buf[2 + V * lane + v] = acc[v];
-      break;
-    }
     __half2* d2 = reinterpret_cast<__half2*>(dst + static_cast<size_t>(g) * D + V * lane);
 #pragma unroll
     for (int v = 0; v < V / 2; ++v)
       d2[v] = den > 0.f ? __floats2half2_rn(acc[2 * v] / den, acc[2 * v + 1] / den) : __floats2half2_rn(0.f, 0.f);
   }
-  if (wph == 1) return;
-  __syncthreads();
-  const int g = warp / wph;
-  if (g >= G || sub != 0) return;
-  float M = buf[0], den = buf[1], acc[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) acc[v] = buf[2 + V * lane + v];
-  for (int o = 1; o < wph; ++o) {  // the head's other warps, in order
-    const float* ob = reinterpret_cast<const float*>(wbase + static_cast<size_t>(o) * wbytes);
-    const float Mo = ob[0];
-    const float Mn = fmaxf(M, Mo);
-    if (Mn == -INFINITY) continue;  // neither share holds a split yet
-    const float a = exp2f(M - Mn), f = exp2f(Mo - Mn);
-    den = den * a + ob[1] * f;
-#pragma unroll
-    for (int v = 0; v < V; ++v) acc[v] = acc[v] * a + ob[2 + V * lane + v] * f;
-    M = Mn;
-  }
-  __half2* d2 = reinterpret_cast<__half2*>(dst + static_cast<size_t>(g) * D + V * lane);
-#pragma unroll
-  for (int v = 0; v < V / 2; ++v)
-    d2[v] = den > 0.f ? __floats2half2_rn(acc[2 * v] / den, acc[2 * v + 1] / den) : __floats2half2_rn(0.f, 0.f);
 }
 
 // DENSE (sparse_kv_dense2_*: the dense fp16 baseline of dense_decode_attention, tactics 1-4): the same kernel on a

@@ -170,9 +170,9 @@ def test_wide_blocks(case, warps):
 
 @pytest.mark.parametrize("hq,hkv", [(9, 3), (4, 2)])
 def test_merge_shared_by_warps(hq, hkv):
-    """More splits than one merge pass holds, in blocks with warps to spare: several warps share a head's merge
-    (tactic 2 with G = 2: 2 warps; tactic 3: 2 or 4; tactic 4: 5 or 8, some with no pass of their own), sparse and
-    dense, against float64; ragged lengths so that one sequence has far fewer splits than the grid."""
+    """More splits than one pass of the fused merge holds (32 or fewer): several passes per head, in every fused
+    tactic, sparse and dense, against float64; ragged lengths so that one sequence has far fewer splits than the
+    grid."""
     d = 64
     rng = np.random.default_rng(hq * 10 + hkv)
     lens = [9001, 300, 4500]
