@@ -412,9 +412,11 @@ def main():
     rows: list[dict] = []
     t0 = time.time()
     info = meta({"green_sms": timers[1].sms if len(timers) > 1 else None, "rotate_bytes": ROTATE_BYTES,
-                 "note": "us per decode-attention call (attention + split merge); best of the heuristic split "
-                         "size, twice it and (tactics 1, 2) half of it for our kernels (sparse: and of tactics "
-                         "0/1/2, tN_* per tactic); compress = one append that compresses a 32-token group"})
+                 "note": "us per decode-attention call (attention + split merge); our kernels (sparse, and dense_cuda "
+                         "= dense_decode_attention): best of every tactic (tN_* per tactic) at the heuristic split, "
+                         "twice it and (streaming tactics) half of it; triton_fd: best configuration x split count "
+                         "x merge kind; vs_best_dense = time / the fastest of sdpa, triton_fd, dense_cuda; compress = "
+                         "one append that compresses a 32-token group"})
     name = "sparse_kv" + ("_quick" if a.quick else "")
     for model, (hq, hkv, d) in models.items():
         for B in ((1, 4) if a.quick else BATCHES):

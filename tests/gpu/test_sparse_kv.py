@@ -169,7 +169,7 @@ def test_wide_blocks(case, warps):
 
 
 @pytest.mark.parametrize("hq,hkv", [(9, 3), (4, 2)])
-def test_merge_shared_by_warps(hq, hkv):
+def test_merge_many_splits(hq, hkv):
     """More splits than one pass of the fused merge holds (32 or fewer): several passes per head, in every fused
     tactic, sparse and dense, against float64; ragged lengths so that one sequence has far fewer splits than the
     grid."""
