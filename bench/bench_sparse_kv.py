@@ -7,15 +7,16 @@ Shapes (issue 7): Llama-3.2-1B-like (32 q, 8 kv, d 64) and SmolLM2-135M-like (9 
 over tokens, the GQA group as one ``tl.dot`` operand; fastest of its configurations and split counts per shape,
 each checked against SDPA's output first), our dense kernels (``dense_decode_attention``: tactic 0, the split
 kernel, and tactics 1-4, the streaming kernels of the sparse cache on a plain fp16 cache; each checked against SDPA
-too), and the sparse kernel. "Best dense" is the fastest of the three dense ones. Each of our kernels is timed at the heuristic split size and twice it
-(tactics 1, 2 also at half of it), the sparse one for every tactic (``t0_full``… per tactic); the
+too), and the sparse kernel. "Best dense" is the fastest of the three dense ones. Our kernels are timed for every
+tactic (``t0_full``… per tactic) at the heuristic split size, twice it and (streaming tactics) half of it; the
 fastest is kept (what a tactic selector would pick; ``ts_*`` and ``tactic_*`` record it). Caches are replicated
 and rotated so every call reads beyond L2. Compression: one ``append`` call that compresses a group of
 32 tokens (all heads, all sequences) and writes the new token.
 
 Full GPU: CUDA-graph replays (``bench._common.time_graph``). 16-SM green context: our kernels in a
-driver-level CUDA graph on a green-context stream; SDPA and the Triton kernel eagerly on that stream
-(``timing_*`` says so; where a launch fails there, ``error_green16`` records why).
+driver-level CUDA graph on a green-context stream, and so is the Triton kernel (eagerly where capture is refused:
+``graph_error_green16``); SDPA eagerly on that stream (``timing_*`` says so; where a Triton launch fails there,
+``error_green16`` records why).
 
 Usage: python bench/bench_sparse_kv.py [--quick]
 """
@@ -271,6 +272,7 @@ def bench_shape(timers, model, hq, hkv, d, B, ctx, rows, quick):
 
                     check_against(tri_once, out, ref, t, f"Triton flash-decoding {cfg}, {ns} splits, fused {fused}",
                                   green_ctx_current=False)
+
                     def tri(i, stream, fd=fd):
                         with torch.cuda.stream(t.torch_stream):
                             fd(q, kc[i], vc[i], lens, out)
@@ -287,7 +289,8 @@ def bench_shape(timers, model, hq, hkv, d, B, ctx, rows, quick):
                  row["timing_" + tag]) = best[:5]
             except Exception as e:  # noqa: BLE001 - recorded: e.g. a green context the Triton launcher cannot use
                 msg = repr(e)
-                res.setdefault("triton_fd", {})["error_" + tag] = msg if len(msg) < 600 else msg[:200] + " ... " + msg[-400:]
+                msg = msg if len(msg) < 600 else msg[:200] + " ... " + msg[-400:]  # a compile error's tail says why
+                res.setdefault("triton_fd", {})["error_" + tag] = msg
         # our dense kernels: the split kernel (tactic 0) and the streaming kernels (1-4) on the plain cache, each
         # output checked against SDPA's before it is timed
         best = None

@@ -116,7 +116,8 @@ def ab(old_src: str, rounds: int, out_name: str | None) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--ab", default=None, help="another sparse_kv.cu: time the default sparse call with its kernels too")
+    ap.add_argument("--ab", default=None,
+                    help="another sparse_kv.cu: time the default sparse call with its kernels too")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     torch.cuda.init()
@@ -206,7 +207,8 @@ def main() -> None:
         torch.cuda.empty_cache()
         rows.append(row)
         print(row, flush=True)
-    path = write_results(Path(a.out).stem if a.out else "sparse_kv_latency", rows, meta({"note": __doc__.split("\n\n")[0]}))
+    note = __doc__.split("\n\n")[0]
+    path = write_results(Path(a.out).stem if a.out else "sparse_kv_latency", rows, meta({"note": note}))
     print_table(rows, ["model", "batch", "context", "launch", "dense_tactic", "dense", "dense_nomerge", "sparse_tactic",
                        "sparse", "sparse_nomerge"])
     print(f"wrote {path}")
