@@ -905,14 +905,19 @@ __device__ __forceinline__ void attn2_split(
     if (c == 0) { part[0] = M; part[1] = lsum; }
   }
   if (!fuse) return;
-  // Last block of this (b, h) merges all splits (threadFenceReduction pattern).
-  __threadfence();
+  // Last block of this (b, h) merges all splits. One acquire-release add by thread 0 between two barriers orders
+  // every thread's partial stores before the count (release, cumulative through the barrier) and the last block's
+  // merge loads after all the others' (acquire, then the barrier): CUTLASS's semaphore pattern, in place of a
+  // __threadfence by every thread on both sides.
   __syncthreads();
   const int ns = min(NS, (L + TS - 1) / TS);
-  if (tid == 0) s_last = atomicAdd(&counters[bh], 1u) == static_cast<unsigned int>(ns - 1);
+  if (tid == 0) {
+    unsigned int old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(counters + bh) : "memory");
+    s_last = old == static_cast<unsigned int>(ns - 1);
+  }
   __syncthreads();
   if (!s_last) return;
-  __threadfence();
   merge_last1<D, NW>(part0, ns, NS, G, out + (static_cast<size_t>(b) * Hq + h * G) * D, wbase, wbytes);
   if (tid == 0) counters[bh] = 0u;  // ready for the next call (CUDA-graph replays)
 }
