@@ -56,7 +56,7 @@ def nomerge(launches: list) -> list:
     return [launch]
 
 
-def ab(old_src: str, rounds: int, out_name: str | None) -> None:
+def ab(old_src: str, rounds: int, out_name: str | None, shapes: list | None = None) -> None:
     """The default sparse call with OLD's kernels vs this tree's (same launcher and plan), rounds taking turns."""
     import statistics
 
@@ -64,7 +64,7 @@ def ab(old_src: str, rounds: int, out_name: str | None) -> None:
     raw = stream.cuda_stream
     rows = []
     models = dict(MODELS, **AB_MODELS)
-    for model, B, ctx in SHAPES + AB_SHAPES:
+    for model, B, ctx in shapes or SHAPES + AB_SHAPES:
         hq, hkv, d = models[model]
         k, v, q, lens = dense_inputs(hq, hkv, d, B, ctx)
         cfg = SparseKVConfig(d, hq, hkv, 0.7, 0.7, ctx + 1)
@@ -119,11 +119,13 @@ def main() -> None:
     ap.add_argument("--ab", default=None,
                     help="another sparse_kv.cu: time the default sparse call with its kernels too")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shapes", default=None, help="with --ab: MODEL:B:CTX,... instead of the built-in shapes")
     a = ap.parse_args()
     torch.cuda.init()
     _cuda.init()
     if a.ab:
-        ab(str(Path(a.ab).resolve()), a.rounds, Path(a.out).stem if a.out else None)
+        shapes = [(m, int(b), int(c)) for m, b, c in (x.split(":") for x in a.shapes.split(","))] if a.shapes else None
+        ab(str(Path(a.ab).resolve()), a.rounds, Path(a.out).stem if a.out else None, shapes)
         return
     stream = torch.cuda.Stream()
     raw = stream.cuda_stream
