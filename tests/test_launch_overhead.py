@@ -36,7 +36,8 @@ GEMM_SIG = [P] * 6 + [F] + [I] * 5  # Xq, W, Y, part, w_scale, bias, x_scale, fl
 EPI_SIG = [P, I, P, P, P, F, I, I, I]  # part, splits, Y, w_scale, bias, x_scale, flags, m, n
 # sparse_kv: attention (tactic 0; tactics 1-4 add out, fuse), merge, append, the node's step kernel, token copy
 KV_ATTN_SIG = [P] * 7 + [I] * 12 + [F]  # q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, geometry (8), TS, NS, scale
-KV_SIGS = {"sparse_kv_attn_": KV_ATTN_SIG, "sparse_kv_attn2_": KV_ATTN_SIG + [P, I], "sparse_kv_combine_": [P] * 3 + [I] * 3,
+KV_SIGS = {"sparse_kv_attn_": KV_ATTN_SIG, "sparse_kv_attn2_": KV_ATTN_SIG + [P, I], "sparse_kv_dense2_": KV_ATTN_SIG + [P, I],
+           "sparse_kv_combine_": [P] * 3 + [I] * 3,
            "sparse_kv_append_": [P] * 7 + [I] * 9 + [P, I],
            "sparse_kv_node_step": [P, P, I, P, I] + [P] * 8 + [I] * 5,
            "sparse_kv_token_copy": [P, P, I, I, L, L]}
@@ -325,6 +326,40 @@ def test_sparse_kv_attention_plan_is_cached(stub, tactic, names):
     assert stub.calls["cuLaunchKernel"] == calls["cuLaunchKernel"] + len(names)
     assert {k: v for k, v in stub.calls.items() if k not in ("cuCtxGetCurrent", "cuLaunchKernel")} == {
         k: v for k, v in calls.items() if k not in ("cuCtxGetCurrent", "cuLaunchKernel")}
+
+
+@pytest.mark.parametrize("tactic,warps", [(ks.STREAM, 4), (ks.STREAM_FUSED, 4), (ks.WIDE_FUSED, 8), (ks.WIDE16_FUSED, 16)])
+def test_sparse_kv_dense_streaming_tactics(stub, tactic, warps):
+    """dense_decode_attention's tactics 1-4 launch the dense streaming kernels on the plain cache: nothing compressed
+    (record capacity 1, a window over everything, record sizes 0), the cache as the ring, their own shared memory."""
+    stub.seen.clear()
+    ks.dense_decode_attention(64, 8, 2, 3, 700, 700, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x51,
+                              tactic=tactic)
+    ts, ns = ks.plan_dense(64, 8, 2, 3, 700, tactic=tactic)
+    names = [x["name"] for x in stub.seen]
+    assert names == ["sparse_kv_dense2_d64_g4" + ("" if warps == 4 else f"_w{warps}")] + (
+        [] if tactic in ks.FUSED_TACTICS else ["sparse_kv_combine_d64"])
+    attn = stub.seen[0]
+    assert attn["grid"] == (ns, 2, 3) and attn["block"] == (32 * warps, 1, 1)
+    assert attn["smem"] == ks.smem_bytes_dense2(64, warps) == warps * 3 * 2 * 16 * 72 * 2
+    assert attn["args"][:7] == [0x1000, 0x6000, 0x4000, 0, 0, 0x2000, 0x3000]
+    assert attn["args"][7:19] == [2, 4, 1, 700, 1 << 30, 1, 1, 1, 0, 0, ts, ns]
+    assert attn["args"][20:] == [0x5000, 1 if tactic in ks.FUSED_TACTICS else 0]
+
+
+def test_sparse_kv_streaming_tactic_over_the_shared_memory_limit_is_refused(stub, monkeypatch):
+    """16 warps of dense tiles need 216 KB: on a device allowing 163 KB per block (Orin) the call says so and
+    launches nothing; the refused shape is not cached."""
+    monkeypatch.setattr(ks, "smem_optin", lambda: 163 * 1024)
+    stub.seen.clear()
+    for _ in range(2):
+        with pytest.raises(EdgeSDKError, match="221184 bytes of shared memory per block; this device allows 166912"):
+            ks.dense_decode_attention(64, 8, 2, 3, 700, 700, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x51,
+                                      tactic=ks.WIDE16_FUSED)
+    assert stub.seen == []
+    ks.dense_decode_attention(64, 8, 2, 3, 700, 700, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x51,
+                              tactic=ks.WIDE_FUSED)  # 8 warps: 108 KB fits
+    assert [x["name"] for x in stub.seen] == ["sparse_kv_dense2_d64_g4_w8"]
 
 
 def test_sparse_kv_bad_call_raises_before_any_driver_call(stub):
