@@ -36,8 +36,8 @@ GEMM_SIG = [P] * 6 + [F] + [I] * 5  # Xq, W, Y, part, w_scale, bias, x_scale, fl
 EPI_SIG = [P, I, P, P, P, F, I, I, I]  # part, splits, Y, w_scale, bias, x_scale, flags, m, n
 # sparse_kv: attention (tactic 0; tactics 1-4 add out, fuse), merge, append, the node's step kernel, token copy
 KV_ATTN_SIG = [P] * 7 + [I] * 12 + [F]  # q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, geometry (8), TS, NS, scale
-KV_SIGS = {"sparse_kv_attn_": KV_ATTN_SIG, "sparse_kv_attn2_": KV_ATTN_SIG + [P, I], "sparse_kv_dense2_": KV_ATTN_SIG + [P, I],
-           "sparse_kv_combine_": [P] * 3 + [I] * 3,
+KV_SIGS = {"sparse_kv_attn_": KV_ATTN_SIG, "sparse_kv_attn2_": KV_ATTN_SIG + [P, I],
+           "sparse_kv_dense2_": KV_ATTN_SIG + [P, I], "sparse_kv_combine_": [P] * 3 + [I] * 3,
            "sparse_kv_append_": [P] * 7 + [I] * 9 + [P, I],
            "sparse_kv_node_step": [P, P, I, P, I] + [P] * 8 + [I] * 5,
            "sparse_kv_token_copy": [P, P, I, I, L, L]}
@@ -328,7 +328,8 @@ def test_sparse_kv_attention_plan_is_cached(stub, tactic, names):
         k: v for k, v in calls.items() if k not in ("cuCtxGetCurrent", "cuLaunchKernel")}
 
 
-@pytest.mark.parametrize("tactic,warps", [(ks.STREAM, 4), (ks.STREAM_FUSED, 4), (ks.WIDE_FUSED, 8), (ks.WIDE16_FUSED, 16)])
+@pytest.mark.parametrize("tactic,warps", [(ks.STREAM, 4), (ks.STREAM_FUSED, 4), (ks.WIDE_FUSED, 8),
+                                          (ks.WIDE16_FUSED, 16)])
 def test_sparse_kv_dense_streaming_tactics(stub, tactic, warps):
     """dense_decode_attention's tactics 1-4 launch the dense streaming kernels on the plain cache: nothing compressed
     (record capacity 1, a window over everything, record sizes 0), the cache as the ring, their own shared memory."""
