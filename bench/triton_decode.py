@@ -5,9 +5,10 @@ One query per sequence, grouped-query attention, a dense cache ``K, V [B, Hkv, T
 flash-decoding: ``_split`` — grid (B·Hkv, splits): each program walks its token range in blocks of
 ``BLOCK_N`` tokens for all ``G`` query heads of its KV head at once (the heads are the M side of ``tl.dot``,
 padded to 16), online softmax in fp32 (base 2), P rounded to fp16 for the P·V product, and writes its partial
-(m, l, O) in fp32; ``_combine`` — grid (B·Hq,): merges the splits and writes fp16. It is not part of the SDK
-(Triton is not a runtime dependency); the benchmark times it beside SDPA and our kernels and keeps the fastest
-configuration per shape (:data:`CONFIGS` × split counts), as an autotuner would.
+(m, l, O) in fp32; ``_combine`` — grid (B·Hq,): merges the splits and writes fp16. Or one launch
+(``fused=True``, ``_split_fused``): the last program of each (sequence, KV head) to finish merges. It is not part of
+the SDK (Triton is not a runtime dependency); the benchmark times it beside SDPA and our kernels and keeps the
+fastest configuration per shape (:data:`CONFIGS` × split counts × merge kind), as an autotuner would.
 
 ``TRITON_INTERPRET=1`` runs it on the CPU (``tests/test_triton_decode.py`` checks it there against float64).
 """
