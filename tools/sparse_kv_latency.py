@@ -16,9 +16,10 @@ The dense kernel's output is checked against SDPA's first (the sparse kernels' a
 
 ``--ab OLD.cu`` instead times the default sparse call with the kernels of ``OLD.cu`` (another version of
 ``plugins/sparse_kv/sparse_kv.cu``) against this tree's, same plan, taking turns over ``--rounds`` rounds, on
-:data:`SHAPES` and :data:`AB_SHAPES`; outputs of the two are compared (max |diff|) before timing.
+:data:`SHAPES` and :data:`AB_SHAPES` (or ``--shapes``; models of :data:`MODELS` and :data:`AB_MODELS`); outputs of the
+two are compared (max |diff|) before timing.
 
-Usage: python tools/sparse_kv_latency.py [--out FILE] [--ab OLD.cu [--rounds N]]
+Usage: python tools/sparse_kv_latency.py [--out FILE] [--ab OLD.cu [--rounds N] [--shapes MODEL:B:CTX,...]]
 """
 
 from __future__ import annotations
