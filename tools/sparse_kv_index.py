@@ -157,6 +157,7 @@ def main() -> None:
                     ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
                     o = torch.full((B, hq, d), float("nan"), dtype=torch.float16, device="cuda")
                     calls[(tactic, ts, kind)] = (p, ws, o, iptr if kind == "index" else cptr)
+            torch.cuda.synchronize()  # conversion, workspaces and poisoned outputs (default stream) before `stream`
             it = iter(range(1 << 30))
 
             def call(key):
