@@ -531,36 +531,6 @@ __device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec,
   }
 }
 
-// Experimental index record (d = 64; tools/sparse_kv_index.py builds it from the bitmap record): KP = round_up(keep, 4)
-// fp16 values in channel order, then ceil(KP / 5) 32-bit words of five 6-bit channel indices (value j's channel at
-// bits 6 (j % 5) of word j / 5), zero bytes up to a multiple of 8. Slots keep .. KP - 1 repeat the last kept value and
-// its channel, so every group of four is stored whole (a repeated store of the same value). No bit walk: each value's
-// channel is a shift and a mask of a word in registers, independent of the others.
-__device__ __forceinline__ void decode_row64_idx(const uint8_t* __restrict__ rec, int keep, int ib,
-                                                 __half* __restrict__ row) {
-  uint4* row4 = reinterpret_cast<uint4*>(row);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
-  const uint2* vals = reinterpret_cast<const uint2*>(rec);
-  const uint2* idx = reinterpret_cast<const uint2*>(rec + ib);
-  uint8_t* const rb = reinterpret_cast<uint8_t*>(row);
-  uint2 iw = idx[0];
-#pragma unroll
-  for (int g = 0; g < 16; ++g) {
-    if (4 * g >= keep) break;
-    const uint2 raw = vals[g];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int j = 4 * g + k;
-      if (j > 0 && j % 10 == 0) iw = idx[j / 10];
-      const uint32_t w = (j / 5) % 2 ? iw.y : iw.x;
-      const uint32_t c = (w >> (6 * (j % 5))) & 63u;
-      const uint32_t v = (k & 2 ? raw.y : raw.x) >> (k & 1 ? 16 : 0);
-      *reinterpret_cast<unsigned short*>(rb + 2 * c) = static_cast<unsigned short>(v);
-    }
-  }
-}
-
 // Scatter one compressed record into a dense fp16 row (zeros elsewhere), highest channel first.
 // D = 64: decode_row64_bf; D = 128: BitIterDesc over four words.
 template <int D>
@@ -674,7 +644,7 @@ __device__ __forceinline__ void merge_last1(const float* __restrict__ part0, int
 // plain cache (k_ring/v_ring = [B, Hkv, C, D], token t in row t, nothing compressed). A tile's 16 K and V rows go
 // by cp.async straight into the stage slot, laid out as the [16][D + 8] tiles that ldmatrix reads (rows past the
 // split zero-filled), kStages deep like the records; there is no decode and no separate tile area.
-template <int D, int GP, int NW, bool DENSE = false, bool IDX = false>
+template <int D, int GP, int NW, bool DENSE = false>
 __device__ __forceinline__ void attn2_split(
     const __half* __restrict__ q, float* __restrict__ ws, const int* __restrict__ lens,
     const uint8_t* __restrict__ k_rec, const uint8_t* __restrict__ v_rec,
@@ -809,7 +779,6 @@ __device__ __forceinline__ void attn2_split(
   const bool dv = lane >= 16;  // decode role: lanes 0-15 K rows, 16-31 V rows
   __half* drow = (dv ? vt : kt) + dr * TR;
   const int dkeep = dv ? keep_v : keep_k;
-  const int dib = IDX ? 2 * round_up(dkeep, 4) : 0;  // IDX: the index words' offset in a record
   const int doff = dv ? kbytes + dr * rv : dr * rk;
   const __half* dring = (dv ? v_ring : k_ring) + bh * C * D;
   const int mi = lane >> 3, rr = lane & 7;
@@ -826,8 +795,7 @@ __device__ __forceinline__ void attn2_split(
     if constexpr (!DENSE) {
       const int t = tb + dr;
       if (t < ncomp_end) {
-        if constexpr (IDX) decode_row64_idx(st_dec, dkeep, dib, drow);
-        else decode_row_desc<D>(st_dec, dkeep, drow);
+        decode_row_desc<D>(st_dec, dkeep, drow);
       } else if (t < t_end) {  // dense window row: all of it in flight at once
         const __half* src = dring + static_cast<size_t>(t % C) * D;
 #pragma unroll
@@ -1131,25 +1099,6 @@ DEF_ATTN2W(64, 1, 16)
 DEF_ATTN2W(64, 2, 16)
 DEF_ATTN2W(64, 4, 16)
 DEF_ATTN2W(64, 8, 16)
-
-// Experiment (tools/sparse_kv_index.py): the streaming kernels on index records (decode_row64_idx).
-#define DEF_ATTN2I(GP, NW, SUF, MINB)                                                                   \
-  extern "C" __global__ void __launch_bounds__(32 * NW, MINB) sparse_kv_attn2i_d64_g##GP##SUF(         \
-      ATTN_ARGS, __half* out, int fuse) {                                                               \
-    attn2_split<64, GP, NW, false, true>(ATTN_PASS, out, fuse);                                        \
-  }
-DEF_ATTN2I(1, 4, , 6)
-DEF_ATTN2I(2, 4, , 6)
-DEF_ATTN2I(4, 4, , 6)
-DEF_ATTN2I(8, 4, , 6)
-DEF_ATTN2I(1, 8, _w8, 3)
-DEF_ATTN2I(2, 8, _w8, 3)
-DEF_ATTN2I(4, 8, _w8, 3)
-DEF_ATTN2I(8, 8, _w8, 3)
-DEF_ATTN2I(1, 16, _w16, 1)
-DEF_ATTN2I(2, 16, _w16, 1)
-DEF_ATTN2I(4, 16, _w16, 1)
-DEF_ATTN2I(8, 16, _w16, 1)
 
 // The dense fp16 baseline (dense_decode_attention, tactics 1-4): the streaming kernels above on a plain cache.
 #define DEF_DENSE2(D, GP, NW, SUF, MINB)                                                               \
