@@ -531,6 +531,45 @@ __device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec,
   }
 }
 
+// Experiment (REG, d = 64, 48-byte records: keep 17-20): decode_row64_bf on a record held in registers (12 words,
+// loaded by the lane itself from global memory instead of staged in shared memory).
+__device__ __forceinline__ void decode_row64_reg(const uint4 (&r)[3], int keep, __half* __restrict__ row) {
+  uint4* row4 = reinterpret_cast<uint4*>(row);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
+  const uint32_t w[12] = {r[0].x, r[0].y, r[0].z, r[0].w, r[1].x, r[1].y, r[1].z, r[1].w,
+                          r[2].x, r[2].y, r[2].z, r[2].w};
+  const uint32_t lo = w[0], hi = w[1];
+  uint8_t* const rlo = reinterpret_cast<uint8_t*>(row);
+  uint32_t cur = hi != 0u ? hi : lo;
+  uint8_t* rb = hi != 0u ? rlo + 64 : rlo;
+  auto put = [&](uint32_t v) {
+    const int c = 31 - __clz(cur);
+    cur ^= 1u << c;
+    *reinterpret_cast<unsigned short*>(rb + 2 * c) = static_cast<unsigned short>(v);
+    const bool z = cur == 0u;
+    cur = z ? lo : cur;
+    rb = z ? rlo : rb;
+  };
+  // values 16 .. keep - 1 (words 10, 11), then 15 .. 0 (words 9 .. 2)
+  if (19 < keep) put(w[11] >> 16);
+  if (18 < keep) put(w[11] & 0xffffu);
+  if (17 < keep) put(w[10] >> 16);
+  put(w[10] & 0xffffu);
+#pragma unroll
+  for (int k = 9; k >= 2; --k) {
+    put(w[k] >> 16);
+    put(w[k] & 0xffffu);
+  }
+}
+
+__device__ __forceinline__ uint4 ldg_nc16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
 // Scatter one compressed record into a dense fp16 row (zeros elsewhere), highest channel first.
 // D = 64: decode_row64_bf; D = 128: BitIterDesc over four words.
 template <int D>
@@ -644,7 +683,7 @@ __device__ __forceinline__ void merge_last1(const float* __restrict__ part0, int
 // plain cache (k_ring/v_ring = [B, Hkv, C, D], token t in row t, nothing compressed). A tile's 16 K and V rows go
 // by cp.async straight into the stage slot, laid out as the [16][D + 8] tiles that ldmatrix reads (rows past the
 // split zero-filled), kStages deep like the records; there is no decode and no separate tile area.
-template <int D, int GP, int NW, bool DENSE = false>
+template <int D, int GP, int NW, bool DENSE = false, bool REG = false>
 __device__ __forceinline__ void attn2_split(
     const __half* __restrict__ q, float* __restrict__ ws, const int* __restrict__ lens,
     const uint8_t* __restrict__ k_rec, const uint8_t* __restrict__ v_rec,
@@ -725,7 +764,7 @@ __device__ __forceinline__ void attn2_split(
       st_issue = st_issue == st_last ? st_first : st_issue + sb;
       return;
     }
-    if (ii < cnt) {
+    if (!REG && ii < cnt) {
       const int tb = t_begin + (warp + ii * NW) * 16;
       if (tb + 16 <= ncomp_end) {  // warp-uniform
 #pragma unroll
@@ -781,6 +820,21 @@ __device__ __forceinline__ void attn2_split(
   const int dkeep = dv ? keep_v : keep_k;
   const int doff = dv ? kbytes + dr * rv : dr * rk;
   const __half* dring = (dv ? v_ring : k_ring) + bh * C * D;
+  // REG: this lane's record of tiles i, i + 1, i + 2 in registers (loaded two tiles ahead).
+  const uint8_t* rsrc = (dv ? v_rec : k_rec) + (bh * cap + t_begin + warp * 16 + dr) * static_cast<size_t>(rk);
+  auto rload = [&](int ii, uint4 (&r)[3]) {
+    if (REG && ii < cnt && t_begin + (warp + ii * NW) * 16 + dr < ncomp_end) {
+      const uint8_t* src = rsrc + static_cast<size_t>(ii) * NW * 16 * rk;
+      r[0] = ldg_nc16(src);
+      r[1] = ldg_nc16(src + 16);
+      r[2] = ldg_nc16(src + 32);
+    }
+  };
+  uint4 ra[3] = {}, rb2[3] = {}, rc[3] = {};
+  if constexpr (REG) {
+    rload(0, ra);
+    rload(1, rb2);
+  }
   const int mi = lane >> 3, rr = lane & 7;
   const __half* krow = kt + ((mi & 1) * 8 + rr) * TR + (mi >> 1) * 8;  // ldmatrix: A = K [tokens x channels]
   const __half* vrow = vt + ((mi >> 1) * 8 + rr) * TR + (mi & 1) * 8;  // ldmatrix.trans: A = V^T [channels x tokens]
@@ -789,13 +843,15 @@ __device__ __forceinline__ void attn2_split(
   const __half* kslot = DENSE ? reinterpret_cast<const __half*>(stages) : nullptr;  // DENSE: the slot of tile i
   for (int i = 0; i < cnt; ++i) {
     issue_next();
+    if constexpr (REG) rload(i + 2, rc);
     cp_async_wait<kStages - 1>();
     __syncwarp();
     const int tb = t_begin + (warp + i * NW) * 16;
     if constexpr (!DENSE) {
       const int t = tb + dr;
       if (t < ncomp_end) {
-        decode_row_desc<D>(st_dec, dkeep, drow);
+        if constexpr (REG) decode_row64_reg(ra, dkeep, drow);
+        else decode_row_desc<D>(st_dec, dkeep, drow);
       } else if (t < t_end) {  // dense window row: all of it in flight at once
         const __half* src = dring + static_cast<size_t>(t % C) * D;
 #pragma unroll
@@ -855,6 +911,10 @@ __device__ __forceinline__ void attn2_split(
       mma16816(acc[m], av, pb[0], pb[1]);
     }
     st_dec = st_dec == stages + doff + (kStages - 1) * sb ? stages + doff : st_dec + sb;
+    if constexpr (REG) {
+#pragma unroll
+      for (int e = 0; e < 3; ++e) { ra[e] = rb2[e]; rb2[e] = rc[e]; }
+    }
     if constexpr (DENSE) kslot = reinterpret_cast<const uint8_t*>(kslot) == stages + (kStages - 1) * sb
                 ? reinterpret_cast<const __half*>(stages)
                 : reinterpret_cast<const __half*>(reinterpret_cast<const uint8_t*>(kslot) + sb);
@@ -1099,6 +1159,25 @@ DEF_ATTN2W(64, 1, 16)
 DEF_ATTN2W(64, 2, 16)
 DEF_ATTN2W(64, 4, 16)
 DEF_ATTN2W(64, 8, 16)
+
+// Experiment: the streaming kernels with each lane's record loaded into registers (REG; d = 64, 48-byte records).
+#define DEF_ATTN2R(GP, NW, SUF, MINB)                                                                   \
+  extern "C" __global__ void __launch_bounds__(32 * NW, MINB) sparse_kv_attn2r_d64_g##GP##SUF(         \
+      ATTN_ARGS, __half* out, int fuse) {                                                               \
+    attn2_split<64, GP, NW, false, true>(ATTN_PASS, out, fuse);                                        \
+  }
+DEF_ATTN2R(1, 16, _w16, 1)
+DEF_ATTN2R(2, 16, _w16, 1)
+DEF_ATTN2R(4, 16, _w16, 1)
+DEF_ATTN2R(8, 16, _w16, 1)
+DEF_ATTN2R(1, 8, _w8, 2)
+DEF_ATTN2R(2, 8, _w8, 2)
+DEF_ATTN2R(4, 8, _w8, 2)
+DEF_ATTN2R(8, 8, _w8, 2)
+DEF_ATTN2R(1, 4, , 4)
+DEF_ATTN2R(2, 4, , 4)
+DEF_ATTN2R(4, 4, , 4)
+DEF_ATTN2R(8, 4, , 4)
 
 // The dense fp16 baseline (dense_decode_attention, tactics 1-4): the streaming kernels above on a plain cache.
 #define DEF_DENSE2(D, GP, NW, SUF, MINB)                                                               \
