@@ -36,7 +36,7 @@ GEMM_SIG = [P] * 6 + [F] + [I] * 5  # Xq, W, Y, part, w_scale, bias, x_scale, fl
 EPI_SIG = [P, I, P, P, P, F, I, I, I]  # part, splits, Y, w_scale, bias, x_scale, flags, m, n
 # sparse_kv: attention (tactic 0; tactics 1-4 add out, fuse), merge, append, the node's step kernel, token copy
 KV_ATTN_SIG = [P] * 7 + [I] * 12 + [F]  # q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, geometry (8), TS, NS, scale
-KV_SIGS = {"sparse_kv_attn_": KV_ATTN_SIG, "sparse_kv_attn2_": KV_ATTN_SIG + [P, I],
+KV_SIGS = {"sparse_kv_attn_": KV_ATTN_SIG, "sparse_kv_attn2_": KV_ATTN_SIG + [P, I], "sparse_kv_attn2r_": KV_ATTN_SIG + [P, I],
            "sparse_kv_dense2_": KV_ATTN_SIG + [P, I], "sparse_kv_combine_": [P] * 3 + [I] * 3,
            "sparse_kv_append_": [P] * 7 + [I] * 9 + [P, I],
            "sparse_kv_node_step": [P, P, I, P, I] + [P] * 8 + [I] * 5,
@@ -287,11 +287,11 @@ def _kv_attention(stub, ptrs, **kw):
     return list(stub.seen)
 
 
-@pytest.mark.parametrize("tactic,names", [(None, ["sparse_kv_attn2_d64_g4_w8"]),
+@pytest.mark.parametrize("tactic,names", [(None, ["sparse_kv_attn2r_d64_g4_w8"]),
                                           (ks.SPLIT_V1, ["sparse_kv_attn_d64_g4", "sparse_kv_combine_d64"]),
-                                          (ks.STREAM, ["sparse_kv_attn2_d64_g4", "sparse_kv_combine_d64"]),
-                                          (ks.STREAM_FUSED, ["sparse_kv_attn2_d64_g4"]),
-                                          (ks.WIDE16_FUSED, ["sparse_kv_attn2_d64_g4_w16"])])
+                                          (ks.STREAM, ["sparse_kv_attn2r_d64_g4", "sparse_kv_combine_d64"]),
+                                          (ks.STREAM_FUSED, ["sparse_kv_attn2r_d64_g4"]),
+                                          (ks.WIDE16_FUSED, ["sparse_kv_attn2r_d64_g4_w16"])])
 def test_sparse_kv_attention_plan_is_cached(stub, tactic, names):
     """decode_attention resolves its launches once per call shape and context; a call rewrites the pointers only
     (one driver query, the context), and every parameter is the one the plan functions give."""
@@ -346,6 +346,29 @@ def test_sparse_kv_dense_streaming_tactics(stub, tactic, warps):
     assert attn["args"][:7] == [0x1000, 0x6000, 0x4000, 0, 0, 0x2000, 0x3000]
     assert attn["args"][7:19] == [2, 4, 1, 700, 1 << 30, 1, 1, 1, 0, 0, ts, ns]
     assert attn["args"][20:] == [0x5000, 1 if tactic in ks.FUSED_TACTICS else 0]
+
+
+@pytest.mark.parametrize("head_dim,sk,sv,kind", [(64, 0.7, 0.7, "attn2r"), (64, 0.6875, 0.95, "attn2r"),
+                                                  (64, 0.67, 0.7, "attn2"), (64, 0.5, 0.5, "attn2"),
+                                                  (128, 0.9, 0.9, "attn2")])
+def test_sparse_kv_register_records_choice(stub, monkeypatch, head_dim, sk, sv, kind):
+    """Tactics 1-4 decode d = 64 records of at most 48 bytes (keep <= 20) from registers (``sparse_kv_attn2r_*``),
+    anything else staged (``sparse_kv_attn2_*``), same arguments and shared memory; REG_RECORD_MAX = 0 (measurements)
+    keeps the staged kernels, as a new call shape (the plan cache knows the switch)."""
+    cfg = SparseKVConfig(head_dim, 8, 2, sk, sv, 2048)
+    assert ks.uses_register_records(head_dim, cfg.rk, cfg.rv) == (kind == "attn2r")
+    cache = ks.CachePtrs(0x21000, 0x22000, 0x23000, 0x24000, 0x25000)
+    seen = {}
+    for reg_max in (48, 0):
+        monkeypatch.setattr(ks, "REG_RECORD_MAX", reg_max)
+        for tactic in (ks.STREAM, ks.STREAM_FUSED):
+            stub.seen.clear()
+            ks.decode_attention(cfg, 3, 2000, 0x11000, cache, 0x31000, 0x40000, 0x51, tactic=tactic)
+            seen[reg_max, tactic] = stub.seen[0]
+    for tactic in (ks.STREAM, ks.STREAM_FUSED):
+        reg, staged = seen[48, tactic], seen[0, tactic]
+        assert reg["name"] == f"sparse_kv_{kind}_d{head_dim}_g4" and staged["name"] == f"sparse_kv_attn2_d{head_dim}_g4"
+        assert reg["args"] == staged["args"] and reg["grid"] == staged["grid"] and reg["smem"] == staged["smem"]
 
 
 def test_sparse_kv_streaming_tactic_over_the_shared_memory_limit_is_refused(stub, monkeypatch):
@@ -413,7 +436,7 @@ def test_sparse_kv_node_steps(stub, S):
                 assert app["args"][-2:] == [0, 0]
             assert app["name"] == "sparse_kv_append_d64" and app["args"][:7] == [ki, vi, li, 0x600000, 0x710000,
                                                                               0x620000, 0x630000]
-            assert attn["name"].startswith("sparse_kv_attn2_d64")
+            assert attn["name"].startswith("sparse_kv_attn2r_d64")  # 70 %: 48-byte records, decoded from registers
             assert attn["args"][:3] == [qi, ws, li] and attn["args"][20:] == [oi, 1]
         if S > 1:
             assert seen[-1]["name"] == "sparse_kv_token_copy"

@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""Experiment: each lane's record loaded into registers (``ld.global.nc``) instead of staged in shared memory by
-``cp.async``, timed against the shipped kernels (d = 64, 70 %: 48-byte records).
+"""Records decoded from registers vs staged in shared memory (session 28): the streaming kernels' two record paths,
+side by side on the same caches and plans.
 
-Session 28's index records halved the decode's ALU instructions without a gain; session 10 moved the zero fill's
-shared-memory traffic to the ALUs with a loss. What is left of the record path in shared memory is the staging: the
-records' ``cp.async`` writes and the decode's ``LDS.64`` reads (≈ 41 of ≈ 170 shared-memory wavefronts per 16-token
-tile, session 14's profile). The ``REG`` kernels (``sparse_kv_attn2r_*``, ``decode_row64_reg``) load each lane's
-48-byte record with three 16-byte loads two tiles ahead into registers (123 registers: 16 warps per SM at every block
-size) and decode from there; the rest of the kernel is the shipped one. Per shape (issue 7's 18 at >= 4k, 70 %): the
-default's plan and tactics 1-4 at the benchmark's split sizes, both kernels on the same cache; outputs compared on
-every plan (must be bit-identical); CUDA-graph replays over caches rotated beyond L2, kernels taking turns over
-``--rounds`` rounds, medians.
+Session 28's index records halved the decode's ALU instructions without a gain, and session 10's move of the zero
+fill from the shared-memory pipe to the ALUs lost; what was left of the record path in shared memory is the staging:
+the records' ``cp.async`` writes and the decode's ``LDS.64`` reads (≈ 41 of ≈ 170 shared-memory wavefronts per
+16-token tile, session 14's profile). The register path (``sparse_kv_attn2r_*``, ``decode_row64_reg``: d = 64,
+records ≤ 48 bytes) has each lane load its own K or V record with 8-byte ``ld.global.nc`` two tiles ahead and decode
+from registers; the rest of the kernel is the staged one. ``ks.REG_RECORD_MAX = 0`` gives the staged kernels.
 
-Usage: python tools/sparse_kv_regrec.py [--rounds N] [--out NAME] [--quick]
+Per shape (issue 7's 18 at >= 4k; ``--sparsity``, default 0.7): the default's plan and tactics 1-4 at the benchmark's
+split sizes (``split_sizes``), both paths on the same cache; outputs compared on every plan (the decoded tiles are the
+same, so the bits must be); CUDA-graph replays over caches rotated beyond L2, the paths taking turns over ``--rounds``
+rounds, medians. Speed-up = staged time / register time.
+
+Usage: python tools/sparse_kv_regrec.py [--rounds N] [--sparsity S] [--out NAME] [--quick]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--sparsity", type=float, default=0.7)
     ap.add_argument("--quick", action="store_true", help="two shapes, default plan only")
     args = ap.parse_args()
 
@@ -42,11 +45,7 @@ def main() -> None:
     from edgesdk.kernels import _cuda
     from edgesdk.kernels import sparse_kv as ks
 
-    shipped_kernel = ks._kernel
-
-    def reg_kernel(name, max_smem_carveout=False):
-        return shipped_kernel(name.replace("sparse_kv_attn2_", "sparse_kv_attn2r_"), max_smem_carveout)
-
+    saved_max = ks.REG_RECORD_MAX
     stream = torch.cuda.Stream()
     raw = stream.cuda_stream
     rows = []
@@ -57,12 +56,10 @@ def main() -> None:
     for model, B, ctx in shapes:
         hq, hkv, d = MODELS[model]
         k, v, q, lens = dense_inputs(hq, hkv, d, B, ctx)
-        for s in (0.7,):
+        for s in (args.sparsity,):
             cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
             caches, cptr = sparse_caches(cfg, B, ctx, k, v, lens)
-            assert cfg.rk == cfg.rv == 48, (cfg.rk, cfg.rv)  # the REG kernels' record size
-            iptr = cptr
-            geo = {"staged": ks._geometry(cfg), "reg": ks._geometry(cfg)}
+            assert ks.uses_register_records(d, cfg.rk, cfg.rv), (cfg.rk, cfg.rv)
             st = ks.default_tactic(d, hq, hkv, B, ctx, rk=cfg.rk, rv=cfg.rv)
             ts0, _ = ks.plan_cache(cfg, B, ctx, tactic=st)
             plans = [(st, ts0)]
@@ -76,23 +73,22 @@ def main() -> None:
                 _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts, tactic=tactic)
                 for kind in ("staged", "reg"):
                     p = ks._Plan(ks._ATT_PTRS)
-                    rec_kb = geo[kind][6]
-                    ks._kernel = reg_kernel if kind == "reg" else shipped_kernel
+                    saved, ks.REG_RECORD_MAX = ks.REG_RECORD_MAX, (saved_max if kind == "reg" else 0)
                     try:
-                        p.launches = ks._attention_launches(d, hq, hkv, B, ctx, geo[kind], rec_kb, rec_kb, None, None,
-                                                            ts, tactic, None, p.addr)
+                        p.launches = ks._attention_launches(d, hq, hkv, B, ctx, ks._geometry(cfg), cfg.rk, cfg.rv,
+                                                            None, None, ts, tactic, None, p.addr)
                     finally:
-                        ks._kernel = shipped_kernel
+                        ks.REG_RECORD_MAX = saved
                     p.extra["parts"] = 4 * ks._counter_words(B, hq)
                     ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
                     o = torch.full((B, hq, d), float("nan"), dtype=torch.float16, device="cuda")
-                    calls[(tactic, ts, kind)] = (p, ws, o, iptr if kind == "reg" else cptr)
-            torch.cuda.synchronize()  # conversion, workspaces and poisoned outputs (default stream) before `stream`
+                    calls[(tactic, ts, kind)] = (p, ws, o)
+            torch.cuda.synchronize()  # workspaces and poisoned outputs (default stream) before `stream`
             it = iter(range(1 << 30))
 
             def call(key):
-                p, ws, o, ptrs = calls[key]
-                c = ptrs[next(it) % len(ptrs)]
+                p, ws, o = calls[key]
+                c = cptr[next(it) % len(cptr)]
                 p.set(q.data_ptr(), ws.data_ptr(), ws.data_ptr() + p.extra["parts"], c.lens, c.k_rec, c.v_rec,
                       c.k_ring, c.v_ring, o.data_ptr())
                 _cuda.launch_all(p.launches, raw)
@@ -124,12 +120,12 @@ def main() -> None:
             rows.append(row)
             print({k_: v_ for k_, v_ in row.items() if k_ != "plans"}, flush=True)
             path = write_results(out_name, rows, meta({"rounds": args.rounds}))  # after every shape: partial runs
-            cptr = iptr = calls = None
+            cptr = calls = None
             del caches
             torch.cuda.empty_cache()
     print_table(rows, ["model", "batch", "context", "sparsity", "default_tactic", "staged_default", "reg_default",
                        "speedup_default", "staged_best", "reg_best", "speedup_best"])
-    for s in (0.7,):
+    for s in (args.sparsity,):
         sp = [r["speedup_default"] for r in rows if r["sparsity"] == s]
         sb = [r["speedup_best"] for r in rows if r["sparsity"] == s]
         if sp:

@@ -143,6 +143,11 @@ def _warps(head_dim: int, tactic: int, warps: int | None) -> int:
 
 #: Largest split of the warp-streaming kernel (its shared memory does not depend on the split).
 MAX_TOKENS_PER_SPLIT2 = 8192
+#: d = 64 records of at most this many bytes (keep ≤ 20 of 64 channels: sparsity ≥ ~69 %) are decoded from registers
+#: by the streaming tactics 1-4 (``sparse_kv_attn2r_*``: each lane loads its own K or V record two tiles ahead with
+#: 8-byte loads, no shared-memory staging; session 28, ``docs/sparse_kv.md``). 0 keeps the staged kernels
+#: (``sparse_kv_attn2_*``) everywhere, for measurements; set it before a call shape's first call (plans are cached).
+REG_RECORD_MAX = 48
 
 
 def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, batch: int, max_len: int,
@@ -400,8 +405,8 @@ def _attention_launches(head_dim: int, hq: int, hkv: int, batch: int, max_len: i
         if smem > smem_optin():
             raise EdgeSDKError(f"sparse_kv tactic {tactic} with {warps} warps needs {smem} bytes of shared memory per "
                                f"block; this device allows {smem_optin()}", "use a tactic with fewer warps per block")
-        ka = _kernel(f"sparse_kv_{'dense2' if dense else 'attn2'}_d{head_dim}_g{gqa_pad(g)}{suffix}",
-                     max_smem_carveout=True)
+        kind = "dense2" if dense else "attn2r" if uses_register_records(head_dim, rk, rv) else "attn2"
+        ka = _kernel(f"sparse_kv_{kind}_d{head_dim}_g{gqa_pad(g)}{suffix}", max_smem_carveout=True)
         fused = _i(1 if tactic in FUSED_TACTICS else 0)
         launches = [ka.plan((ns, hkv, batch), (32 * warps,),
                             _cuda.ArgBlock([slot["q"], slot["ws"], *common, slot["out"], fused]), smem)]
@@ -411,6 +416,11 @@ def _attention_launches(head_dim: int, hq: int, hkv: int, batch: int, max_len: i
     launches.append(kc.plan((batch * hq,), (COMBINE_THREADS,),
                             _cuda.ArgBlock([slot["parts"], slot["lens"], slot["out"], _i(hq), _i(ts), _i(ns)])))
     return launches
+
+
+def uses_register_records(head_dim: int, rk: int, rv: int) -> bool:
+    """Whether tactics 1-4 decode these records from registers (:data:`REG_RECORD_MAX`)."""
+    return head_dim == 64 and max(rk, rv) <= REG_RECORD_MAX
 
 
 def _geometry(cfg: SparseKVConfig) -> tuple[int, ...]:
@@ -464,7 +474,7 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
         warps (int | None): Warps per block of tactics 1 and 2 (default 4; 8 or 16 at d = 64, for measurements).
     """
     plans = _cuda.thread_cache(_tls)
-    key = ("attn", cfg, batch, max_len, scale, sms, tokens_per_split, tactic, warps)
+    key = ("attn", cfg, batch, max_len, scale, sms, tokens_per_split, tactic, warps, REG_RECORD_MAX)
     per_ctx = plans.get(key)
     if per_ctx is None:  # a new call shape: check it before any driver call
         _check_attention(cfg, batch, max_len, tokens_per_split, tactic, warps)
@@ -596,7 +606,7 @@ def run_node(cfg: SparseKVConfig, scale: float, batch: int, new_tokens: int, q: 
         raise EdgeSDKError(f"sparse_kv node call of batch {batch}, {new_tokens} new tokens",
                            "pass batch >= 1 and at least one new token")
     S = new_tokens
-    key = ("node", cfg, scale, batch, S, sms, tactic, _cuda.current_context())
+    key = ("node", cfg, scale, batch, S, sms, tactic, REG_RECORD_MAX, _cuda.current_context())
     plans = _cuda.thread_cache(_tls)
     p = plans.get(key)
     if p is None:

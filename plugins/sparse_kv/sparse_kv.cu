@@ -531,42 +531,34 @@ __device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec,
   }
 }
 
-// Experiment (REG, d = 64, 48-byte records: keep 17-20): decode_row64_bf on a record held in registers (12 words,
-// loaded by the lane itself from global memory instead of staged in shared memory).
-__device__ __forceinline__ void decode_row64_reg(const uint4 (&r)[3], int keep, __half* __restrict__ row) {
+// d = 64, records of at most 48 bytes (keep <= 20, sparsity >= ~69 %; the REG kernels): decode_row64_bf on a record
+// held in registers, 12 words loaded by the lane itself (rload in attn2_split) instead of staged in shared memory.
+// Value j is half j % 2 of word 2 + j / 2; put() runs for j = keep - 1 .. 0 (highest channel first), keep times.
+__device__ __forceinline__ void decode_row64_reg(const uint2 (&r)[6], int keep, __half* __restrict__ row) {
   uint4* row4 = reinterpret_cast<uint4*>(row);
 #pragma unroll
   for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
-  const uint32_t w[12] = {r[0].x, r[0].y, r[0].z, r[0].w, r[1].x, r[1].y, r[1].z, r[1].w,
-                          r[2].x, r[2].y, r[2].z, r[2].w};
+  const uint32_t w[12] = {r[0].x, r[0].y, r[1].x, r[1].y, r[2].x, r[2].y, r[3].x, r[3].y, r[4].x, r[4].y, r[5].x, r[5].y};
   const uint32_t lo = w[0], hi = w[1];
   uint8_t* const rlo = reinterpret_cast<uint8_t*>(row);
   uint32_t cur = hi != 0u ? hi : lo;
   uint8_t* rb = hi != 0u ? rlo + 64 : rlo;
-  auto put = [&](uint32_t v) {
-    const int c = 31 - __clz(cur);
-    cur ^= 1u << c;
-    *reinterpret_cast<unsigned short*>(rb + 2 * c) = static_cast<unsigned short>(v);
-    const bool z = cur == 0u;
-    cur = z ? lo : cur;
-    rb = z ? rlo : rb;
-  };
-  // values 16 .. keep - 1 (words 10, 11), then 15 .. 0 (words 9 .. 2)
-  if (19 < keep) put(w[11] >> 16);
-  if (18 < keep) put(w[11] & 0xffffu);
-  if (17 < keep) put(w[10] >> 16);
-  put(w[10] & 0xffffu);
 #pragma unroll
-  for (int k = 9; k >= 2; --k) {
-    put(w[k] >> 16);
-    put(w[k] & 0xffffu);
+  for (int j = 19; j >= 0; --j) {
+    if (j < keep) {
+      const int c = 31 - __clz(cur);
+      cur ^= 1u << c;
+      *reinterpret_cast<unsigned short*>(rb + 2 * c) = static_cast<unsigned short>(w[2 + j / 2] >> (16 * (j % 2)));
+      const bool z = cur == 0u;
+      cur = z ? lo : cur;
+      rb = z ? rlo : rb;
+    }
   }
 }
 
-__device__ __forceinline__ uint4 ldg_nc16(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+__device__ __forceinline__ uint2 ldg_nc8(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "l"(p));
   return r;
 }
 
@@ -820,17 +812,19 @@ __device__ __forceinline__ void attn2_split(
   const int dkeep = dv ? keep_v : keep_k;
   const int doff = dv ? kbytes + dr * rv : dr * rk;
   const __half* dring = (dv ? v_ring : k_ring) + bh * C * D;
-  // REG: this lane's record of tiles i, i + 1, i + 2 in registers (loaded two tiles ahead).
-  const uint8_t* rsrc = (dv ? v_rec : k_rec) + (bh * cap + t_begin + warp * 16 + dr) * static_cast<size_t>(rk);
-  auto rload = [&](int ii, uint4 (&r)[3]) {
+  // REG: this lane's record of tiles i, i + 1, i + 2 in registers (loaded two tiles ahead; rk <= 48, 8-byte loads).
+  const uint8_t* rsrc = (dv ? v_rec : k_rec) + (bh * cap + t_begin + warp * 16 + dr) * static_cast<size_t>(dv ? rv : rk);
+  const size_t rstep = static_cast<size_t>(NW * 16) * (dv ? rv : rk);
+  const int rwords = (dv ? rv : rk) / 8;
+  auto rload = [&](int ii, uint2 (&r)[6]) {
     if (REG && ii < cnt && t_begin + (warp + ii * NW) * 16 + dr < ncomp_end) {
-      const uint8_t* src = rsrc + static_cast<size_t>(ii) * NW * 16 * rk;
-      r[0] = ldg_nc16(src);
-      r[1] = ldg_nc16(src + 16);
-      r[2] = ldg_nc16(src + 32);
+      const uint8_t* src = rsrc + ii * rstep;
+#pragma unroll
+      for (int e = 0; e < 6; ++e)
+        if (e < rwords) r[e] = ldg_nc8(src + 8 * e);
     }
   };
-  uint4 ra[3] = {}, rb2[3] = {}, rc[3] = {};
+  uint2 ra[6] = {}, rb2[6] = {}, rc[6] = {};
   if constexpr (REG) {
     rload(0, ra);
     rload(1, rb2);
@@ -913,7 +907,7 @@ __device__ __forceinline__ void attn2_split(
     st_dec = st_dec == stages + doff + (kStages - 1) * sb ? stages + doff : st_dec + sb;
     if constexpr (REG) {
 #pragma unroll
-      for (int e = 0; e < 3; ++e) { ra[e] = rb2[e]; rb2[e] = rc[e]; }
+      for (int e = 0; e < 6; ++e) { ra[e] = rb2[e]; rb2[e] = rc[e]; }
     }
     if constexpr (DENSE) kslot = reinterpret_cast<const uint8_t*>(kslot) == stages + (kStages - 1) * sb
                 ? reinterpret_cast<const __half*>(stages)

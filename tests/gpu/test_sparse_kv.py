@@ -168,6 +168,33 @@ def test_wide_blocks(case, warps):
             check_attention(gpu_attention(cfg, g, q, S, tps, tactic, warps=warps), expect)
 
 
+@pytest.mark.parametrize("sk,sv", [(0.6875, 0.6875), (0.734, 0.734), (0.7, 0.9), (0.95, 0.8), (0.67, 0.7)])
+def test_register_records(sk, sv, monkeypatch):
+    """d = 64 records of at most 48 bytes are decoded from registers by tactics 1-4: keep 20 and 17 (the largest and
+    smallest of a 48-byte record), K and V records of different sizes, 3 kept channels; keep 21 (56 bytes: 0.67) stays
+    staged. Each tactic at its heuristic split, one tile per warp and several, ragged lengths with window and padding
+    rows, against float64; the staged kernels on the same cache give the same bits."""
+    d, hq, hkv, lens = 64, 12, 3, [1500, 83, 700]
+    rng = np.random.default_rng(int(sk * 1000) + int(sv * 10))
+    S = max(lens) + 5
+    cfg = f.SparseKVConfig(d, hq, hkv, sk, sv, S)
+    assert ks.uses_register_records(d, cfg.rk, cfg.rv) == (max(cfg.rk, cfg.rv) <= 48) == (sk != 0.67)
+    k, v = make(rng, len(lens), hkv, S, d)
+    host = f.SparseKVCache.prefill(cfg, k, v, lens)
+    g = gpu_prefill(cfg, k, v, lens)
+    q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
+    expect = ref.cache_attention(host, q)
+    for tactic in ks.TACTICS[1:]:
+        unit = 16 * ks.WIDE_WARPS.get(tactic, ks.WARPS2)
+        for tps in (None, unit, 3 * unit):
+            out = gpu_attention(cfg, g, q, S, tps, tactic)
+            check_attention(out, expect)
+            monkeypatch.setattr(ks, "REG_RECORD_MAX", 0)
+            staged = gpu_attention(cfg, g, q, S, tps, tactic)
+            monkeypatch.undo()
+            assert np.array_equal(out.view(np.uint16), staged.view(np.uint16))
+
+
 @pytest.mark.parametrize("hq,hkv", [(9, 3), (4, 2)])
 def test_merge_many_splits(hq, hkv):
     """More splits than one pass of the fused merge holds (32 or fewer): several passes per head, in every fused
