@@ -543,17 +543,36 @@ __device__ __forceinline__ void decode_row64_reg(const uint2 (&r)[6], int keep, 
   uint8_t* const rlo = reinterpret_cast<uint8_t*>(row);
   uint32_t cur = hi != 0u ? hi : lo;
   uint8_t* rb = hi != 0u ? rlo + 64 : rlo;
+  auto put = [&](uint32_t v) {
+    const int c = 31 - __clz(cur);
+    cur ^= 1u << c;
+    *reinterpret_cast<unsigned short*>(rb + 2 * c) = static_cast<unsigned short>(v);
+    const bool z = cur == 0u;
+    cur = z ? lo : cur;
+    rb = z ? rlo : rb;
+  };
+  if (keep >= 17) {  // a 48-byte record (70 % at d = 64): values 16 .. keep - 1 predicated, 15 .. 0 not
+    if (19 < keep) put(w[11] >> 16);
+    if (18 < keep) put(w[11] & 0xffffu);
+    if (17 < keep) put(w[10] >> 16);
+    put(w[10] & 0xffffu);
 #pragma unroll
-  for (int j = 19; j >= 0; --j) {
-    if (j < keep) {
-      const int c = 31 - __clz(cur);
-      cur ^= 1u << c;
-      *reinterpret_cast<unsigned short*>(rb + 2 * c) = static_cast<unsigned short>(w[2 + j / 2] >> (16 * (j % 2)));
-      const bool z = cur == 0u;
-      cur = z ? lo : cur;
-      rb = z ? rlo : rb;
+    for (int k = 9; k >= 2; --k) {
+      put(w[k] >> 16);
+      put(w[k] & 0xffffu);
     }
+  } else {  // smaller records: every value predicated
+#pragma unroll
+    for (int j = 15; j >= 0; --j)
+      if (j < keep) put(w[2 + j / 2] >> (16 * (j % 2)));
   }
+}
+
+__device__ __forceinline__ uint4 ldg_nc16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
 }
 
 __device__ __forceinline__ uint2 ldg_nc8(const void* p) {
@@ -816,12 +835,24 @@ __device__ __forceinline__ void attn2_split(
   const uint8_t* rsrc = (dv ? v_rec : k_rec) + (bh * cap + t_begin + warp * 16 + dr) * static_cast<size_t>(dv ? rv : rk);
   const size_t rstep = static_cast<size_t>(NW * 16) * (dv ? rv : rk);
   const int rwords = (dv ? rv : rk) / 8;
+  // 16-byte loads where every record of this lane's cache is 16-byte aligned (48-byte records on an aligned array)
+  const bool r16 = (rwords % 2 == 0) && (reinterpret_cast<uintptr_t>(dv ? v_rec : k_rec) % 16 == 0);
   auto rload = [&](int ii, uint2 (&r)[6]) {
     if (REG && ii < cnt && t_begin + (warp + ii * NW) * 16 + dr < ncomp_end) {
       const uint8_t* src = rsrc + ii * rstep;
+      if (r16) {
 #pragma unroll
-      for (int e = 0; e < 6; ++e)
-        if (e < rwords) r[e] = ldg_nc8(src + 8 * e);
+        for (int e = 0; e < 3; ++e)
+          if (2 * e < rwords) {
+            const uint4 x = ldg_nc16(src + 16 * e);
+            r[2 * e] = make_uint2(x.x, x.y);
+            r[2 * e + 1] = make_uint2(x.z, x.w);
+          }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 6; ++e)
+          if (e < rwords) r[e] = ldg_nc8(src + 8 * e);
+      }
     }
   };
   uint2 ra[6] = {}, rb2[6] = {}, rc[6] = {};

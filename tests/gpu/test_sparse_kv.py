@@ -193,6 +193,14 @@ def test_register_records(sk, sv, monkeypatch):
             staged = gpu_attention(cfg, g, q, S, tps, tactic)
             monkeypatch.undo()
             assert np.array_equal(out.view(np.uint16), staged.view(np.uint16))
+    # records at an address 8 bytes past a 16-byte boundary: the register path's 8-byte loads
+    kb = torch.empty(g.k_rec.numel() + 8, dtype=torch.uint8, device="cuda")
+    vb = torch.empty(g.v_rec.numel() + 8, dtype=torch.uint8, device="cuda")
+    kb[8:].copy_(g.k_rec.reshape(-1))
+    vb[8:].copy_(g.v_rec.reshape(-1))
+    assert kb.data_ptr() % 16 == 0
+    g.k_rec, g.v_rec = kb[8:], vb[8:]
+    check_attention(gpu_attention(cfg, g, q, S, None, ks.STREAM_FUSED), expect)
 
 
 @pytest.mark.parametrize("hq,hkv", [(9, 3), (4, 2)])
