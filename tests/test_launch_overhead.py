@@ -287,10 +287,10 @@ def _kv_attention(stub, ptrs, **kw):
     return list(stub.seen)
 
 
-@pytest.mark.parametrize("tactic,names", [(None, ["sparse_kv_attn2r_d64_g4_w8"]),
+@pytest.mark.parametrize("tactic,names", [(None, ["sparse_kv_attn2_d64_g4_w8"]),
                                           (ks.SPLIT_V1, ["sparse_kv_attn_d64_g4", "sparse_kv_combine_d64"]),
-                                          (ks.STREAM, ["sparse_kv_attn2r_d64_g4", "sparse_kv_combine_d64"]),
-                                          (ks.STREAM_FUSED, ["sparse_kv_attn2r_d64_g4"]),
+                                          (ks.STREAM, ["sparse_kv_attn2_d64_g4", "sparse_kv_combine_d64"]),
+                                          (ks.STREAM_FUSED, ["sparse_kv_attn2_d64_g4"]),
                                           (ks.WIDE16_FUSED, ["sparse_kv_attn2r_d64_g4_w16"])])
 def test_sparse_kv_attention_plan_is_cached(stub, tactic, names):
     """decode_attention resolves its launches once per call shape and context; a call rewrites the pointers only
@@ -352,22 +352,30 @@ def test_sparse_kv_dense_streaming_tactics(stub, tactic, warps):
                                                   (64, 0.67, 0.7, "attn2"), (64, 0.5, 0.5, "attn2"),
                                                   (128, 0.9, 0.9, "attn2")])
 def test_sparse_kv_register_records_choice(stub, monkeypatch, head_dim, sk, sv, kind):
-    """Tactics 1-4 decode d = 64 records of at most 48 bytes (keep <= 20) from registers (``sparse_kv_attn2r_*``),
-    anything else staged (``sparse_kv_attn2_*``), same arguments and shared memory; REG_RECORD_MAX = 0 (measurements)
-    keeps the staged kernels, as a new call shape (the plan cache knows the switch)."""
+    """16-warp blocks (tactic 4; tactics 1, 2 with warps=16) decode d = 64 records of at most 48 bytes (keep <= 20)
+    from registers (``sparse_kv_attn2r_*_w16``), anything else staged (``sparse_kv_attn2_*``), same arguments, grid
+    and shared memory; 4- and 8-warp blocks always staged; REG_RECORD_MAX = 0 (measurements) keeps the staged kernels,
+    as a new call shape (the plan cache knows the switch)."""
     cfg = SparseKVConfig(head_dim, 8, 2, sk, sv, 2048)
-    assert ks.uses_register_records(head_dim, cfg.rk, cfg.rv) == (kind == "attn2r")
     cache = ks.CachePtrs(0x21000, 0x22000, 0x23000, 0x24000, 0x25000)
+    calls = [(ks.STREAM_FUSED, None)]
+    if head_dim == 64:
+        calls += [(ks.WIDE_FUSED, None), (ks.WIDE16_FUSED, None), (ks.STREAM, 16), (ks.STREAM_FUSED, 16)]
     seen = {}
     for reg_max in (48, 0):
         monkeypatch.setattr(ks, "REG_RECORD_MAX", reg_max)
-        for tactic in (ks.STREAM, ks.STREAM_FUSED):
+        for tactic, warps in calls:
             stub.seen.clear()
-            ks.decode_attention(cfg, 3, 2000, 0x11000, cache, 0x31000, 0x40000, 0x51, tactic=tactic)
-            seen[reg_max, tactic] = stub.seen[0]
-    for tactic in (ks.STREAM, ks.STREAM_FUSED):
-        reg, staged = seen[48, tactic], seen[0, tactic]
-        assert reg["name"] == f"sparse_kv_{kind}_d{head_dim}_g4" and staged["name"] == f"sparse_kv_attn2_d{head_dim}_g4"
+            ks.decode_attention(cfg, 3, 2000, 0x11000, cache, 0x31000, 0x40000, 0x51, tactic=tactic, warps=warps)
+            seen[reg_max, tactic, warps] = stub.seen[0]
+    monkeypatch.undo()
+    for tactic, warps in calls:
+        w = ks._warps(head_dim, tactic, warps)
+        reg, staged = seen[48, tactic, warps], seen[0, tactic, warps]
+        suffix = "" if w == 4 else f"_w{w}"
+        assert ks.uses_register_records(head_dim, cfg.rk, cfg.rv, w) == (kind == "attn2r" and w == 16)
+        assert reg["name"] == f"sparse_kv_{kind if w == 16 else 'attn2'}_d{head_dim}_g4{suffix}"
+        assert staged["name"] == f"sparse_kv_attn2_d{head_dim}_g4{suffix}"
         assert reg["args"] == staged["args"] and reg["grid"] == staged["grid"] and reg["smem"] == staged["smem"]
 
 
@@ -436,7 +444,8 @@ def test_sparse_kv_node_steps(stub, S):
                 assert app["args"][-2:] == [0, 0]
             assert app["name"] == "sparse_kv_append_d64" and app["args"][:7] == [ki, vi, li, 0x600000, 0x710000,
                                                                               0x620000, 0x630000]
-            assert attn["name"].startswith("sparse_kv_attn2r_d64")  # 70 %: 48-byte records, decoded from registers
+            # 70 %: 48-byte records, decoded from registers by 16-warp blocks
+            assert attn["name"].startswith("sparse_kv_attn2r_d64" if attn["block"][0] == 512 else "sparse_kv_attn2_d64")
             assert attn["args"][:3] == [qi, ws, li] and attn["args"][20:] == [oi, 1]
         if S > 1:
             assert seen[-1]["name"] == "sparse_kv_token_copy"

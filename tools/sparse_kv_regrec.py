@@ -9,12 +9,15 @@ the records' ``cp.async`` writes and the decode's ``LDS.64`` reads (≈ 41 of �
 records ≤ 48 bytes) has each lane load its own K or V record with 8-byte ``ld.global.nc`` two tiles ahead and decode
 from registers; the rest of the kernel is the staged one. ``ks.REG_RECORD_MAX = 0`` gives the staged kernels.
 
-Per shape (issue 7's 18 at >= 4k; ``--sparsity``, default 0.7): the default's plan and tactics 1-4 at the benchmark's
-split sizes (``split_sizes``), both paths on the same cache; outputs compared on every plan (the decoded tiles are the
+Per shape (issue 7's 18 at >= 4k; ``--sparsity``, default 0.7): the default's plan and tactic 4 (16-warp blocks, the
+only ones that take the register path) at the benchmark's split sizes (``split_sizes``), both paths on the same cache
+(``--all-tactics``: tactics 1-3 too, with 16-warp blocks for 1 and 2; ``--alt FILE``: a third kind, the register path
+built from another version of ``plugins/sparse_kv/sparse_kv.cu``); outputs compared on every plan (the decoded tiles are the
 same, so the bits must be); CUDA-graph replays over caches rotated beyond L2, the paths taking turns over ``--rounds``
 rounds, medians. Speed-up = staged time / register time.
 
-Usage: python tools/sparse_kv_regrec.py [--rounds N] [--sparsity S] [--out NAME] [--quick]
+Usage: python tools/sparse_kv_regrec.py [--rounds N] [--sparsity S] [--all-tactics] [--alt FILE] [--out NAME]
+       [--quick]
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
     ap.add_argument("--sparsity", type=float, default=0.7)
+    ap.add_argument("--all-tactics", action="store_true")
+    ap.add_argument("--alt", default=None, help="another sparse_kv.cu: its register kernels as a third kind")
     ap.add_argument("--quick", action="store_true", help="two shapes, default plan only")
     args = ap.parse_args()
 
@@ -46,6 +51,7 @@ def main() -> None:
     from edgesdk.kernels import sparse_kv as ks
 
     saved_max = ks.REG_RECORD_MAX
+    kinds = ("staged", "reg") + (("alt",) if args.alt else ())
     stream = torch.cuda.Stream()
     raw = stream.cuda_stream
     rows = []
@@ -62,27 +68,32 @@ def main() -> None:
             assert ks.uses_register_records(d, cfg.rk, cfg.rv), (cfg.rk, cfg.rv)
             st = ks.default_tactic(d, hq, hkv, B, ctx, rk=cfg.rk, rv=cfg.rv)
             ts0, _ = ks.plan_cache(cfg, B, ctx, tactic=st)
-            plans = [(st, ts0)]
+            plans = [(st, ts0, None)]
             if not args.quick:
-                for tactic in (ks.STREAM, ks.STREAM_FUSED, ks.WIDE_FUSED, ks.WIDE16_FUSED):
-                    t0, _ = ks.plan_cache(cfg, B, ctx, tactic=tactic)
-                    plans += [(tactic, ts) for ts in split_sizes(tactic, t0, ks.MAX_TOKENS_PER_SPLIT2)
-                              if (tactic, ts) not in plans]
+                tw = [(ks.WIDE16_FUSED, None)]
+                if args.all_tactics:
+                    tw += [(ks.STREAM, 16), (ks.STREAM_FUSED, 16), (ks.WIDE_FUSED, None)]
+                for tactic, w in tw:
+                    t0, _ = ks.plan_cache(cfg, B, ctx, tactic=tactic, warps=w)
+                    plans += [(tactic, ts, w) for ts in split_sizes(tactic, t0, ks.MAX_TOKENS_PER_SPLIT2)
+                              if (tactic, ts, w) not in plans and ts % (16 * (w or 1)) == 0]
             calls = {}
-            for tactic, ts in plans:
-                _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts, tactic=tactic)
-                for kind in ("staged", "reg"):
+            for tactic, ts, w in plans:
+                _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts, tactic=tactic, warps=w)
+                for kind in kinds:
                     p = ks._Plan(ks._ATT_PTRS)
-                    saved, ks.REG_RECORD_MAX = ks.REG_RECORD_MAX, (saved_max if kind == "reg" else 0)
+                    saved = ks.REG_RECORD_MAX, ks.SOURCE
+                    ks.REG_RECORD_MAX = 0 if kind == "staged" else saved_max
+                    ks.SOURCE = str(Path(args.alt).resolve()) if kind == "alt" else saved[1]
                     try:
                         p.launches = ks._attention_launches(d, hq, hkv, B, ctx, ks._geometry(cfg), cfg.rk, cfg.rv,
-                                                            None, None, ts, tactic, None, p.addr)
+                                                            None, None, ts, tactic, w, p.addr)
                     finally:
-                        ks.REG_RECORD_MAX = saved
+                        ks.REG_RECORD_MAX, ks.SOURCE = saved
                     p.extra["parts"] = 4 * ks._counter_words(B, hq)
                     ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
                     o = torch.full((B, hq, d), float("nan"), dtype=torch.float16, device="cuda")
-                    calls[(tactic, ts, kind)] = (p, ws, o)
+                    calls[(tactic, ts, w, kind)] = (p, ws, o)
             torch.cuda.synchronize()  # workspaces and poisoned outputs (default stream) before `stream`
             it = iter(range(1 << 30))
 
@@ -96,11 +107,12 @@ def main() -> None:
             for key in calls:
                 call(key)
             stream.synchronize()
-            for tactic, ts in plans:
-                a, b_ = calls[(tactic, ts, "staged")][2], calls[(tactic, ts, "reg")][2]
+            for tactic, ts, w in plans:
+                a = calls[(tactic, ts, w, "staged")][2]
                 assert not torch.isnan(a).any(), f"{model} B={B} {ctx} {s}: staged output has NaN"
-                assert torch.equal(a.view(torch.int16), b_.view(torch.int16)), \
-                    f"{model} B={B} {ctx} {s} tactic {tactic} split {ts}: register-record output differs from the shipped kernel's"
+                for kind in kinds[1:]:
+                    assert torch.equal(a.view(torch.int16), calls[(tactic, ts, w, kind)][2].view(torch.int16)), \
+                        f"{model} B={B} {ctx} {s} tactic {tactic} split {ts} warps {w}: {kind} differs from staged"
             times = {key: [] for key in calls}
             n_rot = len(cptr)
             for _ in range(args.rounds):
@@ -108,29 +120,32 @@ def main() -> None:
                     times[key].append(time_graph(lambda key=key: call(key), inner=max(20, n_rot), reps=10,
                                                  stream=stream))
             med = {key: statistics.median(v) for key, v in times.items()}
-            best = {kind: min((med[(t, ts, kind)], t, ts) for t, ts in plans) for kind in ("staged", "reg")}
             row = {"model": model, "batch": B, "context": ctx, "sparsity": s, "record_bytes": cfg.rk,
                    "default_tactic": st, "default_split": ts0,
-                   "staged_default": med[(st, ts0, "staged")], "reg_default": med[(st, ts0, "reg")],
-                   "staged_best": best["staged"][0], "staged_best_plan": best["staged"][1:],
-                   "reg_best": best["reg"][0], "reg_best_plan": best["reg"][1:],
-                   "plans": {f"t{t}_{ts}_{kind}": med[(t, ts, kind)] for t, ts, kind in calls}}
-            row["speedup_default"] = row["staged_default"] / row["reg_default"]
-            row["speedup_best"] = row["staged_best"] / row["reg_best"]
+                   "plans": {f"t{t}_{ts}_w{w or ''}_{kind}": med[(t, ts, w, kind)] for t, ts, w, kind in calls}}
+            for kind in kinds:
+                best = min((med[(t, ts, w, kind)], t, ts, w) for t, ts, w in plans)
+                row[f"{kind}_default"] = med[(st, ts0, None, kind)]
+                row[f"{kind}_best"], row[f"{kind}_best_plan"] = best[0], best[1:]
+                row[f"{kind}_t4_best"] = min((med[(t, ts, w, kind)] for t, ts, w in plans if t == ks.WIDE16_FUSED),
+                                             default=float("nan"))
+            for kind in kinds[1:]:
+                for what in ("default", "best", "t4_best"):
+                    row[f"speedup_{what}_{kind}"] = row[f"staged_{what}"] / row[f"{kind}_{what}"]
             rows.append(row)
             print({k_: v_ for k_, v_ in row.items() if k_ != "plans"}, flush=True)
             path = write_results(out_name, rows, meta({"rounds": args.rounds}))  # after every shape: partial runs
             cptr = calls = None
             del caches
             torch.cuda.empty_cache()
-    print_table(rows, ["model", "batch", "context", "sparsity", "default_tactic", "staged_default", "reg_default",
-                       "speedup_default", "staged_best", "reg_best", "speedup_best"])
-    for s in (args.sparsity,):
-        sp = [r["speedup_default"] for r in rows if r["sparsity"] == s]
-        sb = [r["speedup_best"] for r in rows if r["sparsity"] == s]
-        if sp:
-            print(f"sparsity {s}: default plan median {statistics.median(sp):.3f} ({min(sp):.3f}-{max(sp):.3f}); "
-                  f"best plan median {statistics.median(sb):.3f} ({min(sb):.3f}-{max(sb):.3f})")
+    cols = ["model", "batch", "context", "default_tactic", "staged_default", "reg_default", "staged_t4_best",
+            "reg_t4_best"] + [f"speedup_{w}_{k}" for k in kinds[1:] for w in ("default", "best", "t4_best")]
+    print_table(rows, cols)
+    for kind in kinds[1:]:
+        for what in ("default", "best", "t4_best"):
+            v = [r[f"speedup_{what}_{kind}"] for r in rows]
+            if v:
+                print(f"{kind} vs staged, {what}: median {statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})")
     print(f"wrote {path}")
 
 

@@ -143,10 +143,11 @@ def _warps(head_dim: int, tactic: int, warps: int | None) -> int:
 
 #: Largest split of the warp-streaming kernel (its shared memory does not depend on the split).
 MAX_TOKENS_PER_SPLIT2 = 8192
-#: d = 64 records of at most this many bytes (keep ≤ 20 of 64 channels: sparsity ≥ ~69 %) are decoded from registers
-#: by the streaming tactics 1-4 (``sparse_kv_attn2r_*``: each lane loads its own K or V record two tiles ahead with
-#: 8-byte loads, no shared-memory staging; session 28, ``docs/sparse_kv.md``). 0 keeps the staged kernels
-#: (``sparse_kv_attn2_*``) everywhere, for measurements; set it before a call shape's first call (plans are cached).
+#: Blocks of 16 warps (tactic 4, or tactics 1-2 with ``warps=16``) decode d = 64 records of at most this many bytes
+#: (keep ≤ 20 of 64 channels: sparsity ≥ ~69 %) from registers (``sparse_kv_attn2r_*_w16``: each lane loads its own K
+#: or V record two tiles ahead, no shared-memory staging; session 28, ``docs/sparse_kv.md``). Smaller blocks keep the
+#: staged kernels: with records in registers (123 registers) they would fit 16 warps per SM instead of 24, which lost
+#: more than the staging costs. 0 = staged everywhere (measurements); set it before a call shape's first call.
 REG_RECORD_MAX = 48
 
 
@@ -405,7 +406,7 @@ def _attention_launches(head_dim: int, hq: int, hkv: int, batch: int, max_len: i
         if smem > smem_optin():
             raise EdgeSDKError(f"sparse_kv tactic {tactic} with {warps} warps needs {smem} bytes of shared memory per "
                                f"block; this device allows {smem_optin()}", "use a tactic with fewer warps per block")
-        kind = "dense2" if dense else "attn2r" if uses_register_records(head_dim, rk, rv) else "attn2"
+        kind = "dense2" if dense else "attn2r" if uses_register_records(head_dim, rk, rv, warps) else "attn2"
         ka = _kernel(f"sparse_kv_{kind}_d{head_dim}_g{gqa_pad(g)}{suffix}", max_smem_carveout=True)
         fused = _i(1 if tactic in FUSED_TACTICS else 0)
         launches = [ka.plan((ns, hkv, batch), (32 * warps,),
@@ -418,9 +419,9 @@ def _attention_launches(head_dim: int, hq: int, hkv: int, batch: int, max_len: i
     return launches
 
 
-def uses_register_records(head_dim: int, rk: int, rv: int) -> bool:
-    """Whether tactics 1-4 decode these records from registers (:data:`REG_RECORD_MAX`)."""
-    return head_dim == 64 and max(rk, rv) <= REG_RECORD_MAX
+def uses_register_records(head_dim: int, rk: int, rv: int, warps: int) -> bool:
+    """Whether a streaming block of ``warps`` warps decodes these records from registers (:data:`REG_RECORD_MAX`)."""
+    return head_dim == 64 and warps == 16 and max(rk, rv) <= REG_RECORD_MAX
 
 
 def _geometry(cfg: SparseKVConfig) -> tuple[int, ...]:

@@ -170,37 +170,36 @@ def test_wide_blocks(case, warps):
 
 @pytest.mark.parametrize("sk,sv", [(0.6875, 0.6875), (0.734, 0.734), (0.7, 0.9), (0.95, 0.8), (0.67, 0.7)])
 def test_register_records(sk, sv, monkeypatch):
-    """d = 64 records of at most 48 bytes are decoded from registers by tactics 1-4: keep 20 and 17 (the largest and
-    smallest of a 48-byte record), K and V records of different sizes, 3 kept channels; keep 21 (56 bytes: 0.67) stays
-    staged. Each tactic at its heuristic split, one tile per warp and several, ragged lengths with window and padding
-    rows, against float64; the staged kernels on the same cache give the same bits."""
+    """16-warp blocks decode d = 64 records of at most 48 bytes from registers: keep 20 and 17 (the largest and
+    smallest of a 48-byte record), K and V records of different sizes, 3 kept channels; keep 21 (56 bytes: 0.67)
+    stays staged. Tactic 4 and tactics 1, 2 with 16 warps, at the heuristic split, one tile per warp and several,
+    ragged lengths with window and padding rows, against float64; the staged kernels on the same cache give the same
+    bits; and records 8 bytes past a 16-byte boundary (8-byte loads)."""
     d, hq, hkv, lens = 64, 12, 3, [1500, 83, 700]
     rng = np.random.default_rng(int(sk * 1000) + int(sv * 10))
     S = max(lens) + 5
     cfg = f.SparseKVConfig(d, hq, hkv, sk, sv, S)
-    assert ks.uses_register_records(d, cfg.rk, cfg.rv) == (max(cfg.rk, cfg.rv) <= 48) == (sk != 0.67)
+    assert ks.uses_register_records(d, cfg.rk, cfg.rv, 16) == (max(cfg.rk, cfg.rv) <= 48) == (sk != 0.67)
     k, v = make(rng, len(lens), hkv, S, d)
     host = f.SparseKVCache.prefill(cfg, k, v, lens)
     g = gpu_prefill(cfg, k, v, lens)
     q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
     expect = ref.cache_attention(host, q)
-    for tactic in ks.TACTICS[1:]:
-        unit = 16 * ks.WIDE_WARPS.get(tactic, ks.WARPS2)
-        for tps in (None, unit, 3 * unit):
-            out = gpu_attention(cfg, g, q, S, tps, tactic)
+    for tactic, warps in ((ks.WIDE16_FUSED, None), (ks.STREAM, 16), (ks.STREAM_FUSED, 16)):
+        for tps in (None, 256, 768):
+            out = gpu_attention(cfg, g, q, S, tps, tactic, warps=warps)
             check_attention(out, expect)
             monkeypatch.setattr(ks, "REG_RECORD_MAX", 0)
-            staged = gpu_attention(cfg, g, q, S, tps, tactic)
+            staged = gpu_attention(cfg, g, q, S, tps, tactic, warps=warps)
             monkeypatch.undo()
             assert np.array_equal(out.view(np.uint16), staged.view(np.uint16))
-    # records at an address 8 bytes past a 16-byte boundary: the register path's 8-byte loads
     kb = torch.empty(g.k_rec.numel() + 8, dtype=torch.uint8, device="cuda")
     vb = torch.empty(g.v_rec.numel() + 8, dtype=torch.uint8, device="cuda")
     kb[8:].copy_(g.k_rec.reshape(-1))
     vb[8:].copy_(g.v_rec.reshape(-1))
     assert kb.data_ptr() % 16 == 0
     g.k_rec, g.v_rec = kb[8:], vb[8:]
-    check_attention(gpu_attention(cfg, g, q, S, None, ks.STREAM_FUSED), expect)
+    check_attention(gpu_attention(cfg, g, q, S, None, ks.WIDE16_FUSED), expect)
 
 
 @pytest.mark.parametrize("hq,hkv", [(9, 3), (4, 2)])
