@@ -65,7 +65,7 @@ def main() -> None:
         for s in (args.sparsity,):
             cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
             caches, cptr = sparse_caches(cfg, B, ctx, k, v, lens)
-            assert ks.uses_register_records(d, cfg.rk, cfg.rv), (cfg.rk, cfg.rv)
+            assert ks.uses_register_records(d, cfg.rk, cfg.rv, 16), (cfg.rk, cfg.rv)
             st = ks.default_tactic(d, hq, hkv, B, ctx, rk=cfg.rk, rv=cfg.rv)
             ts0, _ = ks.plan_cache(cfg, B, ctx, tactic=st)
             plans = [(st, ts0, None)]
