@@ -348,35 +348,42 @@ def test_sparse_kv_dense_streaming_tactics(stub, tactic, warps):
     assert attn["args"][20:] == [0x5000, 1 if tactic in ks.FUSED_TACTICS else 0]
 
 
-@pytest.mark.parametrize("head_dim,sk,sv,kind", [(64, 0.7, 0.7, "attn2r"), (64, 0.6875, 0.95, "attn2r"),
-                                                  (64, 0.67, 0.7, "attn2"), (64, 0.5, 0.5, "attn2"),
-                                                  (128, 0.9, 0.9, "attn2")])
+@pytest.mark.parametrize("head_dim,sk,sv,kind", [(64, 0.7, 0.7, "attn2r"), (64, 0.734, 0.734, "attn2r"),
+                                                  (64, 0.6875, 0.95, "attn2"), (64, 0.67, 0.7, "attn2"),
+                                                  (64, 0.5, 0.5, "attn2"), (128, 0.9, 0.9, "attn2")])
 def test_sparse_kv_register_records_choice(stub, monkeypatch, head_dim, sk, sv, kind):
-    """16-warp blocks (tactic 4; tactics 1, 2 with warps=16) decode d = 64 records of at most 48 bytes (keep <= 20)
-    from registers (``sparse_kv_attn2r_*_w16``), anything else staged (``sparse_kv_attn2_*``), same arguments, grid
-    and shared memory; 4- and 8-warp blocks always staged; REG_RECORD_MAX = 0 (measurements) keeps the staged kernels,
-    as a new call shape (the plan cache knows the switch)."""
+    """16-warp blocks (tactic 4; tactics 1, 2 with warps=16) decode d = 64 K and V records of 48 bytes (keep 17-20)
+    from registers (``sparse_kv_attn2r_*_w16``) when both arrays are 16-byte aligned; anything else is staged
+    (``sparse_kv_attn2_*``) with the same arguments, grid and shared memory: 4- and 8-warp blocks, other record sizes,
+    records 8 bytes off a 16-byte boundary, and REGISTER_RECORDS = False (measurements). Each is its own call shape
+    (the plan cache knows the switch and the alignment)."""
     cfg = SparseKVConfig(head_dim, 8, 2, sk, sv, 2048)
-    cache = ks.CachePtrs(0x21000, 0x22000, 0x23000, 0x24000, 0x25000)
+    aligned = ks.CachePtrs(0x21000, 0x22000, 0x23000, 0x24000, 0x25000)
     calls = [(ks.STREAM_FUSED, None)]
     if head_dim == 64:
         calls += [(ks.WIDE_FUSED, None), (ks.WIDE16_FUSED, None), (ks.STREAM, 16), (ks.STREAM_FUSED, 16)]
     seen = {}
-    for reg_max in (48, 0):
-        monkeypatch.setattr(ks, "REG_RECORD_MAX", reg_max)
+    for variant, cache, on in (("reg", aligned, True), ("off", aligned, False),
+                               ("k8", aligned._replace(k_rec=0x21008), True),
+                               ("v8", aligned._replace(v_rec=0x22008), True)):
+        monkeypatch.setattr(ks, "REGISTER_RECORDS", on)
         for tactic, warps in calls:
             stub.seen.clear()
             ks.decode_attention(cfg, 3, 2000, 0x11000, cache, 0x31000, 0x40000, 0x51, tactic=tactic, warps=warps)
-            seen[reg_max, tactic, warps] = stub.seen[0]
+            seen[variant, tactic, warps] = stub.seen[0]
     monkeypatch.undo()
     for tactic, warps in calls:
         w = ks._warps(head_dim, tactic, warps)
-        reg, staged = seen[48, tactic, warps], seen[0, tactic, warps]
         suffix = "" if w == 4 else f"_w{w}"
         assert ks.uses_register_records(head_dim, cfg.rk, cfg.rv, w) == (kind == "attn2r" and w == 16)
-        assert reg["name"] == f"sparse_kv_{kind if w == 16 else 'attn2'}_d{head_dim}_g4{suffix}"
-        assert staged["name"] == f"sparse_kv_attn2_d{head_dim}_g4{suffix}"
-        assert reg["args"] == staged["args"] and reg["grid"] == staged["grid"] and reg["smem"] == staged["smem"]
+        assert not ks.uses_register_records(head_dim, cfg.rk, cfg.rv, w, aligned=False)
+        assert seen["reg", tactic, warps]["name"] == f"sparse_kv_{kind if w == 16 else 'attn2'}_d{head_dim}_g4{suffix}"
+        for variant in ("off", "k8", "v8"):
+            staged = seen[variant, tactic, warps]
+            assert staged["name"] == f"sparse_kv_attn2_d{head_dim}_g4{suffix}"
+            reg = seen["reg", tactic, warps]
+            assert staged["grid"] == reg["grid"] and staged["smem"] == reg["smem"]
+            assert staged["args"][7:] == reg["args"][7:]
 
 
 def test_sparse_kv_streaming_tactic_over_the_shared_memory_limit_is_refused(stub, monkeypatch):

@@ -5,9 +5,9 @@ side by side on the same caches and plans.
 Session 28's index records halved the decode's ALU instructions without a gain, and session 10's move of the zero
 fill from the shared-memory pipe to the ALUs lost; what was left of the record path in shared memory is the staging:
 the records' ``cp.async`` writes and the decode's ``LDS.64`` reads (≈ 41 of ≈ 170 shared-memory wavefronts per
-16-token tile, session 14's profile). The register path (``sparse_kv_attn2r_*``, ``decode_row64_reg``: d = 64,
-records ≤ 48 bytes) has each lane load its own K or V record with 8-byte ``ld.global.nc`` two tiles ahead and decode
-from registers; the rest of the kernel is the staged one. ``ks.REG_RECORD_MAX = 0`` gives the staged kernels.
+16-token tile, session 14's profile). The register path (``sparse_kv_attn2r_*_w16``, ``decode_row64_reg``: d = 64,
+48-byte records, 16-warp blocks) has each lane load its own K or V record with three 16-byte ``ld.global.nc`` two
+tiles ahead and decode from registers; the rest of the kernel is the staged one. ``ks.REGISTER_RECORDS = False`` gives the staged kernels.
 
 Per shape (issue 7's 18 at >= 4k; ``--sparsity``, default 0.7): the default's plan and tactic 4 (16-warp blocks, the
 only ones that take the register path) at the benchmark's split sizes (``split_sizes``), both paths on the same cache
@@ -50,7 +50,6 @@ def main() -> None:
     from edgesdk.kernels import _cuda
     from edgesdk.kernels import sparse_kv as ks
 
-    saved_max = ks.REG_RECORD_MAX
     kinds = ("staged", "reg") + (("alt",) if args.alt else ())
     stream = torch.cuda.Stream()
     raw = stream.cuda_stream
@@ -82,14 +81,14 @@ def main() -> None:
                 _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts, tactic=tactic, warps=w)
                 for kind in kinds:
                     p = ks._Plan(ks._ATT_PTRS)
-                    saved = ks.REG_RECORD_MAX, ks.SOURCE
-                    ks.REG_RECORD_MAX = 0 if kind == "staged" else saved_max
+                    saved = ks.REGISTER_RECORDS, ks.SOURCE
+                    ks.REGISTER_RECORDS = kind != "staged"
                     ks.SOURCE = str(Path(args.alt).resolve()) if kind == "alt" else saved[1]
                     try:
                         p.launches = ks._attention_launches(d, hq, hkv, B, ctx, ks._geometry(cfg), cfg.rk, cfg.rv,
                                                             None, None, ts, tactic, w, p.addr)
                     finally:
-                        ks.REG_RECORD_MAX, ks.SOURCE = saved
+                        ks.REGISTER_RECORDS, ks.SOURCE = saved
                     p.extra["parts"] = 4 * ks._counter_words(B, hq)
                     ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
                     o = torch.full((B, hq, d), float("nan"), dtype=torch.float16, device="cuda")

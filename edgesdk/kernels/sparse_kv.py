@@ -143,12 +143,14 @@ def _warps(head_dim: int, tactic: int, warps: int | None) -> int:
 
 #: Largest split of the warp-streaming kernel (its shared memory does not depend on the split).
 MAX_TOKENS_PER_SPLIT2 = 8192
-#: Blocks of 16 warps (tactic 4, or tactics 1-2 with ``warps=16``) decode d = 64 records of at most this many bytes
-#: (keep ≤ 20 of 64 channels: sparsity ≥ ~69 %) from registers (``sparse_kv_attn2r_*_w16``: each lane loads its own K
-#: or V record two tiles ahead, no shared-memory staging; session 28, ``docs/sparse_kv.md``). Smaller blocks keep the
-#: staged kernels: with records in registers (123 registers) they would fit 16 warps per SM instead of 24, which lost
-#: more than the staging costs. 0 = staged everywhere (measurements); set it before a call shape's first call.
-REG_RECORD_MAX = 48
+#: Blocks of 16 warps (tactic 4, or tactics 1-2 with ``warps=16``) decode d = 64 records of exactly this many bytes
+#: (keep 17-20 of 64 channels: sparsity 0.69-0.73, the 70 % setting) from registers when both record arrays are 16-byte
+#: aligned (``sparse_kv_attn2r_*_w16``: each lane loads its own K or V record two tiles ahead, no shared-memory staging;
+#: session 28, ``docs/sparse_kv.md``). Smaller blocks and other record sizes keep the staged kernels: records in
+#: registers take 123 registers, so 4- or 8-warp blocks would fit 16 warps per SM instead of 24 (slower, measured).
+REG_RECORD_BYTES = 48
+#: False: the staged kernels everywhere (for measurements); set it before a call shape's first call.
+REGISTER_RECORDS = True
 
 
 def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, batch: int, max_len: int,
@@ -384,10 +386,12 @@ class _Plan:
 
 def _attention_launches(head_dim: int, hq: int, hkv: int, batch: int, max_len: int, geometry: Sequence[int],
                         rk: int, rv: int, scale: float | None, sms: int | None, tokens_per_split: int | None,
-                        tactic: int | None, warps: int | None, slot: dict, dense: bool = False) -> list:
+                        tactic: int | None, warps: int | None, slot: dict, dense: bool = False,
+                        aligned: bool = True) -> list:
     """Launch records of one attention call; ``slot`` maps the names of :data:`_ATT_PTRS` to the addresses of
     the pointer slots the kernels read their pointers from. ``dense``: the streaming tactics on a plain fp16 cache
-    (``sparse_kv_dense2_*``)."""
+    (``sparse_kv_dense2_*``). ``aligned``: the record arrays start on 16-byte boundaries (see
+    :func:`uses_register_records`)."""
     g = hq // hkv
     if tactic is None:
         tactic = default_tactic(head_dim, hq, hkv, batch, max_len, sms, tokens_per_split, rk=rk, rv=rv)
@@ -406,7 +410,7 @@ def _attention_launches(head_dim: int, hq: int, hkv: int, batch: int, max_len: i
         if smem > smem_optin():
             raise EdgeSDKError(f"sparse_kv tactic {tactic} with {warps} warps needs {smem} bytes of shared memory per "
                                f"block; this device allows {smem_optin()}", "use a tactic with fewer warps per block")
-        kind = "dense2" if dense else "attn2r" if uses_register_records(head_dim, rk, rv, warps) else "attn2"
+        kind = "dense2" if dense else "attn2r" if uses_register_records(head_dim, rk, rv, warps, aligned) else "attn2"
         ka = _kernel(f"sparse_kv_{kind}_d{head_dim}_g{gqa_pad(g)}{suffix}", max_smem_carveout=True)
         fused = _i(1 if tactic in FUSED_TACTICS else 0)
         launches = [ka.plan((ns, hkv, batch), (32 * warps,),
@@ -419,9 +423,10 @@ def _attention_launches(head_dim: int, hq: int, hkv: int, batch: int, max_len: i
     return launches
 
 
-def uses_register_records(head_dim: int, rk: int, rv: int, warps: int) -> bool:
-    """Whether a streaming block of ``warps`` warps decodes these records from registers (:data:`REG_RECORD_MAX`)."""
-    return head_dim == 64 and warps == 16 and max(rk, rv) <= REG_RECORD_MAX
+def uses_register_records(head_dim: int, rk: int, rv: int, warps: int, aligned: bool = True) -> bool:
+    """Whether a streaming block of ``warps`` warps decodes these records from registers (:data:`REG_RECORD_BYTES`;
+    ``aligned``: both record arrays start on a 16-byte boundary)."""
+    return REGISTER_RECORDS and aligned and head_dim == 64 and warps == 16 and rk == rv == REG_RECORD_BYTES
 
 
 def _geometry(cfg: SparseKVConfig) -> tuple[int, ...]:
@@ -444,10 +449,11 @@ def _check_attention(cfg: SparseKVConfig, batch: int, max_len: int, tokens_per_s
 
 
 def _attention_plan(cfg: SparseKVConfig, batch: int, max_len: int, scale, sms, tokens_per_split, tactic,
-                    warps) -> _Plan:
+                    warps, aligned: bool = True) -> _Plan:
     p = _Plan(_ATT_PTRS)
     p.launches = _attention_launches(cfg.head_dim, cfg.num_q_heads, cfg.num_kv_heads, batch, max_len, _geometry(cfg),
-                                     cfg.rk, cfg.rv, scale, sms, tokens_per_split, tactic, warps, p.addr)
+                                     cfg.rk, cfg.rv, scale, sms, tokens_per_split, tactic, warps, p.addr,
+                                     aligned=aligned)
     p.extra["parts"] = 4 * _counter_words(batch, cfg.num_q_heads)
     return p
 
@@ -475,7 +481,8 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
         warps (int | None): Warps per block of tactics 1 and 2 (default 4; 8 or 16 at d = 64, for measurements).
     """
     plans = _cuda.thread_cache(_tls)
-    key = ("attn", cfg, batch, max_len, scale, sms, tokens_per_split, tactic, warps, REG_RECORD_MAX)
+    aligned = not (cache.k_rec | cache.v_rec) & 15
+    key = ("attn", cfg, batch, max_len, scale, sms, tokens_per_split, tactic, warps, REGISTER_RECORDS, aligned)
     per_ctx = plans.get(key)
     if per_ctx is None:  # a new call shape: check it before any driver call
         _check_attention(cfg, batch, max_len, tokens_per_split, tactic, warps)
@@ -483,7 +490,7 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
     ctx = _cuda.current_context()
     p = per_ctx.get(ctx)
     if p is None:
-        p = per_ctx[ctx] = _attention_plan(cfg, batch, max_len, scale, sms, tokens_per_split, tactic, warps)
+        p = per_ctx[ctx] = _attention_plan(cfg, batch, max_len, scale, sms, tokens_per_split, tactic, warps, aligned)
     p.set(q, workspace, workspace + p.extra["parts"], cache.lens, cache.k_rec, cache.v_rec, cache.k_ring, cache.v_ring,
           out)
     _cuda.launch_all(p.launches, _cuda.raw_stream(stream))
@@ -546,7 +553,8 @@ _NODE_PTRS = ("lengths", "lens", "ws", "parts", "q", "k", "v", "out", "k_rec", "
               "q_src", "k_src", "v_src", "o_dst", "o_last")
 
 
-def _node_plan(cfg: SparseKVConfig, scale: float, batch: int, S: int, sms: int | None, tactic: int | None) -> _Plan:
+def _node_plan(cfg: SparseKVConfig, scale: float, batch: int, S: int, sms: int | None, tactic: int | None,
+               aligned: bool = True) -> _Plan:
     """The launches of one step of a :func:`run_node` call shape in ``launches``; S > 1: ``extra["last"]`` copies the
     last step's output, and the step index is the ``c_int`` ``extra["step"]``, read by the step kernel.
 
@@ -567,7 +575,7 @@ def _node_plan(cfg: SparseKVConfig, scale: float, batch: int, S: int, sms: int |
     rows_q, rows_kv = batch * hq, batch * hkv
     counters = _counter_words(batch, hq) if tactic in FUSED_TACTICS else 0
     attention = _attention_launches(d, hq, hkv, batch, cfg.capacity, _geometry(cfg), cfg.rk, cfg.rv, scale, sms,
-                                    None, tactic, None, {n: a[n] for n in _ATT_PTRS})
+                                    None, tactic, None, {n: a[n] for n in _ATT_PTRS}, aligned=aligned)
     append = _append_launch(cfg, batch, {"k_new": a["k"], "v_new": a["v"], "lens": a["lens"], "k_rec": a["k_rec"],
                                          "v_rec": a["v_rec"], "k_ring": a["k_ring"], "v_ring": a["v_ring"],
                                          "counters": a["ws"]}, counters if S == 1 else 0)
@@ -607,11 +615,12 @@ def run_node(cfg: SparseKVConfig, scale: float, batch: int, new_tokens: int, q: 
         raise EdgeSDKError(f"sparse_kv node call of batch {batch}, {new_tokens} new tokens",
                            "pass batch >= 1 and at least one new token")
     S = new_tokens
-    key = ("node", cfg, scale, batch, S, sms, tactic, REG_RECORD_MAX, _cuda.current_context())
+    aligned = not (int(state_out[0]) | int(state_out[1])) & 15
+    key = ("node", cfg, scale, batch, S, sms, tactic, REGISTER_RECORDS, aligned, _cuda.current_context())
     plans = _cuda.thread_cache(_tls)
     p = plans.get(key)
     if p is None:
-        p = plans[key] = _node_plan(cfg, scale, batch, S, sms, tactic)
+        p = plans[key] = _node_plan(cfg, scale, batch, S, sms, tactic, aligned)
     if any(int(a) != int(b) for a, b in zip(state_in, state_out)):
         cu = _cuda._driver()
         for src, dst, nbytes in zip(state_in, state_out, p.extra["state_bytes"]):

@@ -531,14 +531,15 @@ __device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec,
   }
 }
 
-// d = 64, records of at most 48 bytes (keep <= 20, sparsity >= ~69 %; the REG kernels): decode_row64_bf on a record
-// held in registers, 12 words loaded by the lane itself (rload in attn2_split) instead of staged in shared memory.
-// Value j is half j % 2 of word 2 + j / 2; put() runs for j = keep - 1 .. 0 (highest channel first), keep times.
-__device__ __forceinline__ void decode_row64_reg(const uint2 (&r)[6], int keep, __half* __restrict__ row) {
+// d = 64, 48-byte records (keep 17-20: sparsity 0.69-0.73, the 70 % setting; the REG kernels): decode_row64_bf on
+// a record held in registers, loaded by the lane itself (rload in attn2_split) instead of staged in shared memory.
+// Value j is half j % 2 of word 2 + j / 2: values 16 .. keep - 1 (words 10, 11) first, then 15 .. 0 (words 9 .. 2).
+__device__ __forceinline__ void decode_row64_reg(const uint4 (&r)[3], int keep, __half* __restrict__ row) {
   uint4* row4 = reinterpret_cast<uint4*>(row);
 #pragma unroll
   for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
-  const uint32_t w[12] = {r[0].x, r[0].y, r[1].x, r[1].y, r[2].x, r[2].y, r[3].x, r[3].y, r[4].x, r[4].y, r[5].x, r[5].y};
+  const uint32_t w[12] = {r[0].x, r[0].y, r[0].z, r[0].w, r[1].x, r[1].y, r[1].z, r[1].w,
+                          r[2].x, r[2].y, r[2].z, r[2].w};
   const uint32_t lo = w[0], hi = w[1];
   uint8_t* const rlo = reinterpret_cast<uint8_t*>(row);
   uint32_t cur = hi != 0u ? hi : lo;
@@ -551,20 +552,14 @@ __device__ __forceinline__ void decode_row64_reg(const uint2 (&r)[6], int keep, 
     cur = z ? lo : cur;
     rb = z ? rlo : rb;
   };
-  if (keep >= 17) {  // a 48-byte record (70 % at d = 64): values 16 .. keep - 1 predicated, 15 .. 0 not
-    if (19 < keep) put(w[11] >> 16);
-    if (18 < keep) put(w[11] & 0xffffu);
-    if (17 < keep) put(w[10] >> 16);
-    put(w[10] & 0xffffu);
+  if (19 < keep) put(w[11] >> 16);
+  if (18 < keep) put(w[11] & 0xffffu);
+  if (17 < keep) put(w[10] >> 16);
+  put(w[10] & 0xffffu);
 #pragma unroll
-    for (int k = 9; k >= 2; --k) {
-      put(w[k] >> 16);
-      put(w[k] & 0xffffu);
-    }
-  } else {  // smaller records: every value predicated
-#pragma unroll
-    for (int j = 15; j >= 0; --j)
-      if (j < keep) put(w[2 + j / 2] >> (16 * (j % 2)));
+  for (int k = 9; k >= 2; --k) {
+    put(w[k] >> 16);
+    put(w[k] & 0xffffu);
   }
 }
 
@@ -572,12 +567,6 @@ __device__ __forceinline__ uint4 ldg_nc16(const void* p) {
   uint4 r;
   asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-  return r;
-}
-
-__device__ __forceinline__ uint2 ldg_nc8(const void* p) {
-  uint2 r;
-  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "l"(p));
   return r;
 }
 
@@ -831,31 +820,18 @@ __device__ __forceinline__ void attn2_split(
   const int dkeep = dv ? keep_v : keep_k;
   const int doff = dv ? kbytes + dr * rv : dr * rk;
   const __half* dring = (dv ? v_ring : k_ring) + bh * C * D;
-  // REG: this lane's record of tiles i, i + 1, i + 2 in registers (loaded two tiles ahead; rk <= 48, 8-byte loads).
-  const uint8_t* rsrc = (dv ? v_rec : k_rec) + (bh * cap + t_begin + warp * 16 + dr) * static_cast<size_t>(dv ? rv : rk);
-  const size_t rstep = static_cast<size_t>(NW * 16) * (dv ? rv : rk);
-  const int rwords = (dv ? rv : rk) / 8;
-  // 16-byte loads where every record of this lane's cache is 16-byte aligned (48-byte records on an aligned array)
-  const bool r16 = (rwords % 2 == 0) && (reinterpret_cast<uintptr_t>(dv ? v_rec : k_rec) % 16 == 0);
-  auto rload = [&](int ii, uint2 (&r)[6]) {
+  // REG (48-byte records on 16-byte aligned arrays, the launcher checks both): this lane's record of tiles i, i + 1,
+  // i + 2 in registers, three 16-byte loads per tile, two tiles ahead.
+  const uint8_t* rsrc = (dv ? v_rec : k_rec) + (bh * cap + t_begin + warp * 16 + dr) * static_cast<size_t>(rk);
+  auto rload = [&](int ii, uint4 (&r)[3]) {
     if (REG && ii < cnt && t_begin + (warp + ii * NW) * 16 + dr < ncomp_end) {
-      const uint8_t* src = rsrc + ii * rstep;
-      if (r16) {
-#pragma unroll
-        for (int e = 0; e < 3; ++e)
-          if (2 * e < rwords) {
-            const uint4 x = ldg_nc16(src + 16 * e);
-            r[2 * e] = make_uint2(x.x, x.y);
-            r[2 * e + 1] = make_uint2(x.z, x.w);
-          }
-      } else {
-#pragma unroll
-        for (int e = 0; e < 6; ++e)
-          if (e < rwords) r[e] = ldg_nc8(src + 8 * e);
-      }
+      const uint8_t* src = rsrc + static_cast<size_t>(ii) * NW * 16 * rk;
+      r[0] = ldg_nc16(src);
+      r[1] = ldg_nc16(src + 16);
+      r[2] = ldg_nc16(src + 32);
     }
   };
-  uint2 ra[6] = {}, rb2[6] = {}, rc[6] = {};
+  uint4 ra[3] = {}, rb2[3] = {}, rc[3] = {};
   if constexpr (REG) {
     rload(0, ra);
     rload(1, rb2);
@@ -938,7 +914,7 @@ __device__ __forceinline__ void attn2_split(
     st_dec = st_dec == stages + doff + (kStages - 1) * sb ? stages + doff : st_dec + sb;
     if constexpr (REG) {
 #pragma unroll
-      for (int e = 0; e < 6; ++e) { ra[e] = rb2[e]; rb2[e] = rc[e]; }
+      for (int e = 0; e < 3; ++e) { ra[e] = rb2[e]; rb2[e] = rc[e]; }
     }
     if constexpr (DENSE) kslot = reinterpret_cast<const uint8_t*>(kslot) == stages + (kStages - 1) * sb
                 ? reinterpret_cast<const __half*>(stages)
@@ -1185,7 +1161,7 @@ DEF_ATTN2W(64, 2, 16)
 DEF_ATTN2W(64, 4, 16)
 DEF_ATTN2W(64, 8, 16)
 
-// 16-warp blocks with each lane's record in registers (REG; d = 64, records <= 48 bytes; see decode_row64_reg):
+// 16-warp blocks with each lane's record in registers (REG; d = 64, 48-byte records; see decode_row64_reg):
 // 122-126 registers, the 16 warps an SM holds anyway at one block per SM, so the staging's shared-memory traffic goes
 // without losing warps (with 4- or 8-warp blocks it would cost a third of them: those stay staged).
 #define DEF_ATTN2R(GP)                                                                                   \
