@@ -13,6 +13,8 @@
 // Kernels (Ampere instructions only: mma.sync, ldmatrix, movmatrix, cp.async, redux.sync, popc; sm_87, sm_90):
 //   sparse_kv_attn2_d{D}_g{GP}  tactics 1, 2 (default): grid (NS, Hkv, B), 128 threads, warp-streaming
 //       flash attention; see attn2_split. Tactic 2 also merges the splits (last block per (b, h)).
+//       _w8 / _w16: 8 or 16 warps (tactics 3, 4); sparse_kv_attn2r_d64_g{GP}_w16: 16 warps with 48-byte records
+//       loaded into registers instead of staged (decode_row64_reg); sparse_kv_dense2_*: the same body on a dense cache.
 //   sparse_kv_attn_d{D}_g{GP}   tactic 0 (and the dense baseline): grid (NS, Hkv, B), 256 threads. One
 //       block = one (b, h) and TS tokens.
 //       K: one thread per token, a sparse dot product over the record's set bits (GP query heads of
