@@ -1164,7 +1164,7 @@ DEF_ATTN2W(64, 4, 16)
 DEF_ATTN2W(64, 8, 16)
 
 // 16-warp blocks with each lane's record in registers (REG; d = 64, 48-byte records; see decode_row64_reg):
-// 122-126 registers, the 16 warps an SM holds anyway at one block per SM, so the staging's shared-memory traffic goes
+// 123 registers, the 16 warps an SM holds anyway at one block per SM, so the staging's shared-memory traffic goes
 // without losing warps (with 4- or 8-warp blocks it would cost a third of them: those stay staged).
 #define DEF_ATTN2R(GP)                                                                                   \
   extern "C" __global__ void __launch_bounds__(512, 1) sparse_kv_attn2r_d64_g##GP##_w16(ATTN_ARGS, __half* out,  \
