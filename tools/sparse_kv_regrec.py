@@ -16,8 +16,11 @@ built from another version of ``plugins/sparse_kv/sparse_kv.cu``); outputs compa
 same, so the bits must be); CUDA-graph replays over caches rotated beyond L2, the paths taking turns over ``--rounds``
 rounds, medians. Speed-up = staged time / register time.
 
+``--validation``: other head layouts (GQA groups 1, 2, 7, 8: the g1, g2 and g8 kernels, which issue 7's shapes do
+not use) at other batches and lengths (:data:`VALIDATION`).
+
 Usage: python tools/sparse_kv_regrec.py [--rounds N] [--sparsity S] [--all-tactics] [--alt FILE] [--out NAME]
-       [--quick]
+       [--quick | --validation]
 """
 
 from __future__ import annotations
@@ -35,6 +38,15 @@ import torch  # noqa: E402
 from edgesdk.formats.sparse_kv import SparseKVConfig  # noqa: E402
 
 
+# (Hq, Hkv, d): Qwen2.5-0.5B- and TinyLlama-like heads (groups of 7 and 8), multi-head (1) and groups of 2
+VALIDATION_MODELS = {"qwen2.5-0.5b": (14, 2, 64), "tinyllama": (32, 4, 64), "mha-12": (12, 12, 64),
+                     "gqa2-16": (16, 8, 64)}
+VALIDATION = [("qwen2.5-0.5b", 1, 24576), ("qwen2.5-0.5b", 3, 12000), ("qwen2.5-0.5b", 8, 6000),
+              ("tinyllama", 2, 16384), ("tinyllama", 6, 9000), ("tinyllama", 12, 30000),
+              ("mha-12", 1, 8192), ("mha-12", 4, 20000), ("mha-12", 8, 5000),
+              ("gqa2-16", 2, 12288), ("gqa2-16", 5, 7000), ("gqa2-16", 10, 28000)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -43,6 +55,7 @@ def main() -> None:
     ap.add_argument("--all-tactics", action="store_true")
     ap.add_argument("--alt", default=None, help="another sparse_kv.cu: its register kernels as a third kind")
     ap.add_argument("--quick", action="store_true", help="two shapes, default plan only")
+    ap.add_argument("--validation", action="store_true", help="the VALIDATION shapes instead of issue 7's")
     args = ap.parse_args()
 
     from bench._common import meta, print_table, time_graph, write_results
@@ -58,8 +71,11 @@ def main() -> None:
     shapes = [(m, b, c) for m in MODELS for b in (1, 4, 16) for c in (4096, 16384, 32768)]
     if args.quick:
         shapes = [("llama3.2-1b", 16, 32768), ("smollm2-135m", 1, 4096)]
+    if args.validation:
+        shapes = VALIDATION
+    models = dict(MODELS, **VALIDATION_MODELS)
     for model, B, ctx in shapes:
-        hq, hkv, d = MODELS[model]
+        hq, hkv, d = models[model]
         k, v, q, lens = dense_inputs(hq, hkv, d, B, ctx)
         for s in (args.sparsity,):
             cfg = SparseKVConfig(d, hq, hkv, s, s, ctx + 1)
