@@ -496,40 +496,51 @@ struct BitIterDesc {
   }
 };
 
-// D = 64 without a loop or branch per bit (BF): the high word is walked first, and the low word
-// (with the row's low half) replaces it by selects when it runs out. put() runs at most popcount
-// times, so an exhausted low word is never read.
-__device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row) {
+// D = 64 without a loop or branch per bit (BF): the high word is walked first, and the low word (with the row's low
+// half) replaces it by selects when it runs out (the row zero-filled before): put() stores the next value at the
+// highest channel left and runs at most popcount times, so an exhausted low word is never read.
+__device__ __forceinline__ void zero_row64(__half* __restrict__ row) {
   uint4* row4 = reinterpret_cast<uint4*>(row);
 #pragma unroll
   for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
-  const uint32_t lo = reinterpret_cast<const uint32_t*>(rec)[0], hi = reinterpret_cast<const uint32_t*>(rec)[1];
-  uint8_t* const rlo = reinterpret_cast<uint8_t*>(row);
-  uint32_t cur = hi != 0u ? hi : lo;
-  uint8_t* rb = hi != 0u ? rlo + 64 : rlo;
-  auto put = [&](uint32_t v) {
+}
+
+struct RowWalk64 {
+  uint32_t lo, cur;
+  uint8_t *rlo, *rb;
+  __device__ __forceinline__ RowWalk64(uint32_t lo_, uint32_t hi, __half* __restrict__ row) : lo(lo_) {
+    rlo = reinterpret_cast<uint8_t*>(row);
+    cur = hi != 0u ? hi : lo;
+    rb = hi != 0u ? rlo + 64 : rlo;
+  }
+  __device__ __forceinline__ void put(uint32_t v) {
     const int c = 31 - __clz(cur);
     cur ^= 1u << c;
     *reinterpret_cast<unsigned short*>(rb + 2 * c) = static_cast<unsigned short>(v);
     const bool z = cur == 0u;
     cur = z ? lo : cur;
     rb = z ? rlo : rb;
-  };
+  }
+};
+
+__device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row) {
+  zero_row64(row);
+  RowWalk64 wk(reinterpret_cast<const uint32_t*>(rec)[0], reinterpret_cast<const uint32_t*>(rec)[1], row);
   const uint2* vals = reinterpret_cast<const uint2*>(rec + 8);
   int j = (keep - 1) & ~3;  // first value of the top (possibly partial) group of 4
   {
     const uint2 raw = vals[j >> 2];
-    if (j + 3 < keep) put(raw.y >> 16);
-    if (j + 2 < keep) put(raw.y & 0xffffu);
-    if (j + 1 < keep) put(raw.x >> 16);
-    put(raw.x & 0xffffu);
+    if (j + 3 < keep) wk.put(raw.y >> 16);
+    if (j + 2 < keep) wk.put(raw.y & 0xffffu);
+    if (j + 1 < keep) wk.put(raw.x >> 16);
+    wk.put(raw.x & 0xffffu);
   }
   for (j -= 4; j >= 0; j -= 4) {
     const uint2 raw = vals[j >> 2];
-    put(raw.y >> 16);
-    put(raw.y & 0xffffu);
-    put(raw.x >> 16);
-    put(raw.x & 0xffffu);
+    wk.put(raw.y >> 16);
+    wk.put(raw.y & 0xffffu);
+    wk.put(raw.x >> 16);
+    wk.put(raw.x & 0xffffu);
   }
 }
 
@@ -537,31 +548,18 @@ __device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec,
 // a record held in registers, loaded by the lane itself (rload in attn2_split) instead of staged in shared memory.
 // Value j is half j % 2 of word 2 + j / 2: values 16 .. keep - 1 (words 10, 11) first, then 15 .. 0 (words 9 .. 2).
 __device__ __forceinline__ void decode_row64_reg(const uint4 (&r)[3], int keep, __half* __restrict__ row) {
-  uint4* row4 = reinterpret_cast<uint4*>(row);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
+  zero_row64(row);
   const uint32_t w[12] = {r[0].x, r[0].y, r[0].z, r[0].w, r[1].x, r[1].y, r[1].z, r[1].w,
                           r[2].x, r[2].y, r[2].z, r[2].w};
-  const uint32_t lo = w[0], hi = w[1];
-  uint8_t* const rlo = reinterpret_cast<uint8_t*>(row);
-  uint32_t cur = hi != 0u ? hi : lo;
-  uint8_t* rb = hi != 0u ? rlo + 64 : rlo;
-  auto put = [&](uint32_t v) {
-    const int c = 31 - __clz(cur);
-    cur ^= 1u << c;
-    *reinterpret_cast<unsigned short*>(rb + 2 * c) = static_cast<unsigned short>(v);
-    const bool z = cur == 0u;
-    cur = z ? lo : cur;
-    rb = z ? rlo : rb;
-  };
-  if (19 < keep) put(w[11] >> 16);
-  if (18 < keep) put(w[11] & 0xffffu);
-  if (17 < keep) put(w[10] >> 16);
-  put(w[10] & 0xffffu);
+  RowWalk64 wk(w[0], w[1], row);
+  if (19 < keep) wk.put(w[11] >> 16);
+  if (18 < keep) wk.put(w[11] & 0xffffu);
+  if (17 < keep) wk.put(w[10] >> 16);
+  wk.put(w[10] & 0xffffu);
 #pragma unroll
   for (int k = 9; k >= 2; --k) {
-    put(w[k] >> 16);
-    put(w[k] & 0xffffu);
+    wk.put(w[k] >> 16);
+    wk.put(w[k] & 0xffffu);
   }
 }
 
