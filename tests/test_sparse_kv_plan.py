@@ -155,3 +155,24 @@ def test_wide16_default_rule():
     assert ks.default_tactic(64, 32, 8, 4, 16384, sms=132, rk=c50.rk, rv=c50.rv) == ks.STREAM
     assert ks.smem_bytes2(64, c50.rk, c50.rv, 16) > ks.ORIN_SMEM_OPTIN >= ks.smem_bytes2(64, c70.rk, c70.rv, 16) + 16
     assert ks.node_plan(c70, 4, sms=132)[0] == ks.WIDE16_FUSED
+
+
+def test_register_records_default_rule(monkeypatch):
+    """Records that 16-warp blocks decode from registers (48 bytes: 70 % at d = 64) take WIDE16_FUSED instead of
+    WIDE_FUSED from 30 to 75 tiles per SM; below 30 tiles per SM, with other record sizes or none given, or with
+    REGISTER_RECORDS off, WIDE_FUSED as before."""
+    # (hq, hkv, B, ctx) -> tiles per SM on 132 SMs: 62.1, 62.1, 46.5, 34.9 (16 warps); 15.5, 23.3, 23.3 (8 warps)
+    reg = ((32, 8, 1, 16384), (32, 8, 4, 4096), (9, 3, 1, 32768), (9, 3, 3, 8192))
+    low = ((32, 8, 1, 4096), (9, 3, 1, 16384), (9, 3, 4, 4096))
+    for shapes, want in ((reg, ks.WIDE16_FUSED), (low, ks.WIDE_FUSED)):
+        for hq, hkv, b, ctx in shapes:
+            c70, c50 = (SparseKVConfig(64, hq, hkv, s, s, ctx) for s in (0.7, 0.5))
+            assert ks.uses_register_records(64, c70.rk, c70.rv, 16)
+            assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132, rk=c70.rk, rv=c70.rv) == want, (hq, hkv, b, ctx)
+            assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132, rk=c50.rk, rv=c50.rv) == ks.WIDE_FUSED
+            assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132) == ks.WIDE_FUSED
+            assert ks.plan_cache(c70, b, ctx, sms=132) == ks.plan_cache(c70, b, ctx, sms=132, tactic=want)
+    monkeypatch.setattr(ks, "REGISTER_RECORDS", False)
+    for hq, hkv, b, ctx in reg:
+        c70 = SparseKVConfig(64, hq, hkv, 0.7, 0.7, ctx)
+        assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132, rk=c70.rk, rv=c70.rv) == ks.WIDE_FUSED

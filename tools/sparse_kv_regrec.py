@@ -17,10 +17,13 @@ same, so the bits must be); CUDA-graph replays over caches rotated beyond L2, th
 rounds, medians. Speed-up = staged time / register time.
 
 ``--validation``: other head layouts (GQA groups 1, 2, 7, 8: the g1, g2 and g8 kernels, which issue 7's shapes do
-not use) at other batches and lengths (:data:`VALIDATION`).
+not use) at other batches and lengths (:data:`VALIDATION`). ``--rule-validation``: shapes of 23-63 tiles per SM
+(:data:`RULE_VALIDATION`), where ``default_tactic`` gives register records tactic 4 instead of tactic 3 from 30 tiles
+per SM on; each row then also has ``rule_speedup`` = tactic 3 at its heuristic split ÷ the default, both with the
+shipped kernels.
 
 Usage: python tools/sparse_kv_regrec.py [--rounds N] [--sparsity S] [--all-tactics] [--alt FILE] [--out NAME]
-       [--quick | --validation]
+       [--quick | --validation | --rule-validation]
 """
 
 from __future__ import annotations
@@ -46,6 +49,13 @@ VALIDATION = [("qwen2.5-0.5b", 1, 24576), ("qwen2.5-0.5b", 3, 12000), ("qwen2.5-
               ("mha-12", 1, 8192), ("mha-12", 4, 20000), ("mha-12", 8, 5000),
               ("gqa2-16", 2, 12288), ("gqa2-16", 5, 7000), ("gqa2-16", 10, 28000)]
 
+# unseen shapes around the register-record rule's 30 tiles per SM (132 SMs): 62, 38, 46.5, 35, 57, 24, 38, 40, 34, 62,
+# 46.5, 34, 34, 23 tiles per SM
+RULE_VALIDATION = [("llama3.2-1b", 2, 8192), ("llama3.2-1b", 1, 10000), ("smollm2-135m", 2, 16384),
+                   ("smollm2-135m", 6, 4096), ("qwen2.5-0.5b", 2, 30000), ("qwen2.5-0.5b", 5, 5000),
+                   ("tinyllama", 1, 20000), ("tinyllama", 3, 7000), ("mha-12", 2, 3000), ("gqa2-16", 1, 16384),
+                   ("gqa2-16", 3, 4096), ("smollm2-135m", 2, 12000), ("llama3.2-1b", 3, 3000), ("tinyllama", 2, 6000)]
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -56,6 +66,7 @@ def main() -> None:
     ap.add_argument("--alt", default=None, help="another sparse_kv.cu: its register kernels as a third kind")
     ap.add_argument("--quick", action="store_true", help="two shapes, default plan only")
     ap.add_argument("--validation", action="store_true", help="the VALIDATION shapes instead of issue 7's")
+    ap.add_argument("--rule-validation", action="store_true", help="the RULE_VALIDATION shapes (implies --all-tactics)")
     args = ap.parse_args()
 
     from bench._common import meta, print_table, time_graph, write_results
@@ -73,6 +84,8 @@ def main() -> None:
         shapes = [("llama3.2-1b", 16, 32768), ("smollm2-135m", 1, 4096)]
     if args.validation:
         shapes = VALIDATION
+    if args.rule_validation:
+        shapes, args.all_tactics = RULE_VALIDATION, True
     models = dict(MODELS, **VALIDATION_MODELS)
     for model, B, ctx in shapes:
         hq, hkv, d = models[model]
@@ -144,6 +157,10 @@ def main() -> None:
                 row[f"{kind}_best"], row[f"{kind}_best_plan"] = best[0], best[1:]
                 row[f"{kind}_t4_best"] = min((med[(t, ts, w, kind)] for t, ts, w in plans if t == ks.WIDE16_FUSED),
                                              default=float("nan"))
+            ts3 = ks.plan_cache(cfg, B, ctx, tactic=ks.WIDE_FUSED)[0]
+            if (ks.WIDE_FUSED, ts3, None, "reg") in med:  # the rule before session 28's: tactic 3 at its split
+                row["t3_heuristic"] = med[(ks.WIDE_FUSED, ts3, None, "reg")]
+                row["rule_speedup"] = row["t3_heuristic"] / row["reg_default"]
             for kind in kinds[1:]:
                 for what in ("default", "best", "t4_best"):
                     row[f"speedup_{what}_{kind}"] = row[f"staged_{what}"] / row[f"{kind}_{what}"]
@@ -155,7 +172,13 @@ def main() -> None:
             torch.cuda.empty_cache()
     cols = ["model", "batch", "context", "default_tactic", "staged_default", "reg_default", "staged_t4_best",
             "reg_t4_best"] + [f"speedup_{w}_{k}" for k in kinds[1:] for w in ("default", "best", "t4_best")]
+    if any("rule_speedup" in r for r in rows):
+        cols += ["t3_heuristic", "rule_speedup"]
     print_table(rows, cols)
+    v = [r["rule_speedup"] for r in rows if "rule_speedup" in r and r["default_tactic"] == ks.WIDE16_FUSED]
+    if v:
+        print(f"default (tactic 4) vs tactic 3 where the default is tactic 4: median {statistics.median(v):.3f} "
+              f"({min(v):.3f}-{max(v):.3f}), {len(v)} shapes")
     for kind in kinds[1:]:
         for what in ("default", "best", "t4_best"):
             v = [r[f"speedup_{what}_{kind}"] for r in rows]

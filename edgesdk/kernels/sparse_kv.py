@@ -210,6 +210,10 @@ FUSED_MAX_SPLITS = 32
 #: WIDE_MAX_TILES_PER_SM; :data:`WIDE16_FUSED` up to WIDE16_MAX_TILES_PER_SM where its shared memory fits and
 #: the tile model (:func:`_tile_cost`, MERGE_COST per split) prices it below tactic 1's split.
 WIDE_MAX_TILES_PER_SM = 75
+#: ... except that from this many tiles per SM on, records that 16-warp blocks decode from registers
+#: (:func:`uses_register_records`) take :data:`WIDE16_FUSED` there too (session 28: 1.05-1.15x tactic 3 on the H100
+#: shapes with 30-75 tiles per SM; below, 0.94-1.07x).
+REG_WIDE16_MIN_TILES_PER_SM = 30
 WIDE16_MAX_TILES_PER_SM = 1000
 MERGE_COST = 0.5
 #: ... and only on GPUs with at least this many SMs: the rule was fit and validated on 132-SM GPUs; on the 16-SM
@@ -237,7 +241,9 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
     ``rk``/``rv`` given, :data:`WIDE16_FUSED` up to :data:`WIDE16_MAX_TILES_PER_SM` tiles per SM where its
     shared memory fits the device (:data:`ORIN_SMEM_OPTIN` when ``sms`` is given instead of asked) and
     :func:`_tile_cost` prices its plan below tactic 1's; both only with at least :data:`WIDE_MIN_SMS` SMs (not on
-    an Orin's 16). ``wide=False``: the rule before them. Fit to
+    an Orin's 16). Records that 16-warp blocks decode from registers take :data:`WIDE16_FUSED` instead of
+    :data:`WIDE_FUSED` from :data:`REG_WIDE16_MIN_TILES_PER_SM` tiles per SM (session 28). ``wide=False``: the rule
+    before them. Fit to
     ``bench/results/sparse_kv_warps_h200_e1a9128.json`` and ``…_h100_a07d27a.json`` (36 shapes at ≥ 4k each)
     and checked on shapes it was not fit on (``docs/sparse_kv.md``, session 25)."""
     smem = ORIN_SMEM_OPTIN if sms else None
@@ -245,6 +251,10 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
     tiles_per_sm = batch * num_kv_heads * math.ceil(max(1, max_len) / TILE2) / sms
     if wide and head_dim == 64 and tokens_per_split is None and sms >= WIDE_MIN_SMS:
         if tiles_per_sm <= WIDE_MAX_TILES_PER_SM:
+            if (tiles_per_sm >= REG_WIDE16_MIN_TILES_PER_SM and rk is not None and rv is not None
+                    and uses_register_records(64, rk, rv, WIDE_WARPS[WIDE16_FUSED])
+                    and smem_bytes2(64, rk, rv, WIDE_WARPS[WIDE16_FUSED]) + 16 <= (smem or smem_optin())):
+                return WIDE16_FUSED
             return WIDE_FUSED
         pairs = batch * num_kv_heads
         if (rk is not None and rv is not None and tiles_per_sm <= WIDE16_MAX_TILES_PER_SM
