@@ -7,13 +7,14 @@ fill from the shared-memory pipe to the ALUs lost; what was left of the record p
 the records' ``cp.async`` writes and the decode's ``LDS.64`` reads (≈ 41 of ≈ 170 shared-memory wavefronts per
 16-token tile, session 14's profile). The register path (``sparse_kv_attn2r_*_w16``, ``decode_row64_reg``: d = 64,
 48-byte records, 16-warp blocks) has each lane load its own K or V record with three 16-byte ``ld.global.nc`` two
-tiles ahead and decode from registers; the rest of the kernel is the staged one. ``ks.REGISTER_RECORDS = False`` gives the staged kernels.
+tiles ahead and decode from registers; the rest of the kernel is the staged one. ``ks.REGISTER_RECORDS = False``
+gives the staged kernels.
 
 Per shape (issue 7's 18 at >= 4k; ``--sparsity``, default 0.7): the default's plan and tactic 4 (16-warp blocks, the
 only ones that take the register path) at the benchmark's split sizes (``split_sizes``), both paths on the same cache
 (``--all-tactics``: tactics 1-3 too, with 16-warp blocks for 1 and 2; ``--alt FILE``: a third kind, the register path
-built from another version of ``plugins/sparse_kv/sparse_kv.cu``); outputs compared on every plan (the decoded tiles are the
-same, so the bits must be); CUDA-graph replays over caches rotated beyond L2, the paths taking turns over ``--rounds``
+built from another version of ``plugins/sparse_kv/sparse_kv.cu``); outputs compared on every plan (the decoded tiles
+are the same, so the bits must be); CUDA-graph replays over caches rotated beyond L2, the paths taking turns over ``--rounds``
 rounds, medians. Speed-up = staged time / register time.
 
 ``--validation``: other head layouts (GQA groups 1, 2, 7, 8: the g1, g2 and g8 kernels, which issue 7's shapes do
