@@ -14,8 +14,8 @@ Per shape (issue 7's 18 at >= 4k; ``--sparsity``, default 0.7): the default's pl
 only ones that take the register path) at the benchmark's split sizes (``split_sizes``), both paths on the same cache
 (``--all-tactics``: tactics 1-3 too, with 16-warp blocks for 1 and 2; ``--alt FILE``: a third kind, the register path
 built from another version of ``plugins/sparse_kv/sparse_kv.cu``); outputs compared on every plan (the decoded tiles
-are the same, so the bits must be); CUDA-graph replays over caches rotated beyond L2, the paths taking turns over ``--rounds``
-rounds, medians. Speed-up = staged time / register time.
+are the same, so the bits must be); CUDA-graph replays over caches rotated beyond L2, the paths taking turns over
+``--rounds`` rounds, medians. Speed-up = staged time / register time.
 
 ``--validation``: other head layouts (GQA groups 1, 2, 7, 8: the g1, g2 and g8 kernels, which issue 7's shapes do
 not use) at other batches and lengths (:data:`VALIDATION`). ``--rule-validation``: shapes of 23-63 tiles per SM
