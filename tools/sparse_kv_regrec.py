@@ -65,6 +65,8 @@ def main() -> None:
     ap.add_argument("--sparsity", type=float, default=0.7, help="0.69-0.73 (48-byte records, the register path's)")
     ap.add_argument("--all-tactics", action="store_true")
     ap.add_argument("--alt", default=None, help="another sparse_kv.cu: its register kernels as a third kind")
+    ap.add_argument("--alt-carveout", type=int, default=None,
+                    help="with --alt: the preferred shared-memory carveout (percent) of its register kernels")
     ap.add_argument("--quick", action="store_true", help="two shapes, default plan only")
     ap.add_argument("--validation", action="store_true", help="the VALIDATION shapes instead of issue 7's")
     ap.add_argument("--rule-validation", action="store_true", help="the RULE_VALIDATION shapes (implies --all-tactics)")
@@ -123,6 +125,13 @@ def main() -> None:
                     ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
                     o = torch.full((B, hq, d), float("nan"), dtype=torch.float16, device="cuda")
                     calls[(tactic, ts, w, kind)] = (p, ws, o)
+            if args.alt and args.alt_carveout is not None:  # after the plans (the launcher asks for 100)
+                cu = _cuda._driver()
+                for gp in (1, 2, 4, 8):
+                    kern = _cuda.get_kernel(str(Path(args.alt).resolve()), f"sparse_kv_attn2r_d64_g{gp}_w16")
+                    _cuda.check(cu.cuFuncSetAttribute(
+                        kern.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                        args.alt_carveout))
             torch.cuda.synchronize()  # workspaces and poisoned outputs (default stream) before `stream`
             it = iter(range(1 << 30))
 
