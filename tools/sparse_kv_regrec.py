@@ -23,8 +23,8 @@ not use) at other batches and lengths (:data:`VALIDATION`). ``--rule-validation`
 per SM on; each row then also has ``rule_speedup`` = tactic 3 at its heuristic split ÷ the default, both with the
 shipped kernels.
 
-Usage: python tools/sparse_kv_regrec.py [--rounds N] [--sparsity S] [--all-tactics] [--alt FILE] [--out NAME]
-       [--quick | --validation | --rule-validation]
+Usage: python tools/sparse_kv_regrec.py [--rounds N] [--sparsity S] [--all-tactics] [--alt FILE [--alt-carveout PCT]]
+       [--out NAME] [--quick | --validation | --rule-validation]
 """
 
 from __future__ import annotations
