@@ -12,10 +12,10 @@ gives the staged kernels.
 
 Per shape (issue 7's 18 at >= 4k; ``--sparsity``, default 0.7): the default's plan and tactic 4 (16-warp blocks, the
 only ones that take the register path) at the benchmark's split sizes (``split_sizes``), both paths on the same cache
-(``--all-tactics``: tactics 1-3 too, with 16-warp blocks for 1 and 2; ``--alt FILE``: a third kind, the register path
-built from another version of ``plugins/sparse_kv/sparse_kv.cu``); outputs compared on every plan (the decoded tiles
-are the same, so the bits must be); CUDA-graph replays over caches rotated beyond L2, the paths taking turns over
-``--rounds`` rounds, medians. Speed-up = staged time / register time.
+(``--all-tactics``: tactics 1-3 too, with 16-warp blocks for 1 and 2; ``--alt FILE``, repeatable: further kinds,
+the register path built from other versions of ``plugins/sparse_kv/sparse_kv.cu``); outputs compared on every plan
+(the decoded tiles are the same, so the bits must be); CUDA-graph replays over caches rotated beyond L2, the paths
+taking turns over ``--rounds`` rounds, medians. Speed-up = staged time / register time.
 
 ``--validation``: other head layouts (GQA groups 1, 2, 7, 8: the g1, g2 and g8 kernels, which issue 7's shapes do
 not use) at other batches and lengths (:data:`VALIDATION`). ``--rule-validation``: shapes of 23-63 tiles per SM
@@ -23,7 +23,8 @@ not use) at other batches and lengths (:data:`VALIDATION`). ``--rule-validation`
 per SM on; each row then also has ``rule_speedup`` = tactic 3 at its heuristic split ÷ the default, both with the
 shipped kernels.
 
-Usage: python tools/sparse_kv_regrec.py [--rounds N] [--sparsity S] [--all-tactics] [--alt FILE [--alt-carveout PCT]]
+Usage: python tools/sparse_kv_regrec.py [--rounds N] [--sparsity S] [--all-tactics]
+       [--alt FILE ... [--alt-carveout PCT]]
        [--out NAME] [--quick | --validation | --rule-validation]
 """
 
@@ -64,7 +65,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--sparsity", type=float, default=0.7, help="0.69-0.73 (48-byte records, the register path's)")
     ap.add_argument("--all-tactics", action="store_true")
-    ap.add_argument("--alt", default=None, help="another sparse_kv.cu: its register kernels as a third kind")
+    ap.add_argument("--alt", action="append", default=[],
+                    help="another sparse_kv.cu: its register kernels as a further kind (repeatable: alt, alt2, ...)")
     ap.add_argument("--alt-carveout", type=int, default=None,
                     help="with --alt: the preferred shared-memory carveout (percent) of its register kernels")
     ap.add_argument("--quick", action="store_true", help="two shapes, default plan only")
@@ -77,7 +79,8 @@ def main() -> None:
     from edgesdk.kernels import _cuda
     from edgesdk.kernels import sparse_kv as ks
 
-    kinds = ("staged", "reg") + (("alt",) if args.alt else ())
+    alts = {("alt" if i == 0 else f"alt{i + 1}"): str(Path(f).resolve()) for i, f in enumerate(args.alt)}
+    kinds = ("staged", "reg") + tuple(alts)
     stream = torch.cuda.Stream()
     raw = stream.cuda_stream
     rows = []
@@ -115,7 +118,7 @@ def main() -> None:
                     p = ks._Plan(ks._ATT_PTRS)
                     saved = ks.REGISTER_RECORDS, ks.SOURCE
                     ks.REGISTER_RECORDS = kind != "staged"
-                    ks.SOURCE = str(Path(args.alt).resolve()) if kind == "alt" else saved[1]
+                    ks.SOURCE = alts.get(kind, saved[1])
                     try:
                         p.launches = ks._attention_launches(d, hq, hkv, B, ctx, ks._geometry(cfg), cfg.rk, cfg.rv,
                                                             None, None, ts, tactic, w, p.addr)
@@ -127,8 +130,8 @@ def main() -> None:
                     calls[(tactic, ts, w, kind)] = (p, ws, o)
             if args.alt and args.alt_carveout is not None:  # after the plans (the launcher asks for 100)
                 cu = _cuda._driver()
-                for gp in (1, 2, 4, 8):
-                    kern = _cuda.get_kernel(str(Path(args.alt).resolve()), f"sparse_kv_attn2r_d64_g{gp}_w16")
+                for gp, src in ((gp, src) for gp in (1, 2, 4, 8) for src in alts.values()):
+                    kern = _cuda.get_kernel(src, f"sparse_kv_attn2r_d64_g{gp}_w16")
                     _cuda.check(cu.cuFuncSetAttribute(
                         kern.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                         args.alt_carveout))
