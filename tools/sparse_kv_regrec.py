@@ -13,7 +13,8 @@ gives the staged kernels.
 Per shape (issue 7's 18 at >= 4k; ``--sparsity``, default 0.7): the default's plan and tactic 4 (16-warp blocks, the
 only ones that take the register path) at the benchmark's split sizes (``split_sizes``), both paths on the same cache
 (``--all-tactics``: tactics 1-3 too, with 16-warp blocks for 1 and 2; ``--alt FILE``, repeatable: further kinds,
-the register path built from other versions of ``plugins/sparse_kv/sparse_kv.cu``); outputs compared on every plan
+the register path built from other versions of ``plugins/sparse_kv/sparse_kv.cu``; ``--timing-only FILE``: the same
+without the output check, for ablations); outputs compared on every plan
 (the decoded tiles are the same, so the bits must be); CUDA-graph replays over caches rotated beyond L2, the paths
 taking turns over ``--rounds`` rounds, medians. Speed-up = staged time / register time.
 
@@ -24,7 +25,7 @@ per SM on; each row then also has ``rule_speedup`` = tactic 3 at its heuristic s
 shipped kernels.
 
 Usage: python tools/sparse_kv_regrec.py [--rounds N] [--sparsity S] [--all-tactics]
-       [--alt FILE ... [--alt-carveout PCT]]
+       [--alt FILE ...] [--timing-only FILE ...] [--alt-carveout PCT]
        [--out NAME] [--quick | --validation | --rule-validation]
 """
 
@@ -67,6 +68,8 @@ def main() -> None:
     ap.add_argument("--all-tactics", action="store_true")
     ap.add_argument("--alt", action="append", default=[],
                     help="another sparse_kv.cu: its register kernels as a further kind (repeatable: alt, alt2, ...)")
+    ap.add_argument("--timing-only", action="append", default=[],
+                    help="like --alt, but its outputs are not compared (ablations; kinds abl, abl2, ...)")
     ap.add_argument("--alt-carveout", type=int, default=None,
                     help="with --alt: the preferred shared-memory carveout (percent) of its register kernels")
     ap.add_argument("--quick", action="store_true", help="two shapes, default plan only")
@@ -80,6 +83,8 @@ def main() -> None:
     from edgesdk.kernels import sparse_kv as ks
 
     alts = {("alt" if i == 0 else f"alt{i + 1}"): str(Path(f).resolve()) for i, f in enumerate(args.alt)}
+    unchecked = {("abl" if i == 0 else f"abl{i + 1}"): str(Path(f).resolve()) for i, f in enumerate(args.timing_only)}
+    alts.update(unchecked)
     kinds = ("staged", "reg") + tuple(alts)
     stream = torch.cuda.Stream()
     raw = stream.cuda_stream
@@ -151,7 +156,7 @@ def main() -> None:
             for tactic, ts, w in plans:
                 a = calls[(tactic, ts, w, "staged")][2]
                 assert not torch.isnan(a).any(), f"{model} B={B} {ctx} {s}: staged output has NaN"
-                for kind in kinds[1:]:
+                for kind in (k for k in kinds[1:] if k not in unchecked):
                     assert torch.equal(a.view(torch.int16), calls[(tactic, ts, w, kind)][2].view(torch.int16)), \
                         f"{model} B={B} {ctx} {s} tactic {tactic} split {ts} warps {w}: {kind} differs from staged"
             times = {key: [] for key in calls}
