@@ -14,7 +14,8 @@
 //   sparse_kv_attn2_d{D}_g{GP}  tactics 1, 2 (default): grid (NS, Hkv, B), 128 threads, warp-streaming
 //       flash attention; see attn2_split. Tactic 2 also merges the splits (last block per (b, h)).
 //       _w8 / _w16: 8 or 16 warps (tactics 3, 4); sparse_kv_attn2r_d64_g{GP}_w16: 16 warps with 48-byte records
-//       loaded into registers instead of staged (decode_row64_reg); sparse_kv_dense2_*: the same body on a dense cache.
+//       loaded into registers instead of staged (RegDecode64), their tiles double-buffered so that the decode of tile
+//       i + 1 interleaves with the multiply of tile i; sparse_kv_dense2_*: the same body on a dense cache.
 //   sparse_kv_attn_d{D}_g{GP}   tactic 0 (and the dense baseline): grid (NS, Hkv, B), 256 threads. One
 //       block = one (b, h) and TS tokens.
 //       K: one thread per token, a sparse dot product over the record's set bits (GP query heads of
@@ -544,23 +545,91 @@ __device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec,
   }
 }
 
-// d = 64, 48-byte records (keep 17-20: sparsity 0.69-0.73, the 70 % setting; the REG kernels): decode_row64_bf on
-// a record held in registers, loaded by the lane itself (rload in attn2_split) instead of staged in shared memory.
-// Value j is half j % 2 of word 2 + j / 2: values 16 .. keep - 1 (words 10, 11) first, then 15 .. 0 (words 9 .. 2).
-__device__ __forceinline__ void decode_row64_reg(const uint4 (&r)[3], int keep, __half* __restrict__ row) {
-  zero_row64(row);
-  const uint32_t w[12] = {r[0].x, r[0].y, r[0].z, r[0].w, r[1].x, r[1].y, r[1].z, r[1].w,
-                          r[2].x, r[2].y, r[2].z, r[2].w};
-  RowWalk64 wk(w[0], w[1], row);
-  if (19 < keep) wk.put(w[11] >> 16);
-  if (18 < keep) wk.put(w[11] & 0xffffu);
-  if (17 < keep) wk.put(w[10] >> 16);
-  wk.put(w[10] & 0xffffu);
-#pragma unroll
-  for (int k = 9; k >= 2; --k) {
-    wk.put(w[k] >> 16);
-    wk.put(w[k] & 0xffffu);
+// d = 64, 48-byte records (keep 17-20: sparsity 0.69-0.73, the 70 % setting; the REG kernels), held in the decoding
+// lane's registers (loaded by rload in attn2_split). Value j is half j % 2 of word 2 + j / 2. Two independent walks
+// instead of decode_row64_bf's one: values 0..9 go to the 10 lowest set bits (ascending: the lowest bit is cur ^ (cur
+// & (cur - 1))), values 10..keep-1 to the others, highest first (ascending over the bit-reversed words, so channel =
+// clz of the isolated bit). Each chain is cur -> IADD -> LOP3 (with the zero test) -> SEL, no FLO on it; the optional
+// values 17..19 are predicated stores, so the decode is one basic block. In four parts (RegDecode64::part) so that
+// attn2_split can splice them into the phases of the previous tile's multiply (session 29, docs/sparse_kv.md).
+__device__ __forceinline__ void sts16_if(bool p, uint32_t addr, uint32_t v) {
+  asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %0, 0;\n @q st.shared.b16 [%1], %2;\n}\n"
+               :: "r"(static_cast<int>(p)), "r"(addr), "h"(static_cast<unsigned short>(v)) : "memory");
+}
+
+template <bool REV>  // REV: the words are bit-reversed
+struct AscWalk64 {
+  uint32_t cur, nxt, rb, rnx;  // rb, rnx: shared addresses of channel 0 of the current and of the next word
+  __device__ __forceinline__ void init(uint32_t first, uint32_t second, uint32_t r_first, uint32_t r_second) {
+    cur = first != 0u ? first : second;
+    rb = first != 0u ? r_first : r_second;
+    nxt = second;
+    rnx = r_second;
   }
+  // Store v at the next set bit (if p). Called at most popcount times in all (an exhausted second word is never read).
+  template <bool PRED = false>
+  __device__ __forceinline__ void put(uint32_t v, bool p = true) {
+    const uint32_t nc = cur & (cur - 1u);
+    const uint32_t c = REV ? __clz(cur ^ nc) : 31 - __clz(cur ^ nc);
+    sts16_if(!PRED || p, rb + 2 * c, v);
+    const bool z = nc == 0u;
+    const uint32_t nn = z ? nxt : nc;
+    const uint32_t nb = z ? rnx : rb;
+    cur = !PRED || p ? nn : cur;
+    rb = !PRED || p ? nb : rb;
+  }
+};
+
+struct RegDecode64 {
+  AscWalk64<false> a;
+  AscWalk64<true> bw;
+  uint32_t w[12];
+  int keep;
+  __device__ __forceinline__ void init(const uint4 (&r)[3], int keep_, __half* __restrict__ row) {
+    zero_row64(row);
+    const uint32_t ww[12] = {r[0].x, r[0].y, r[0].z, r[0].w, r[1].x, r[1].y, r[1].z, r[1].w,
+                             r[2].x, r[2].y, r[2].z, r[2].w};
+#pragma unroll
+    for (int k = 0; k < 12; ++k) w[k] = ww[k];
+    keep = keep_;
+    const uint32_t r0 = smem_u32(row);
+    a.init(w[0], w[1], r0, r0 + 64);
+    bw.init(__brev(w[1]), __brev(w[0]), r0 + 64, r0);
+  }
+  __device__ __forceinline__ void part(int ph) {  // ph = 0..3 (compile-time after inlining)
+    if (ph == 0) {
+      bw.put<true>(w[11] >> 16, 19 < keep);
+      a.put(w[2]);
+      bw.put<true>(w[11], 18 < keep);
+      a.put(w[2] >> 16);
+      bw.put<true>(w[10] >> 16, 17 < keep);
+      a.put(w[3]);
+    } else if (ph == 1) {
+      bw.put(w[10]);
+      a.put(w[3] >> 16);
+      bw.put(w[9] >> 16);
+      a.put(w[4]);
+      bw.put(w[9]);
+      a.put(w[4] >> 16);
+    } else if (ph == 2) {
+      bw.put(w[8] >> 16);
+      a.put(w[5]);
+      bw.put(w[8]);
+      a.put(w[5] >> 16);
+    } else {
+      bw.put(w[7] >> 16);
+      a.put(w[6]);
+      bw.put(w[7]);
+      a.put(w[6] >> 16);
+    }
+  }
+};
+
+__device__ __forceinline__ void decode_row64_reg(const uint4 (&r)[3], int keep, __half* __restrict__ row) {
+  RegDecode64 dec;
+  dec.init(r, keep, row);
+#pragma unroll
+  for (int ph = 0; ph < 4; ++ph) dec.part(ph);
 }
 
 __device__ __forceinline__ uint4 ldg_nc16(const void* p) {
@@ -842,17 +911,117 @@ __device__ __forceinline__ void attn2_split(
 
   const uint8_t* st_dec = stages + doff;  // this lane's record in the slot of tile i
   const __half* kslot = DENSE ? reinterpret_cast<const __half*>(stages) : nullptr;  // DENSE: the slot of tile i
+  // Multiply the tile of tokens tb.. whose K, V tiles start at tiles (kt, the DENSE stage slot, or REG's second pair).
+  // hook(0..3) runs between the phases: REG splices the next tile's decode in there (the source order is the issue
+  // order of the shared-memory operations).
+  auto compute_tile = [&](int tb, const __half* tiles, auto&& hook) {
+    // S^T[16 tokens x 8 heads] = K Q^T: s[0..1] token tb + g_row, s[2..3] token tb + g_row + 8; heads 2 q4 + {0, 1}.
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+      uint32_t ak[4];
+      ldmatrix_x4(ak, tiles + (krow - kt) + kc * 16);
+      mma16816(s, ak, qb[kc][0], qb[kc][1]);
+    }
+    hook(0);
+    const bool ok0 = tb + g_row < t_end, ok1 = tb + g_row + 8 < t_end;
+    s[0] = ok0 ? s[0] * scale_log2 : -INFINITY;
+    s[1] = ok0 ? s[1] * scale_log2 : -INFINITY;
+    s[2] = ok1 ? s[2] * scale_log2 : -INFINITY;
+    s[3] = ok1 ? s[3] * scale_log2 : -INFINITY;
+    float mt0 = fmaxf(s[0], s[2]), mt1 = fmaxf(s[1], s[3]);
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, o));
+      mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, o));
+    }
+    hook(1);
+    const float mn0 = fmaxf(m_run[0], mt0), mn1 = fmaxf(m_run[1], mt1);
+    const float al0 = tile_exp2(m_run[0] - mn0), al1 = tile_exp2(m_run[1] - mn1);
+    m_run[0] = mn0;
+    m_run[1] = mn1;
+    // P rounded to fp16: the same values feed the mma and l.
+    const __half2 p01 = __floats2half2_rn(tile_exp2(s[0] - mn0), tile_exp2(s[1] - mn1));  // token g_row
+    const __half2 p23 = __floats2half2_rn(tile_exp2(s[2] - mn0), tile_exp2(s[3] - mn1));  // token g_row + 8
+    const float2 f01 = __half22float2(p01), f23 = __half22float2(p23);
+    l_run[0] = fmaf(l_run[0], al0, f01.x + f23.x);
+    l_run[1] = fmaf(l_run[1], al1, f01.y + f23.y);
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      acc[m][0] *= al0; acc[m][1] *= al1; acc[m][2] *= al0; acc[m][3] *= al1;
+    }
+    // B operand of O^T += V^T P^T: P^T[tokens 2 q4, +1 (+8)][head g_row], transposed in registers.
+    const uint32_t pb0 = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&p01));
+    const uint32_t pb1 = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&p23));
+    const uint32_t pb[2] = {pb0, pb1};
+    hook(2);
+#pragma unroll
+    for (int m = 0; m < MT; ++m) {
+      uint32_t av[4];
+      ldmatrix_x4_trans(av, tiles + (vrow - kt) + m * 16);
+      mma16816(acc[m], av, pb[0], pb[1]);
+    }
+    hook(3);
+  };
+  if constexpr (REG) {
+    // Tiles double-buffered: REG does not use the record stages, whose 3 x 1536 bytes (48-byte records) hold the second
+    // K, V tile pair. Tile i + 1 is decoded while tile i is multiplied: its decode is spliced into tile i's phases, so
+    // the decode's ALU chains fill the latency of the multiply's shared-memory loads, mma and shuffles.
+    constexpr int KB = kTileBytes / 2;  // halfs
+    auto decode_tile = [&](int i, const uint4 (&r)[3], int boff) -> bool {  // true: window rows in flight
+      const int tb = t_begin + (warp + i * NW) * 16;
+      const int t = tb + dr;
+      __half* row = drow + boff;
+      if (t < ncomp_end) {
+        decode_row64_reg(r, dkeep, row);
+      } else if (t < t_end) {  // dense window row: all of it in flight at once
+        const __half* src = dring + static_cast<size_t>(t % C) * D;
+#pragma unroll
+        for (int e = 0; e < D / 8; ++e) cp_async16(row + 8 * e, src + 8 * e);
+      } else {
+        uint4* row4 = reinterpret_cast<uint4*>(row);
+#pragma unroll
+        for (int e = 0; e < D / 8; ++e) row4[e] = make_uint4(0u, 0u, 0u, 0u);
+      }
+      return tb + 16 > ncomp_end;  // warp-uniform
+    };
+    if (cnt > 0) {
+      rload(2, rc);
+      if (decode_tile(0, ra, 0)) { cp_async_commit(); cp_async_wait<0>(); }
+#pragma unroll
+      for (int e = 0; e < 3; ++e) { ra[e] = rb2[e]; rb2[e] = rc[e]; }
+      __syncwarp();
+    }
+    for (int i = 0; i < cnt; ++i) {  // tile i is in pair i % 2; ra holds tile i + 1's record
+      rload(i + 3, rc);
+      const int bcur = (i & 1) * KB;
+      bool window = false;
+      if (i + 1 < cnt && t_begin + (warp + (i + 1) * NW) * 16 + 16 <= ncomp_end) {  // warp-uniform: all compressed
+        RegDecode64 dec;
+        compute_tile(t_begin + (warp + i * NW) * 16, kt + bcur, [&](int ph) {
+          if (ph == 0) dec.init(ra, dkeep, drow + KB - bcur);
+          dec.part(ph);
+        });
+      } else {
+        if (i + 1 < cnt) window = decode_tile(i + 1, ra, KB - bcur);
+        compute_tile(t_begin + (warp + i * NW) * 16, kt + bcur, [](int) {});
+      }
+      if (window) { cp_async_commit(); cp_async_wait<0>(); }
+#pragma unroll
+      for (int e = 0; e < 3; ++e) { ra[e] = rb2[e]; rb2[e] = rc[e]; }
+      __syncwarp();
+    }
+  }
+  if constexpr (!REG)  // the staged kernels: the loop as before session 29 (their SASS unchanged)
   for (int i = 0; i < cnt; ++i) {
     issue_next();
-    if constexpr (REG) rload(i + 2, rc);
     cp_async_wait<kStages - 1>();
     __syncwarp();
     const int tb = t_begin + (warp + i * NW) * 16;
     if constexpr (!DENSE) {
       const int t = tb + dr;
       if (t < ncomp_end) {
-        if constexpr (REG) decode_row64_reg(ra, dkeep, drow);
-        else decode_row_desc<D>(st_dec, dkeep, drow);
+        decode_row_desc<D>(st_dec, dkeep, drow);
       } else if (t < t_end) {  // dense window row: all of it in flight at once
         const __half* src = dring + static_cast<size_t>(t % C) * D;
 #pragma unroll
@@ -912,10 +1081,6 @@ __device__ __forceinline__ void attn2_split(
       mma16816(acc[m], av, pb[0], pb[1]);
     }
     st_dec = st_dec == stages + doff + (kStages - 1) * sb ? stages + doff : st_dec + sb;
-    if constexpr (REG) {
-#pragma unroll
-      for (int e = 0; e < 3; ++e) { ra[e] = rb2[e]; rb2[e] = rc[e]; }
-    }
     if constexpr (DENSE) kslot = reinterpret_cast<const uint8_t*>(kslot) == stages + (kStages - 1) * sb
                 ? reinterpret_cast<const __half*>(stages)
                 : reinterpret_cast<const __half*>(reinterpret_cast<const uint8_t*>(kslot) + sb);
