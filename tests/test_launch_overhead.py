@@ -37,7 +37,7 @@ EPI_SIG = [P, I, P, P, P, F, I, I, I]  # part, splits, Y, w_scale, bias, x_scale
 # sparse_kv: attention (tactic 0; tactics 1-4 add out, fuse), merge, append, the node's step kernel, token copy
 KV_ATTN_SIG = [P] * 7 + [I] * 12 + [F]  # q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, geometry (8), TS, NS, scale
 KV_SIGS = {"sparse_kv_attn_": KV_ATTN_SIG, "sparse_kv_attn2_": KV_ATTN_SIG + [P, I],
-           "sparse_kv_attn2r_": KV_ATTN_SIG + [P, I],
+           "sparse_kv_attn2r_": KV_ATTN_SIG + [P, I], "sparse_kv_attn2p_": KV_ATTN_SIG + [P, I],
            "sparse_kv_dense2_": KV_ATTN_SIG + [P, I], "sparse_kv_combine_": [P] * 3 + [I] * 3,
            "sparse_kv_append_": [P] * 7 + [I] * 9 + [P, I],
            "sparse_kv_node_step": [P, P, I, P, I] + [P] * 8 + [I] * 5,
@@ -387,6 +387,35 @@ def test_sparse_kv_register_records_choice(stub, monkeypatch, head_dim, sk, sv, 
             assert staged["args"][7:] == reg["args"][7:]
 
 
+def test_sparse_kv_pipelined_records_choice(stub, monkeypatch):
+    """Register-record blocks take the pipelined kernels (``sparse_kv_attn2p_*_w16``) when each warp walks at least
+    PIPE_MIN_TILES_PER_WARP tiles of the split (tokens per split / 256), else the unpipelined ones
+    (``sparse_kv_attn2r_*``), with the same arguments, grid and shared memory; PIPELINED_RECORDS = False keeps the
+    unpipelined ones; staged records (REGISTER_RECORDS = False) are never pipelined."""
+    cfg = SparseKVConfig(64, 8, 2, 0.7, 0.7, 8192)
+    cache = ks.CachePtrs(0x21000, 0x22000, 0x23000, 0x24000, 0x25000)
+    assert ks.PIPE_MIN_TILES_PER_WARP == 6
+    for tactic, warps in ((ks.WIDE16_FUSED, None), (ks.STREAM, 16), (ks.STREAM_FUSED, 16)):
+        for tiles in (1, 5, 6, 7, 32):
+            seen = {}
+            for variant, reg, pipe in (("pipe", True, True), ("nopipe", True, False), ("staged", False, True)):
+                monkeypatch.setattr(ks, "REGISTER_RECORDS", reg)
+                monkeypatch.setattr(ks, "PIPELINED_RECORDS", pipe)
+                stub.seen.clear()
+                ks.decode_attention(cfg, 3, 8192, 0x11000, cache, 0x31000, 0x40000, 0x51, tokens_per_split=256 * tiles,
+                                    tactic=tactic, warps=warps)
+                seen[variant] = stub.seen[0]
+                assert ks.uses_pipelined_records(256 * tiles, 16) == (pipe and tiles >= 6)
+            monkeypatch.setattr(ks, "REGISTER_RECORDS", True)
+            monkeypatch.setattr(ks, "PIPELINED_RECORDS", True)
+            assert seen["pipe"]["name"] == f"sparse_kv_{'attn2p' if tiles >= 6 else 'attn2r'}_d64_g4_w16"
+            assert seen["nopipe"]["name"] == "sparse_kv_attn2r_d64_g4_w16"
+            assert seen["staged"]["name"] == "sparse_kv_attn2_d64_g4_w16"
+            for variant in ("nopipe", "staged"):
+                assert seen[variant]["grid"] == seen["pipe"]["grid"] and seen[variant]["smem"] == seen["pipe"]["smem"]
+                assert seen[variant]["args"][7:] == seen["pipe"]["args"][7:]
+
+
 def test_sparse_kv_streaming_tactic_over_the_shared_memory_limit_is_refused(stub, monkeypatch):
     """16 warps of dense tiles need 216 KB: on a device allowing 163 KB per block (Orin) the call says so and
     launches nothing; the refused shape is not cached."""
@@ -452,8 +481,10 @@ def test_sparse_kv_node_steps(stub, S):
                 assert app["args"][-2:] == [0, 0]
             assert app["name"] == "sparse_kv_append_d64" and app["args"][:7] == [ki, vi, li, 0x600000, 0x710000,
                                                                               0x620000, 0x630000]
-            # 70 %: 48-byte records, decoded from registers by 16-warp blocks
-            assert attn["name"].startswith("sparse_kv_attn2r_d64" if attn["block"][0] == 512 else "sparse_kv_attn2_d64")
+            # 70 %: 48-byte records, decoded from registers by 16-warp blocks (pipelined from 6 tiles per warp)
+            reg = "sparse_kv_attn2p_d64" if ks.uses_pipelined_records(ks.plan_cache(KV, B, KV.capacity)[0], 16) \
+                else "sparse_kv_attn2r_d64"
+            assert attn["name"].startswith(reg if attn["block"][0] == 512 else "sparse_kv_attn2_d64")
             assert attn["args"][:3] == [qi, ws, li] and attn["args"][20:] == [oi, 1]
         if S > 1:
             assert seen[-1]["name"] == "sparse_kv_token_copy"

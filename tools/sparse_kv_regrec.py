@@ -14,9 +14,9 @@ Per shape (issue 7's 18 at >= 4k; ``--sparsity``, default 0.7): the default's pl
 only ones that take the register path) at the benchmark's split sizes (``split_sizes``), both paths on the same cache
 (``--all-tactics``: tactics 1-3 too, with 16-warp blocks for 1 and 2; ``--alt FILE``, repeatable: further kinds,
 the register path built from other versions of ``plugins/sparse_kv/sparse_kv.cu``; ``--timing-only FILE``: the same
-without the output check, for ablations); outputs compared on every plan
-(the decoded tiles are the same, so the bits must be); CUDA-graph replays over caches rotated beyond L2, the paths
-taking turns over ``--rounds`` rounds, medians. Speed-up = staged time / register time.
+without the output check, for ablations; ``--pipe-ab``: register records without the pipelined kernels, session 29);
+outputs compared on every plan (the decoded tiles are the same, so the bits must be); CUDA-graph replays over caches
+rotated beyond L2, the paths taking turns over ``--rounds`` rounds, medians. Speed-up = staged time / register time.
 
 ``--validation``: other head layouts (GQA groups 1, 2, 7, 8: the g1, g2 and g8 kernels, which issue 7's shapes do
 not use) at other batches and lengths (:data:`VALIDATION`). ``--rule-validation``: shapes of 23-63 tiles per SM
@@ -25,7 +25,7 @@ per SM on; each row then also has ``rule_speedup`` = tactic 3 at its heuristic s
 shipped kernels.
 
 Usage: python tools/sparse_kv_regrec.py [--rounds N] [--sparsity S] [--all-tactics]
-       [--alt FILE ...] [--timing-only FILE ...] [--alt-carveout PCT]
+       [--alt FILE ...] [--timing-only FILE ...] [--alt-carveout PCT] [--pipe-ab]
        [--out NAME] [--quick | --validation | --rule-validation]
 """
 
@@ -72,6 +72,8 @@ def main() -> None:
                     help="like --alt, but its outputs are not compared (ablations; kinds abl, abl2, ...)")
     ap.add_argument("--alt-carveout", type=int, default=None,
                     help="with --alt: the preferred shared-memory carveout (percent) of its register kernels")
+    ap.add_argument("--pipe-ab", action="store_true",
+                    help="a kind 'nopipe': register records without the pipelined kernels (PIPELINED_RECORDS = False)")
     ap.add_argument("--quick", action="store_true", help="two shapes, default plan only")
     ap.add_argument("--validation", action="store_true", help="the VALIDATION shapes instead of issue 7's")
     ap.add_argument("--rule-validation", action="store_true", help="the RULE_VALIDATION shapes (implies --all-tactics)")
@@ -85,7 +87,7 @@ def main() -> None:
     alts = {("alt" if i == 0 else f"alt{i + 1}"): str(Path(f).resolve()) for i, f in enumerate(args.alt)}
     unchecked = {("abl" if i == 0 else f"abl{i + 1}"): str(Path(f).resolve()) for i, f in enumerate(args.timing_only)}
     alts.update(unchecked)
-    kinds = ("staged", "reg") + tuple(alts)
+    kinds = ("staged", "reg") + (("nopipe",) if args.pipe_ab else ()) + tuple(alts)
     stream = torch.cuda.Stream()
     raw = stream.cuda_stream
     rows = []
@@ -121,22 +123,23 @@ def main() -> None:
                 _, ns = ks.plan_cache(cfg, B, ctx, tokens_per_split=ts, tactic=tactic, warps=w)
                 for kind in kinds:
                     p = ks._Plan(ks._ATT_PTRS)
-                    saved = ks.REGISTER_RECORDS, ks.SOURCE
+                    saved = ks.REGISTER_RECORDS, ks.SOURCE, ks.PIPELINED_RECORDS
                     ks.REGISTER_RECORDS = kind != "staged"
+                    ks.PIPELINED_RECORDS = kind != "nopipe"
                     ks.SOURCE = alts.get(kind, saved[1])
                     try:
                         p.launches = ks._attention_launches(d, hq, hkv, B, ctx, ks._geometry(cfg), cfg.rk, cfg.rv,
                                                             None, None, ts, tactic, w, p.addr)
                     finally:
-                        ks.REGISTER_RECORDS, ks.SOURCE = saved
+                        ks.REGISTER_RECORDS, ks.SOURCE, ks.PIPELINED_RECORDS = saved
                     p.extra["parts"] = 4 * ks._counter_words(B, hq)
                     ws = torch.zeros(ks.workspace_bytes(hq, d, B, ns) // 4, device="cuda")
                     o = torch.full((B, hq, d), float("nan"), dtype=torch.float16, device="cuda")
                     calls[(tactic, ts, w, kind)] = (p, ws, o)
             if args.alt and args.alt_carveout is not None:  # after the plans (the launcher asks for 100)
                 cu = _cuda._driver()
-                for gp, src in ((gp, src) for gp in (1, 2, 4, 8) for src in alts.values()):
-                    kern = _cuda.get_kernel(src, f"sparse_kv_attn2r_d64_g{gp}_w16")
+                for gp, src, k in ((gp, src, k) for gp in (1, 2, 4, 8) for src in alts.values() for k in "rp"):
+                    kern = _cuda.get_kernel(src, f"sparse_kv_attn2{k}_d64_g{gp}_w16")
                     _cuda.check(cu.cuFuncSetAttribute(
                         kern.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                         args.alt_carveout))

@@ -151,6 +151,13 @@ MAX_TOKENS_PER_SPLIT2 = 8192
 REG_RECORD_BYTES = 48
 #: False: the staged kernels everywhere (for measurements); set it before a call shape's first call.
 REGISTER_RECORDS = True
+#: Register-record blocks whose warps walk at least this many 16-token tiles (tokens per split / 256) take the pipelined
+#: kernels (``sparse_kv_attn2p_*_w16``: two tile pairs per warp, the decode of tile i + 1 spliced into the multiply of
+#: tile i; same bits). Measured against the unpipelined ones per tiles per warp (session 29, ``docs/sparse_kv.md``):
+#: 0.94-0.98x at 1-4 tiles, 1.00-1.01x at 5-6, 1.03-1.13x from 7 on.
+PIPE_MIN_TILES_PER_WARP = 6
+#: False: never the pipelined kernels (for measurements); set it before a call shape's first call.
+PIPELINED_RECORDS = True
 
 
 def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, batch: int, max_len: int,
@@ -420,7 +427,8 @@ def _attention_launches(head_dim: int, hq: int, hkv: int, batch: int, max_len: i
         if smem > smem_optin():
             raise EdgeSDKError(f"sparse_kv tactic {tactic} with {warps} warps needs {smem} bytes of shared memory per "
                                f"block; this device allows {smem_optin()}", "use a tactic with fewer warps per block")
-        kind = "dense2" if dense else "attn2r" if uses_register_records(head_dim, rk, rv, warps, aligned) else "attn2"
+        kind = "dense2" if dense else "attn2" if not uses_register_records(head_dim, rk, rv, warps, aligned) else \
+            "attn2p" if uses_pipelined_records(ts, warps) else "attn2r"
         ka = _kernel(f"sparse_kv_{kind}_d{head_dim}_g{gqa_pad(g)}{suffix}", max_smem_carveout=True)
         fused = _i(1 if tactic in FUSED_TACTICS else 0)
         launches = [ka.plan((ns, hkv, batch), (32 * warps,),
@@ -437,6 +445,12 @@ def uses_register_records(head_dim: int, rk: int, rv: int, warps: int, aligned: 
     """Whether a streaming block of ``warps`` warps decodes these records from registers (:data:`REG_RECORD_BYTES`;
     ``aligned``: both record arrays start on a 16-byte boundary)."""
     return REGISTER_RECORDS and aligned and head_dim == 64 and warps == 16 and rk == rv == REG_RECORD_BYTES
+
+
+def uses_pipelined_records(tokens_per_split: int, warps: int) -> bool:
+    """Whether a register-record block (:func:`uses_register_records`) takes the pipelined kernel: each warp walks at
+    least :data:`PIPE_MIN_TILES_PER_WARP` tiles of the split."""
+    return PIPELINED_RECORDS and tokens_per_split // (16 * warps) >= PIPE_MIN_TILES_PER_WARP
 
 
 def _geometry(cfg: SparseKVConfig) -> tuple[int, ...]:
@@ -492,7 +506,8 @@ def decode_attention(cfg: SparseKVConfig, batch: int, max_len: int, q: int, cach
     """
     plans = _cuda.thread_cache(_tls)
     aligned = not (cache.k_rec | cache.v_rec) & 15
-    key = ("attn", cfg, batch, max_len, scale, sms, tokens_per_split, tactic, warps, REGISTER_RECORDS, aligned)
+    key = ("attn", cfg, batch, max_len, scale, sms, tokens_per_split, tactic, warps, REGISTER_RECORDS,
+           PIPELINED_RECORDS, PIPE_MIN_TILES_PER_WARP, aligned)
     per_ctx = plans.get(key)
     if per_ctx is None:  # a new call shape: check it before any driver call
         _check_attention(cfg, batch, max_len, tokens_per_split, tactic, warps)
@@ -626,7 +641,8 @@ def run_node(cfg: SparseKVConfig, scale: float, batch: int, new_tokens: int, q: 
                            "pass batch >= 1 and at least one new token")
     S = new_tokens
     aligned = not (int(state_out[0]) | int(state_out[1])) & 15
-    key = ("node", cfg, scale, batch, S, sms, tactic, REGISTER_RECORDS, aligned, _cuda.current_context())
+    key = ("node", cfg, scale, batch, S, sms, tactic, REGISTER_RECORDS, PIPELINED_RECORDS, PIPE_MIN_TILES_PER_WARP,
+           aligned, _cuda.current_context())
     plans = _cuda.thread_cache(_tls)
     p = plans.get(key)
     if p is None:

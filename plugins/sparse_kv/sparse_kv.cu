@@ -14,8 +14,9 @@
 //   sparse_kv_attn2_d{D}_g{GP}  tactics 1, 2 (default): grid (NS, Hkv, B), 128 threads, warp-streaming
 //       flash attention; see attn2_split. Tactic 2 also merges the splits (last block per (b, h)).
 //       _w8 / _w16: 8 or 16 warps (tactics 3, 4); sparse_kv_attn2r_d64_g{GP}_w16: 16 warps with 48-byte records
-//       loaded into registers instead of staged (RegDecode64), their tiles double-buffered so that the decode of tile
-//       i + 1 interleaves with the multiply of tile i; sparse_kv_dense2_*: the same body on a dense cache.
+//       loaded into registers instead of staged (decode_row64_reg); sparse_kv_attn2p_d64_g{GP}_w16: the same with the
+//       tiles double-buffered, the decode of tile i + 1 spliced into the multiply of tile i (RegDecode64; for splits of
+//       >= 6 tiles per warp); sparse_kv_dense2_*: the same body on a dense cache.
 //   sparse_kv_attn_d{D}_g{GP}   tactic 0 (and the dense baseline): grid (NS, Hkv, B), 256 threads. One
 //       block = one (b, h) and TS tokens.
 //       K: one thread per token, a sparse dot product over the record's set bits (GP query heads of
@@ -545,9 +546,26 @@ __device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec,
   }
 }
 
-// d = 64, 48-byte records (keep 17-20: sparsity 0.69-0.73, the 70 % setting; the REG kernels), held in the decoding
-// lane's registers (loaded by rload in attn2_split). Value j is half j % 2 of word 2 + j / 2. Two independent walks
-// instead of decode_row64_bf's one: values 0..9 go to the 10 lowest set bits (ascending: the lowest bit is cur ^ (cur
+// d = 64, 48-byte records (keep 17-20: sparsity 0.69-0.73, the 70 % setting; the REG kernels): decode_row64_bf on
+// a record held in registers, loaded by the lane itself (rload in attn2_split) instead of staged in shared memory.
+// Value j is half j % 2 of word 2 + j / 2: values 16 .. keep - 1 (words 10, 11) first, then 15 .. 0 (words 9 .. 2).
+__device__ __forceinline__ void decode_row64_reg(const uint4 (&r)[3], int keep, __half* __restrict__ row) {
+  zero_row64(row);
+  const uint32_t w[12] = {r[0].x, r[0].y, r[0].z, r[0].w, r[1].x, r[1].y, r[1].z, r[1].w,
+                          r[2].x, r[2].y, r[2].z, r[2].w};
+  RowWalk64 wk(w[0], w[1], row);
+  if (19 < keep) wk.put(w[11] >> 16);
+  if (18 < keep) wk.put(w[11] & 0xffffu);
+  if (17 < keep) wk.put(w[10] >> 16);
+  wk.put(w[10] & 0xffffu);
+#pragma unroll
+  for (int k = 9; k >= 2; --k) {
+    wk.put(w[k] >> 16);
+    wk.put(w[k] & 0xffffu);
+  }
+}
+
+// The same records for the PIPE kernels (sparse_kv_attn2p_*): two independent walks instead of decode_row64_bf's one: values 0..9 go to the 10 lowest set bits (ascending: the lowest bit is cur ^ (cur
 // & (cur - 1))), values 10..keep-1 to the others, highest first (ascending over the bit-reversed words, so channel =
 // clz of the isolated bit). Each chain is cur -> IADD -> LOP3 (with the zero test) -> SEL, no FLO on it; the optional
 // values 17..19 are predicated stores, so the decode is one basic block. In four parts (RegDecode64::part) so that
@@ -625,7 +643,7 @@ struct RegDecode64 {
   }
 };
 
-__device__ __forceinline__ void decode_row64_reg(const uint4 (&r)[3], int keep, __half* __restrict__ row) {
+__device__ __forceinline__ void decode_row64_reg2(const uint4 (&r)[3], int keep, __half* __restrict__ row) {
   RegDecode64 dec;
   dec.init(r, keep, row);
 #pragma unroll
@@ -752,7 +770,7 @@ __device__ __forceinline__ void merge_last1(const float* __restrict__ part0, int
 // plain cache (k_ring/v_ring = [B, Hkv, C, D], token t in row t, nothing compressed). A tile's 16 K and V rows go
 // by cp.async straight into the stage slot, laid out as the [16][D + 8] tiles that ldmatrix reads (rows past the
 // split zero-filled), kStages deep like the records; there is no decode and no separate tile area.
-template <int D, int GP, int NW, bool DENSE = false, bool REG = false>
+template <int D, int GP, int NW, bool DENSE = false, bool REG = false, bool PIPE = false>
 __device__ __forceinline__ void attn2_split(
     const __half* __restrict__ q, float* __restrict__ ws, const int* __restrict__ lens,
     const uint8_t* __restrict__ k_rec, const uint8_t* __restrict__ v_rec,
@@ -963,7 +981,8 @@ __device__ __forceinline__ void attn2_split(
     }
     hook(3);
   };
-  if constexpr (REG) {
+  if constexpr (PIPE) {
+    static_assert(REG && D == 64, "PIPE: REG kernels only");
     // Tiles double-buffered: REG does not use the record stages, whose 3 x 1536 bytes (48-byte records) hold the second
     // K, V tile pair. Tile i + 1 is decoded while tile i is multiplied: its decode is spliced into tile i's phases, so
     // the decode's ALU chains fill the latency of the multiply's shared-memory loads, mma and shuffles.
@@ -973,7 +992,7 @@ __device__ __forceinline__ void attn2_split(
       const int t = tb + dr;
       __half* row = drow + boff;
       if (t < ncomp_end) {
-        decode_row64_reg(r, dkeep, row);
+        decode_row64_reg2(r, dkeep, row);
       } else if (t < t_end) {  // dense window row: all of it in flight at once
         const __half* src = dring + static_cast<size_t>(t % C) * D;
 #pragma unroll
@@ -1012,16 +1031,18 @@ __device__ __forceinline__ void attn2_split(
       __syncwarp();
     }
   }
-  if constexpr (!REG)  // the staged kernels: the loop as before session 29 (their SASS unchanged)
+  if constexpr (!PIPE)  // the loop as before session 29 (the SASS of these kernels unchanged)
   for (int i = 0; i < cnt; ++i) {
     issue_next();
+    if constexpr (REG) rload(i + 2, rc);
     cp_async_wait<kStages - 1>();
     __syncwarp();
     const int tb = t_begin + (warp + i * NW) * 16;
     if constexpr (!DENSE) {
       const int t = tb + dr;
       if (t < ncomp_end) {
-        decode_row_desc<D>(st_dec, dkeep, drow);
+        if constexpr (REG) decode_row64_reg(ra, dkeep, drow);
+        else decode_row_desc<D>(st_dec, dkeep, drow);
       } else if (t < t_end) {  // dense window row: all of it in flight at once
         const __half* src = dring + static_cast<size_t>(t % C) * D;
 #pragma unroll
@@ -1081,6 +1102,10 @@ __device__ __forceinline__ void attn2_split(
       mma16816(acc[m], av, pb[0], pb[1]);
     }
     st_dec = st_dec == stages + doff + (kStages - 1) * sb ? stages + doff : st_dec + sb;
+    if constexpr (REG) {
+#pragma unroll
+      for (int e = 0; e < 3; ++e) { ra[e] = rb2[e]; rb2[e] = rc[e]; }
+    }
     if constexpr (DENSE) kslot = reinterpret_cast<const uint8_t*>(kslot) == stages + (kStages - 1) * sb
                 ? reinterpret_cast<const __half*>(stages)
                 : reinterpret_cast<const __half*>(reinterpret_cast<const uint8_t*>(kslot) + sb);
@@ -1338,6 +1363,16 @@ DEF_ATTN2R(1)
 DEF_ATTN2R(2)
 DEF_ATTN2R(4)
 DEF_ATTN2R(8)
+// The same, pipelined over two tile pairs (PIPE, session 29): 123-124 registers; faster from about 6 tiles per warp.
+#define DEF_ATTN2P(GP)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(512, 1) sparse_kv_attn2p_d64_g##GP##_w16(ATTN_ARGS, __half* out,  \
+                                                                                          int fuse) {    \
+    attn2_split<64, GP, 16, false, true, true>(ATTN_PASS, out, fuse);                                  \
+  }
+DEF_ATTN2P(1)
+DEF_ATTN2P(2)
+DEF_ATTN2P(4)
+DEF_ATTN2P(8)
 
 // The dense fp16 baseline (dense_decode_attention, tactics 1-4): the streaming kernels above on a plain cache.
 #define DEF_DENSE2(D, GP, NW, SUF, MINB)                                                               \

@@ -172,9 +172,9 @@ def test_wide_blocks(case, warps):
 def test_register_records(sk, sv, monkeypatch):
     """16-warp blocks decode 48-byte records from registers: keep 20 and 17 (the largest and smallest of a 48-byte
     record) and 19 (70 %); 0.67 / 0.7 (56- and 48-byte records) stays staged. Tactic 4 and tactics 1, 2 with 16
-    warps, at the heuristic split, one tile per warp and several, ragged lengths with window and padding rows,
-    against float64; the staged kernels on the same cache give the same bits; records 8 bytes past a 16-byte
-    boundary (staged) too."""
+    warps, at the heuristic split, one tile per warp and several (6 per warp: the pipelined kernels; also every split
+    with the pipelined kernels forced), ragged lengths with window and padding rows, against float64; the staged kernels
+    on the same cache give the same bits; records 8 bytes past a 16-byte boundary (staged) too."""
     d, hq, hkv, lens = 64, 12, 3, [1500, 83, 700]
     rng = np.random.default_rng(int(sk * 1000) + int(sv * 10))
     S = max(lens) + 5
@@ -185,14 +185,17 @@ def test_register_records(sk, sv, monkeypatch):
     g = gpu_prefill(cfg, k, v, lens)
     q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
     expect = ref.cache_attention(host, q)
-    for tactic, warps in ((ks.WIDE16_FUSED, None), (ks.STREAM, 16), (ks.STREAM_FUSED, 16)):
-        for tps in (None, 256, 768):
-            out = gpu_attention(cfg, g, q, S, tps, tactic, warps=warps)
-            check_attention(out, expect)
-            monkeypatch.setattr(ks, "REGISTER_RECORDS", False)
-            staged = gpu_attention(cfg, g, q, S, tps, tactic, warps=warps)
-            monkeypatch.undo()
-            assert np.array_equal(out.view(np.uint16), staged.view(np.uint16))
+    assert ks.uses_pipelined_records(1536, 16) and not ks.uses_pipelined_records(768, 16)
+    for pipe_min in (ks.PIPE_MIN_TILES_PER_WARP, 1):  # 1: the pipelined kernels at every split
+        for tactic, warps in ((ks.WIDE16_FUSED, None), (ks.STREAM, 16), (ks.STREAM_FUSED, 16)):
+            for tps in (None, 256, 768, 1536):
+                monkeypatch.setattr(ks, "PIPE_MIN_TILES_PER_WARP", pipe_min)
+                out = gpu_attention(cfg, g, q, S, tps, tactic, warps=warps)
+                check_attention(out, expect)
+                monkeypatch.setattr(ks, "REGISTER_RECORDS", False)
+                staged = gpu_attention(cfg, g, q, S, tps, tactic, warps=warps)
+                monkeypatch.undo()
+                assert np.array_equal(out.view(np.uint16), staged.view(np.uint16))
     kb = torch.empty(g.k_rec.numel() + 8, dtype=torch.uint8, device="cuda")
     vb = torch.empty(g.v_rec.numel() + 8, dtype=torch.uint8, device="cuda")
     kb[8:].copy_(g.k_rec.reshape(-1))
