@@ -154,7 +154,7 @@ REGISTER_RECORDS = True
 #: Register-record blocks whose warps walk at least this many 16-token tiles (tokens per split / 256) take the pipelined
 #: kernels (``sparse_kv_attn2p_*_w16``: two tile pairs per warp, the decode of tile i + 1 spliced into the multiply of
 #: tile i; same bits). Measured against the unpipelined ones per tiles per warp (session 29, ``docs/sparse_kv.md``):
-#: 0.94-0.98x at 1-4 tiles, 1.00-1.01x at 5-6, 1.03-1.13x from 7 on.
+#: medians 0.96-1.00x at 1-4 tiles, 1.00-1.02x at 5-6, 1.03-1.05x at 7-10, 1.07-1.12x from 12 on.
 PIPE_MIN_TILES_PER_WARP = 6
 #: False: never the pipelined kernels (for measurements); set it before a call shape's first call.
 PIPELINED_RECORDS = True
