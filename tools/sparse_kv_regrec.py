@@ -26,7 +26,7 @@ shipped kernels.
 
 Usage: python tools/sparse_kv_regrec.py [--rounds N] [--sparsity S] [--all-tactics]
        [--alt FILE ...] [--timing-only FILE ...] [--alt-carveout PCT] [--pipe-ab]
-       [--out NAME] [--quick | --validation | --rule-validation]
+       [--out NAME] [--quick | --validation | --rule-validation | --shapes MODEL:B:CTX,...]
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ def main() -> None:
                     help="with --alt: the preferred shared-memory carveout (percent) of its register kernels")
     ap.add_argument("--pipe-ab", action="store_true",
                     help="a kind 'nopipe': register records without the pipelined kernels (PIPELINED_RECORDS = False)")
+    ap.add_argument("--shapes", default=None, help="model:B:ctx,... (models of MODELS and VALIDATION_MODELS)")
     ap.add_argument("--quick", action="store_true", help="two shapes, default plan only")
     ap.add_argument("--validation", action="store_true", help="the VALIDATION shapes instead of issue 7's")
     ap.add_argument("--rule-validation", action="store_true", help="the RULE_VALIDATION shapes (implies --all-tactics)")
@@ -99,6 +100,8 @@ def main() -> None:
         shapes = VALIDATION
     if args.rule_validation:
         shapes, args.all_tactics = RULE_VALIDATION, True
+    if args.shapes:
+        shapes = [(m, int(b), int(c)) for m, b, c in (x.split(":") for x in args.shapes.split(","))]
     models = dict(MODELS, **VALIDATION_MODELS)
     for model, B, ctx in shapes:
         hq, hkv, d = models[model]
