@@ -130,9 +130,11 @@ def test_wide_default_rule():
     assert tactic == ks.WIDE_FUSED and nbytes >= ks.workspace_bytes(9, 64, 1, 32)
 
 
-def test_wide16_default_rule():
+def test_wide16_default_rule(monkeypatch):
     """WIDE16_FUSED above 75 tiles per SM, up to 1000, where its shared memory fits (given sms: Orin's 163 KB,
-    so at 70 % but not at 50 % at d = 64) and the tile model prices it below tactic 1's plan."""
+    so at 70 % but not at 50 % at d = 64) and the tile model prices it below tactic 1's plan. Where its plan takes the
+    pipelined register-record kernels (session 29) the model prices its tiles at REG_PIPE_TILE_COST and the 1000-tile
+    limit does not apply; PIPELINED_RECORDS = False gives the rule before."""
     c70 = SparseKVConfig(64, 32, 8, 0.7, 0.7, 32768)
     c50 = SparseKVConfig(64, 32, 8, 0.5, 0.5, 32768)
     s70 = SparseKVConfig(64, 9, 3, 0.7, 0.7, 32768)
@@ -148,11 +150,21 @@ def test_wide16_default_rule():
     # SmolLM2 B=16 4k (96 blocks of 8 tiles per warp: 128 tiles + 1 for 2 splits, against 4 blocks x 4 warps x 6
     # tiles = 96 + 5.5 for 11 splits) and B=8 8k (120 blocks: 112 + 2.5 against 96 + 11; measured 0.90-0.94x)
     assert ks._tile_cost(48, 132, 2048, 2) == 128 + 1 and ks._tile_cost(48, 132, 384, 11) == 96 + 5.5
-    assert ks.default_tactic(64, 9, 3, 8, 8192, sms=132, rk=s70.rk, rv=s70.rv) == ks.STREAM_FUSED
     assert ks.default_tactic(64, 32, 8, 1, 32768, sms=132) == ks.STREAM
-    assert ks.default_tactic(64, 32, 8, 16, 32768, sms=132, rk=c70.rk, rv=c70.rv) == ks.STREAM
-    assert ks.default_tactic(64, 9, 3, 16, 4096, sms=132, rk=s70.rk, rv=s70.rv) == ks.STREAM_FUSED
     assert ks.default_tactic(64, 32, 8, 4, 16384, sms=132, rk=c50.rk, rv=c50.rv) == ks.STREAM
+    pipelined = [(9, 3, 8, 8192), (32, 8, 16, 32768), (9, 3, 16, 4096)]  # 93, 1986 (past 1000), 93 tiles per SM
+    before = [ks.STREAM_FUSED, ks.STREAM, ks.STREAM_FUSED]
+    for (hq, hkv, b, ctx), old in zip(pipelined, before):
+        cfg = SparseKVConfig(64, hq, hkv, 0.7, 0.7, ctx)
+        assert ks.uses_pipelined_records(ks.plan_cache(cfg, b, ctx, sms=132, tactic=ks.WIDE16_FUSED)[0], 16)
+        assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132, rk=cfg.rk, rv=cfg.rv) == ks.WIDE16_FUSED, (hq, b, ctx)
+        monkeypatch.setattr(ks, "PIPELINED_RECORDS", False)
+        assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132, rk=cfg.rk, rv=cfg.rv) == old, (hq, b, ctx)
+        monkeypatch.setattr(ks, "PIPELINED_RECORDS", True)
+    # still tactic 1 where the model prices it lower even so: MHA-12-like B=6, 9k (tile costs 358.5 vs 1025 x 0.72;
+    # measured 0.87x for tactic 4, session 29)
+    assert ks._tile_cost(72, 132, 704, 13) == 8 * 44 + 6.5 and ks._tile_cost(72, 132, 8192, 2) == 2 * 512 + 1
+    assert ks.default_tactic(64, 12, 12, 6, 9000, sms=132, rk=c70.rk, rv=c70.rv) == ks.STREAM
     assert ks.smem_bytes2(64, c50.rk, c50.rv, 16) > ks.ORIN_SMEM_OPTIN >= ks.smem_bytes2(64, c70.rk, c70.rv, 16) + 16
     assert ks.node_plan(c70, 4, sms=132)[0] == ks.WIDE16_FUSED
 

@@ -18,6 +18,9 @@ without the output check, for ablations; ``--pipe-ab``: register records without
 outputs compared on every plan (the decoded tiles are the same, so the bits must be); CUDA-graph replays over caches
 rotated beyond L2, the paths taking turns over ``--rounds`` rounds, medians. Speed-up = staged time / register time.
 
+Every row also has the pick of the default rule before session 29 (``prev_rule``; ``pipe_rule_speedup`` = its time ÷
+the default's, with the shipped kernels).
+
 ``--validation``: other head layouts (GQA groups 1, 2, 7, 8: the g1, g2 and g8 kernels, which issue 7's shapes do
 not use) at other batches and lengths (:data:`VALIDATION`). ``--rule-validation``: shapes of 23-63 tiles per SM
 (:data:`RULE_VALIDATION`), where ``default_tactic`` gives register records tactic 4 instead of tactic 3 from 30 tiles
@@ -113,6 +116,14 @@ def main() -> None:
             st = ks.default_tactic(d, hq, hkv, B, ctx, rk=cfg.rk, rv=cfg.rv)
             ts0, _ = ks.plan_cache(cfg, B, ctx, tactic=st)
             plans = [(st, ts0, None)]
+            ks.PIPELINED_RECORDS = False  # the default rule before session 29's (tile model without pipelining)
+            try:
+                st_prev = ks.default_tactic(d, hq, hkv, B, ctx, rk=cfg.rk, rv=cfg.rv)
+            finally:
+                ks.PIPELINED_RECORDS = True
+            ts_prev, _ = ks.plan_cache(cfg, B, ctx, tactic=st_prev)
+            if (st_prev, ts_prev, None) not in plans:
+                plans.append((st_prev, ts_prev, None))
             if not args.quick:
                 tw = [(ks.WIDE16_FUSED, None)]
                 if args.all_tactics:
@@ -181,6 +192,9 @@ def main() -> None:
                 row[f"{kind}_best"], row[f"{kind}_best_plan"] = best[0], best[1:]
                 row[f"{kind}_t4_best"] = min((med[(t, ts, w, kind)] for t, ts, w in plans if t == ks.WIDE16_FUSED),
                                              default=float("nan"))
+            row["prev_rule_tactic"] = st_prev
+            row["prev_rule"] = med[(st_prev, ts_prev, None, "reg")]
+            row["pipe_rule_speedup"] = row["prev_rule"] / row["reg_default"]  # > 1: the current rule's pick is faster
             ts3 = ks.plan_cache(cfg, B, ctx, tactic=ks.WIDE_FUSED)[0]
             if (ks.WIDE_FUSED, ts3, None, "reg") in med:  # the rule before session 28's: tactic 3 at its split
                 row["t3_heuristic"] = med[(ks.WIDE_FUSED, ts3, None, "reg")]
@@ -198,10 +212,15 @@ def main() -> None:
             "reg_t4_best"] + [f"speedup_{w}_{k}" for k in kinds[1:] for w in ("default", "best", "t4_best")]
     if any("rule_speedup" in r for r in rows):
         cols += ["t3_heuristic", "rule_speedup"]
+    cols += ["prev_rule_tactic", "prev_rule", "pipe_rule_speedup"]
     print_table(rows, cols)
     v = [r["rule_speedup"] for r in rows if "rule_speedup" in r and r["default_tactic"] == ks.WIDE16_FUSED]
     if v:
         print(f"default (tactic 4) vs tactic 3 where the default is tactic 4: median {statistics.median(v):.3f} "
+              f"({min(v):.3f}-{max(v):.3f}), {len(v)} shapes")
+    v = [r["pipe_rule_speedup"] for r in rows if r["prev_rule_tactic"] != r["default_tactic"]]
+    if v:
+        print(f"default vs the rule before session 29's where they differ: median {statistics.median(v):.3f} "
               f"({min(v):.3f}-{max(v):.3f}), {len(v)} shapes")
     for kind in kinds[1:]:
         for what in ("default", "best", "t4_best"):

@@ -223,6 +223,10 @@ WIDE_MAX_TILES_PER_SM = 75
 REG_WIDE16_MIN_TILES_PER_SM = 30
 WIDE16_MAX_TILES_PER_SM = 1000
 MERGE_COST = 0.5
+#: ... where tactic 4's plan takes the pipelined register-record kernels (:func:`uses_pipelined_records`), the tile model
+#: prices its tiles at this fraction of tactic 1's and WIDE16_MAX_TILES_PER_SM does not apply (session 29: fit on 8
+#: H100 shapes above 75 tiles per SM; on 17 unseen ones it changed 7 defaults, 1.13x median, 0.97-1.34x).
+REG_PIPE_TILE_COST = 0.72
 #: ... and only on GPUs with at least this many SMs: the rule was fit and validated on 132-SM GPUs; on the 16-SM
 #: green context (Orin's SM count) it lost up to 0.76x on short contexts (docs/sparse_kv.md, session 25).
 WIDE_MIN_SMS = 100
@@ -249,7 +253,9 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
     shared memory fits the device (:data:`ORIN_SMEM_OPTIN` when ``sms`` is given instead of asked) and
     :func:`_tile_cost` prices its plan below tactic 1's; both only with at least :data:`WIDE_MIN_SMS` SMs (not on
     an Orin's 16). Records that 16-warp blocks decode from registers take :data:`WIDE16_FUSED` instead of
-    :data:`WIDE_FUSED` from :data:`REG_WIDE16_MIN_TILES_PER_SM` tiles per SM (session 28). ``wide=False``: the rule
+    :data:`WIDE_FUSED` from :data:`REG_WIDE16_MIN_TILES_PER_SM` tiles per SM (session 28); where tactic 4's plan takes
+    the pipelined kernels, :func:`_tile_cost` prices its tiles at :data:`REG_PIPE_TILE_COST` and the
+    :data:`WIDE16_MAX_TILES_PER_SM` limit does not apply (session 29). ``wide=False``: the rule
     before them. Fit to
     ``bench/results/sparse_kv_warps_h200_e1a9128.json`` and ``…_h100_a07d27a.json`` (36 shapes at ≥ 4k each)
     and checked on shapes it was not fit on (``docs/sparse_kv.md``, session 25)."""
@@ -264,12 +270,16 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
                 return WIDE16_FUSED
             return WIDE_FUSED
         pairs = batch * num_kv_heads
-        if (rk is not None and rv is not None and tiles_per_sm <= WIDE16_MAX_TILES_PER_SM
+        if (rk is not None and rv is not None
                 and smem_bytes2(64, rk, rv, WIDE_WARPS[WIDE16_FUSED]) + 16 <= (smem or smem_optin())):
             wide16 = plan(64, num_q_heads, num_kv_heads, rk, rv, batch, max_len, sms, tactic=WIDE16_FUSED)
-            narrow = plan(64, num_q_heads, num_kv_heads, rk, rv, batch, max_len, sms, tactic=STREAM)
-            if _tile_cost(pairs, sms, *wide16) < _tile_cost(pairs, sms, *narrow):
-                return WIDE16_FUSED
+            pipe = (uses_register_records(64, rk, rv, WIDE_WARPS[WIDE16_FUSED])
+                    and uses_pipelined_records(wide16[0], WIDE_WARPS[WIDE16_FUSED]))
+            if tiles_per_sm <= WIDE16_MAX_TILES_PER_SM or pipe:
+                narrow = plan(64, num_q_heads, num_kv_heads, rk, rv, batch, max_len, sms, tactic=STREAM)
+                if (REG_PIPE_TILE_COST if pipe else 1.0) * _tile_cost(pairs, sms, *wide16) < _tile_cost(pairs, sms,
+                                                                                                      *narrow):
+                    return WIDE16_FUSED
     if tiles_per_sm > FUSED_MAX_TILES_PER_SM:
         return STREAM
     _, ns = plan(head_dim, num_q_heads, num_kv_heads, 0, 0, batch, max_len, sms, tokens_per_split, STREAM_FUSED)
