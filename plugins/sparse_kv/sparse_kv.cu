@@ -929,10 +929,11 @@ __device__ __forceinline__ void attn2_split(
 
   const uint8_t* st_dec = stages + doff;  // this lane's record in the slot of tile i
   const __half* kslot = DENSE ? reinterpret_cast<const __half*>(stages) : nullptr;  // DENSE: the slot of tile i
-  // Multiply the tile of tokens tb.. whose K, V tiles start at tiles (kt, the DENSE stage slot, or REG's second pair).
-  // hook(0..3) runs between the phases: REG splices the next tile's decode in there (the source order is the issue
-  // order of the shared-memory operations).
-  auto compute_tile = [&](int tb, const __half* tiles, auto&& hook) {
+  // PIPE: multiply the tile of tokens tb.. whose K, V tiles start at `tiles`; with `splice` (a constant at each call),
+  // the decode of the next tile's record (ra) into `next_row` runs in four parts between the phases (the source order
+  // is the issue order of the shared-memory operations). Not a generic lambda: NVRTC compiles those as host code.
+  RegDecode64 dec;
+  auto compute_tile = [&](int tb, const __half* tiles, bool splice, __half* next_row) {
     // S^T[16 tokens x 8 heads] = K Q^T: s[0..1] token tb + g_row, s[2..3] token tb + g_row + 8; heads 2 q4 + {0, 1}.
     float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -941,7 +942,10 @@ __device__ __forceinline__ void attn2_split(
       ldmatrix_x4(ak, tiles + (krow - kt) + kc * 16);
       mma16816(s, ak, qb[kc][0], qb[kc][1]);
     }
-    hook(0);
+    if (splice) {
+      dec.init(ra, dkeep, next_row);
+      dec.part(0);
+    }
     const bool ok0 = tb + g_row < t_end, ok1 = tb + g_row + 8 < t_end;
     s[0] = ok0 ? s[0] * scale_log2 : -INFINITY;
     s[1] = ok0 ? s[1] * scale_log2 : -INFINITY;
@@ -953,7 +957,7 @@ __device__ __forceinline__ void attn2_split(
       mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, o));
       mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, o));
     }
-    hook(1);
+    if (splice) dec.part(1);
     const float mn0 = fmaxf(m_run[0], mt0), mn1 = fmaxf(m_run[1], mt1);
     const float al0 = tile_exp2(m_run[0] - mn0), al1 = tile_exp2(m_run[1] - mn1);
     m_run[0] = mn0;
@@ -972,14 +976,14 @@ __device__ __forceinline__ void attn2_split(
     const uint32_t pb0 = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&p01));
     const uint32_t pb1 = movmatrix_trans(*reinterpret_cast<const uint32_t*>(&p23));
     const uint32_t pb[2] = {pb0, pb1};
-    hook(2);
+    if (splice) dec.part(2);
 #pragma unroll
     for (int m = 0; m < MT; ++m) {
       uint32_t av[4];
       ldmatrix_x4_trans(av, tiles + (vrow - kt) + m * 16);
       mma16816(acc[m], av, pb[0], pb[1]);
     }
-    hook(3);
+    if (splice) dec.part(3);
   };
   if constexpr (PIPE) {
     static_assert(REG && D == 64, "PIPE: REG kernels only");
@@ -1016,14 +1020,10 @@ __device__ __forceinline__ void attn2_split(
       const int bcur = (i & 1) * KB;
       bool window = false;
       if (i + 1 < cnt && t_begin + (warp + (i + 1) * NW) * 16 + 16 <= ncomp_end) {  // warp-uniform: all compressed
-        RegDecode64 dec;
-        compute_tile(t_begin + (warp + i * NW) * 16, kt + bcur, [&](int ph) {
-          if (ph == 0) dec.init(ra, dkeep, drow + KB - bcur);
-          dec.part(ph);
-        });
+        compute_tile(t_begin + (warp + i * NW) * 16, kt + bcur, true, drow + KB - bcur);
       } else {
         if (i + 1 < cnt) window = decode_tile(i + 1, ra, KB - bcur);
-        compute_tile(t_begin + (warp + i * NW) * 16, kt + bcur, [](int) {});
+        compute_tile(t_begin + (warp + i * NW) * 16, kt + bcur, false, nullptr);
       }
       if (window) { cp_async_commit(); cp_async_wait<0>(); }
 #pragma unroll
