@@ -225,7 +225,7 @@ WIDE16_MAX_TILES_PER_SM = 1000
 MERGE_COST = 0.5
 #: ... where tactic 4's plan takes the pipelined register-record kernels (:func:`uses_pipelined_records`), the tile model
 #: prices its tiles at this fraction of tactic 1's and WIDE16_MAX_TILES_PER_SM does not apply (session 29: fit on 8
-#: H100 shapes above 75 tiles per SM; on 17 unseen ones it changed 7 defaults, 1.13x median, 0.97-1.34x).
+#: H100 shapes above 75 tiles per SM; on 31 unseen ones it changed 13 defaults, 1.074x median, 0.987-1.332x).
 REG_PIPE_TILE_COST = 0.72
 #: ... and only on GPUs with at least this many SMs: the rule was fit and validated on 132-SM GPUs; on the 16-SM
 #: green context (Orin's SM count) it lost up to 0.76x on short contexts (docs/sparse_kv.md, session 25).

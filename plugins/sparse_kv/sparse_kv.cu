@@ -565,11 +565,12 @@ __device__ __forceinline__ void decode_row64_reg(const uint4 (&r)[3], int keep, 
   }
 }
 
-// The same records for the PIPE kernels (sparse_kv_attn2p_*): two independent walks instead of decode_row64_bf's one: values 0..9 go to the 10 lowest set bits (ascending: the lowest bit is cur ^ (cur
-// & (cur - 1))), values 10..keep-1 to the others, highest first (ascending over the bit-reversed words, so channel =
-// clz of the isolated bit). Each chain is cur -> IADD -> LOP3 (with the zero test) -> SEL, no FLO on it; the optional
-// values 17..19 are predicated stores, so the decode is one basic block. In four parts (RegDecode64::part) so that
-// attn2_split can splice them into the phases of the previous tile's multiply (session 29, docs/sparse_kv.md).
+// The same records for the PIPE kernels (sparse_kv_attn2p_*): two independent walks instead of decode_row64_bf's one.
+// Values 0..9 go to the 10 lowest set bits (ascending: the lowest bit is cur ^ (cur & (cur - 1))), values 10..keep-1
+// to the others, highest first (ascending over the bit-reversed words, so channel = clz of the isolated bit). Each
+// chain is cur -> IADD -> LOP3 (with the zero test) -> SEL, no FLO on it; the optional values 17..19 are predicated
+// stores, so the decode is one basic block. In four parts (RegDecode64::part) so that attn2_split can splice them
+// into the phases of the previous tile's multiply (session 29, docs/sparse_kv.md).
 __device__ __forceinline__ void sts16_if(bool p, uint32_t addr, uint32_t v) {
   asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %0, 0;\n @q st.shared.b16 [%1], %2;\n}\n"
                :: "r"(static_cast<int>(p)), "r"(addr), "h"(static_cast<unsigned short>(v)) : "memory");
