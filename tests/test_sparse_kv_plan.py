@@ -146,9 +146,11 @@ def test_wide16_default_rule(monkeypatch):
         assert ks.default_tactic(64, cfg.num_q_heads, cfg.num_kv_heads, b, ctx, sms=132, rk=cfg.rk, rv=cfg.rv) \
             == ks.WIDE16_FUSED, (cfg.num_kv_heads, b, ctx)
         assert ks.plan_cache(cfg, b, ctx, sms=132) == plan
-    # not: without record sizes, past 1000 tiles per SM, 50 % (184 KB), and where the model prices tactic 1 lower:
-    # SmolLM2 B=16 4k (96 blocks of 8 tiles per warp: 128 tiles + 1 for 2 splits, against 4 blocks x 4 warps x 6
-    # tiles = 96 + 5.5 for 11 splits) and B=8 8k (120 blocks: 112 + 2.5 against 96 + 11; measured 0.90-0.94x)
+    # not: without record sizes, at 50 % (184 KB); and, by the rule before session 29 (PIPELINED_RECORDS = False),
+    # past 1000 tiles per SM and where the model prices tactic 1 lower: SmolLM2 B=16 4k (96 blocks of 8 tiles per
+    # warp: 128 tiles + 1 for 2 splits, against 4 blocks x 4 warps x 6 tiles = 96 + 5.5 for 11 splits) and B=8 8k
+    # (120 blocks: 112 + 2.5 against 96 + 11; staged tactic 4 measured 0.90-0.94x in session 25). With the pipelined
+    # kernels these three take tactic 4 (H100, session 29: 1.01x, 1.06x and, Llama B=16 32k, 1.20x).
     assert ks._tile_cost(48, 132, 2048, 2) == 128 + 1 and ks._tile_cost(48, 132, 384, 11) == 96 + 5.5
     assert ks.default_tactic(64, 32, 8, 1, 32768, sms=132) == ks.STREAM
     assert ks.default_tactic(64, 32, 8, 4, 16384, sms=132, rk=c50.rk, rv=c50.rv) == ks.STREAM
