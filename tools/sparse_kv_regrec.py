@@ -116,11 +116,11 @@ def main() -> None:
             st = ks.default_tactic(d, hq, hkv, B, ctx, rk=cfg.rk, rv=cfg.rv)
             ts0, _ = ks.plan_cache(cfg, B, ctx, tactic=st)
             plans = [(st, ts0, None)]
-            ks.PIPELINED_RECORDS = False  # the default rule before session 29's (tile model without pipelining)
+            pipe_saved, ks.PIPELINED_RECORDS = ks.PIPELINED_RECORDS, False  # the default rule before session 29's
             try:
                 st_prev = ks.default_tactic(d, hq, hkv, B, ctx, rk=cfg.rk, rv=cfg.rv)
             finally:
-                ks.PIPELINED_RECORDS = True
+                ks.PIPELINED_RECORDS = pipe_saved
             ts_prev, _ = ks.plan_cache(cfg, B, ctx, tactic=st_prev)
             if (st_prev, ts_prev, None) not in plans:
                 plans.append((st_prev, ts_prev, None))
