@@ -36,6 +36,32 @@
 
 #include "common/ampere.cuh"
 
+#ifdef SKV_TIMELINE
+// Measurement builds only (tools/sparse_kv_timeline.py compiles a copy of this file with SKV_TIMELINE defined; the
+// shipped kernels have no stamps): thread 0 of each streaming attention block writes (%globaltimer, clock64) at the
+// phase boundaries of attn2_split, stamp k of block `linear block index` at skv_timeline[2 (8 block + k) + {0, 1}];
+// stamp 7 holds (%smid, 0).
+extern "C" __device__ unsigned long long skv_timeline[2 * 8 * 8192];
+__device__ __forceinline__ void skv_stamp(int k) {
+  if (threadIdx.x != 0) return;
+  const unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (blk >= 8192) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  const unsigned long long c = clock64();
+  skv_timeline[2 * (8 * blk + k)] = t;
+  skv_timeline[2 * (8 * blk + k) + 1] = c;
+  if (k == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    skv_timeline[2 * (8 * blk + 7)] = sm;
+  }
+}
+#define SKV_STAMP(k) skv_stamp(k)
+#else
+#define SKV_STAMP(k)
+#endif
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -780,6 +806,7 @@ __device__ __forceinline__ void attn2_split(
     int TS, int NS, float scale_log2, __half* __restrict__ out, int fuse) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ int s_last;
+  SKV_STAMP(0);  // block start
   constexpr int TR = D + 8;  // padded tile row (halfs): conflict-free ldmatrix
   constexpr int MT = D / 16; // m16 tiles over channels (V^T . P^T)
   constexpr int KC = D / 16; // k16 chunks over channels (Q.K^T)
@@ -1015,6 +1042,7 @@ __device__ __forceinline__ void attn2_split(
 #pragma unroll
       for (int e = 0; e < 3; ++e) { ra[e] = rb2[e]; rb2[e] = rc[e]; }
       __syncwarp();
+      SKV_STAMP(1);  // warp 0: first tile's records arrived and decoded
     }
     for (int i = 0; i < cnt; ++i) {  // tile i is in pair i % 2; ra holds tile i + 1's record
       rload(i + 3, rc);
@@ -1059,6 +1087,9 @@ __device__ __forceinline__ void attn2_split(
       }
     }
     __syncwarp();
+#ifdef SKV_TIMELINE
+    if (i == 0) SKV_STAMP(1);  // warp 0: first tile's records arrived and decoded (DENSE: its rows arrived)
+#endif
     // S^T[16 tokens x 8 heads] = K Q^T: s[0..1] token tb + g_row, s[2..3] token tb + g_row + 8; heads 2 q4 + {0, 1}.
     float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -1113,6 +1144,7 @@ __device__ __forceinline__ void attn2_split(
     __syncwarp();
   }
   cp_async_wait<0>();
+  SKV_STAMP(2);  // warp 0: its tiles done
 #pragma unroll
   for (int o = 4; o < 32; o <<= 1) {
     l_run[0] += __shfl_xor_sync(0xffffffffu, l_run[0], o);
@@ -1135,6 +1167,7 @@ __device__ __forceinline__ void attn2_split(
     }
   }
   __syncthreads();
+  SKV_STAMP(3);  // every warp's tiles done
   const size_t wstride = wbytes / 4;  // floats between warp regions
   // Workspace: uint32 counters[round_up(B * Hq, 4)] (fused merge), then the split partials.
   unsigned int* counters = reinterpret_cast<unsigned int*>(ws);
@@ -1156,6 +1189,7 @@ __device__ __forceinline__ void attn2_split(
     part[2 + c] = a;
     if (c == 0) { part[0] = M; part[1] = lsum; }
   }
+  SKV_STAMP(4);  // thread 0's share of the block merge done, partials issued
   if (!fuse) return;
   // Last block of this (b, h) merges all splits. One acquire-release add by thread 0 between two barriers orders
   // every thread's partial stores before the count (release, cumulative through the barrier) and the last block's
@@ -1169,8 +1203,10 @@ __device__ __forceinline__ void attn2_split(
     s_last = old == static_cast<unsigned int>(ns - 1);
   }
   __syncthreads();
+  SKV_STAMP(5);  // hand-over done (the counter's atomic returned)
   if (!s_last) return;
   merge_last1<D, NW>(part0, ns, NS, G, out + (static_cast<size_t>(b) * Hq + h * G) * D, wbase, wbytes);
+  SKV_STAMP(6);  // last block: merge done, output stores issued
   if (tid == 0) counters[bh] = 0u;  // ready for the next call (CUDA-graph replays)
 }
 
