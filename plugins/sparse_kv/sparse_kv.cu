@@ -961,7 +961,7 @@ __device__ __forceinline__ void attn2_split(
   // the decode of the next tile's record (ra) into `next_row` runs in four parts between the phases (the source order
   // is the issue order of the shared-memory operations). Not a generic lambda: NVRTC compiles those as host code.
   RegDecode64 dec;
-  auto compute_tile = [&](int tb, const __half* tiles, bool splice, __half* next_row, const uint4 (&rec)[3]) {
+  auto compute_tile = [&](int tb, const __half* tiles, bool splice, __half* next_row) {
     // S^T[16 tokens x 8 heads] = K Q^T: s[0..1] token tb + g_row, s[2..3] token tb + g_row + 8; heads 2 q4 + {0, 1}.
     float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -971,7 +971,7 @@ __device__ __forceinline__ void attn2_split(
       mma16816(s, ak, qb[kc][0], qb[kc][1]);
     }
     if (splice) {
-      dec.init(rec, dkeep, next_row);
+      dec.init(ra, dkeep, next_row);
       dec.part(0);
     }
     const bool ok0 = tb + g_row < t_end, ok1 = tb + g_row + 8 < t_end;
@@ -1036,35 +1036,28 @@ __device__ __forceinline__ void attn2_split(
       }
       return tb + 16 > ncomp_end;  // warp-uniform
     };
-    // Records of tile t in buffer t % 3 (ra, rb2, rc), named statically by unrolling the loop by three: a register
-    // loaded for tile i + 3 is first read when that tile is decoded, two tiles later. (A rolled loop must move the
-    // buffers into place at the end of each tile, and a move waits for its load: the loads were then waited for one
-    // tile after their issue, and the first tile for the records of the first three.)
     if (cnt > 0) {
       rload(2, rc);
       if (decode_tile(0, ra, 0)) { cp_async_commit(); cp_async_wait<0>(); }
+#pragma unroll
+      for (int e = 0; e < 3; ++e) { ra[e] = rb2[e]; rb2[e] = rc[e]; }
       __syncwarp();
       SKV_STAMP(1);  // warp 0: first tile's records arrived and decoded
     }
-    auto step = [&](int i, uint4 (&nxt)[3], const uint4 (&cur)[3]) {  // tile i; cur holds tile i + 1's record
-      rload(i + 3, nxt);
+    for (int i = 0; i < cnt; ++i) {  // tile i is in pair i % 2; ra holds tile i + 1's record
+      rload(i + 3, rc);
       const int bcur = (i & 1) * KB;
       bool window = false;
       if (i + 1 < cnt && t_begin + (warp + (i + 1) * NW) * 16 + 16 <= ncomp_end) {  // warp-uniform: all compressed
-        compute_tile(t_begin + (warp + i * NW) * 16, kt + bcur, true, drow + KB - bcur, cur);
+        compute_tile(t_begin + (warp + i * NW) * 16, kt + bcur, true, drow + KB - bcur);
       } else {
-        if (i + 1 < cnt) window = decode_tile(i + 1, cur, KB - bcur);
-        compute_tile(t_begin + (warp + i * NW) * 16, kt + bcur, false, nullptr, cur);
+        if (i + 1 < cnt) window = decode_tile(i + 1, ra, KB - bcur);
+        compute_tile(t_begin + (warp + i * NW) * 16, kt + bcur, false, nullptr);
       }
       if (window) { cp_async_commit(); cp_async_wait<0>(); }
+#pragma unroll
+      for (int e = 0; e < 3; ++e) { ra[e] = rb2[e]; rb2[e] = rc[e]; }
       __syncwarp();
-    };
-    for (int i = 0; i < cnt; i += 3) {
-      step(i, ra, rb2);
-      if (i + 1 >= cnt) break;
-      step(i + 1, rb2, rc);
-      if (i + 2 >= cnt) break;
-      step(i + 2, rc, ra);
     }
   }
   if constexpr (!PIPE)  // the loop as before session 29 (the SASS of these kernels unchanged)
