@@ -43,14 +43,15 @@ PHASES = [("start_to_first_tile", 0, 1), ("tiles", 1, 2), ("wait_other_warps", 2
           ("hand_over", 4, 5), ("merge", 5, 6)]
 
 
-def timeline_source(tmp: Path) -> Path:
-    """A copy of the kernel source with SKV_TIMELINE defined (same file name: the includes resolve as for the real
-    one through the plugins directory)."""
-    src = ROOT / "plugins" / "sparse_kv" / "sparse_kv.cu"
-    dst = tmp / "sparse_kv.cu"
-    dst.write_text("#define SKV_TIMELINE 1\n" + src.read_text())
-    for h in src.parent.glob("*.cuh"):
-        shutil.copy(h, tmp / h.name)
+def timeline_source(tmp: Path, src: Path | None = None) -> Path:
+    """A copy of the kernel source (or of ``src``, another version of it) with SKV_TIMELINE defined, in its own folder
+    under ``tmp`` (same file name: the includes resolve as for the real one through the plugins directory)."""
+    real = ROOT / "plugins" / "sparse_kv" / "sparse_kv.cu"
+    folder = Path(tempfile.mkdtemp(dir=tmp))
+    dst = folder / "sparse_kv.cu"
+    dst.write_text("#define SKV_TIMELINE 1\n" + Path(src or real).read_text())
+    for h in real.parent.glob("*.cuh"):
+        shutil.copy(h, folder / h.name)
     return dst
 
 
@@ -76,7 +77,7 @@ def analyse(st: np.ndarray, nblocks: int, fused: bool) -> dict:
         out[name] = float(np.median(d))
         out[name + "_max"] = float(d.max())
     if fused:
-        m = gt[:, 6] > 0
+        m = st[:, 6, 1] > st[:, 5, 1]  # stamp 6 of this call (a block that was last in an earlier call keeps its own)
         merged = st[m]
         d = (merged[:, 6, 1] - merged[:, 5, 1]) * ratio / 1e3
         out["merge"] = float(np.median(d))
@@ -96,6 +97,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=15, help="graph replays whose last call's stamps are kept")
     ap.add_argument("--inner", type=int, default=20, help="calls per graph")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--alt", action="append", default=[],
+                    help="another sparse_kv.cu: its sparse kernels stamped and timed beside (kinds alt, alt2, ...)")
+    ap.add_argument("--no-rotate", action="store_true", help="every call on the first cache copy (L2/TLB warm)")
     args = ap.parse_args()
 
     from bench._common import meta, print_table, time_graph, write_results
@@ -108,6 +112,8 @@ def main() -> None:
         shapes = [(m, int(b), int(c)) for m, b, c in (x.split(":") for x in args.shapes.split(","))]
     tmp = Path(tempfile.mkdtemp(prefix="skv_tl_"))
     tl_src = str(timeline_source(tmp))
+    alts = {("alt" if i == 0 else f"alt{i + 1}"): (str(Path(f).resolve()), str(timeline_source(tmp, Path(f))))
+            for i, f in enumerate(args.alt)}
     cu = _cuda._driver()
     stream = torch.cuda.Stream()
     raw = stream.cuda_stream
@@ -129,18 +135,19 @@ def main() -> None:
         caches, cptr = sparse_caches(cfg, B, ctx, k, v, lens)
         st = ks.default_tactic(d, hq, hkv, B, ctx, rk=cfg.rk, rv=cfg.rv)
         ts, ns = ks.plan_cache(cfg, B, ctx, tactic=st)
-        kinds = [("sparse", st, ts, ns)]
+        kinds = [("sparse", st, ts, ns, ks.SOURCE, tl_src)]
+        kinds += [(name, st, ts, ns, a, t) for name, (a, t) in alts.items()]
         dense_caches = []
         if args.dense_tactic:
             tsd, nsd = ks.plan_dense(d, hq, hkv, B, ctx, tactic=args.dense_tactic)
-            kinds.append(("dense", args.dense_tactic, tsd, nsd))
+            kinds.append(("dense", args.dense_tactic, tsd, nsd, ks.SOURCE, tl_src))
             n_rot = copies_for(2 * k.numel() * 2)
             dense_caches = [(k, v)] + [(k.clone(), v.clone()) for _ in range(n_rot - 1)]
-        for kind, tactic, ts_, ns_ in kinds:
+        for kind, tactic, ts_, ns_, plain_src, stamped_src in kinds:
             calls = {}
-            for src_name, src in (("shipped", ks.SOURCE), ("stamped", tl_src)):
+            for src_name, src in (("shipped", plain_src), ("stamped", stamped_src)):
                 p = ks._Plan(ks._ATT_PTRS)
-                if kind == "sparse":
+                if kind != "dense":
                     p.launches = launches(src, d, hq, hkv, B, ctx, ks._geometry(cfg), cfg.rk, cfg.rv, None, None,
                                           ts_, tactic, None, p.addr)
                 else:
@@ -154,8 +161,8 @@ def main() -> None:
 
             def call(name, kind=kind, calls=calls, it=it, dense_caches=dense_caches):
                 p, ws, o = calls[name]
-                i = next(it)
-                if kind == "sparse":
+                i = 0 if args.no_rotate else next(it)
+                if kind != "dense":
                     c = cptr[i % len(cptr)]
                     p.set(q.data_ptr(), ws.data_ptr(), ws.data_ptr() + p.extra["parts"], c.lens, c.k_rec, c.v_rec,
                           c.k_ring, c.v_ring, o.data_ptr())
@@ -172,7 +179,7 @@ def main() -> None:
                 f"{model} B={B} {ctx} {kind}: the stamped build's output differs"
             t_ship = time_graph(lambda: call("shipped"), inner=args.inner, reps=10, stream=stream)
             t_stamp = time_graph(lambda: call("stamped"), inner=args.inner, reps=10, stream=stream)
-            mod = _cuda._modules[(tl_src, (), _cuda.current_context())]
+            mod = _cuda._modules[(stamped_src, (), _cuda.current_context())]
             dptr, size = _cuda.check(cu.cuModuleGetGlobal(mod, b"skv_timeline"))
             nblocks = ns_ * hkv * B
             host = np.zeros(size // 8, dtype=np.uint64)
@@ -198,7 +205,8 @@ def main() -> None:
             rows.append(row)
             print(row, flush=True)
             path = write_results(out_name, rows, meta({"reps": args.reps, "inner": args.inner,
-                                                       "sparsity": args.sparsity}))
+                                                       "sparsity": args.sparsity, "no_rotate": args.no_rotate,
+                                                       "alts": {k: v[0] for k, v in alts.items()}}))
             del g
         del caches
         dense_caches = None
