@@ -55,6 +55,17 @@ def timeline_source(tmp: Path, src: Path | None = None) -> Path:
     return dst
 
 
+def chunked(rec: torch.Tensor, cap16: int) -> torch.Tensor:
+    """Records ``[B, Hkv, cap, 48]`` re-laid chunk-major within 16-token groups (``--alt-chunked``): byte
+    ``48 r + 16 j + x`` of a group (token r, 16-byte chunk j) moves to ``256 j + 16 r + x``, so that the 16 lanes loading
+    a tile's records read 256 contiguous bytes per load instead of 16 bytes every 48; capacity rounded up to 16."""
+    B, H, cap, R = rec.shape
+    x = torch.zeros((B, H, cap16, R), dtype=rec.dtype, device=rec.device)
+    x[:, :, :cap] = rec
+    x = x.view(B, H, cap16 // 16, 16, R // 16, 16).permute(0, 1, 2, 4, 3, 5).contiguous()
+    return x.view(B, H, cap16, R)
+
+
 def analyse(st: np.ndarray, nblocks: int, fused: bool) -> dict:
     """One call's stamps ``st[blk, k, (globaltimer, clock)]`` -> phase durations and a few global instants (µs)."""
     st = st[:nblocks].astype(np.float64)
@@ -100,6 +111,9 @@ def main() -> None:
     ap.add_argument("--alt", action="append", default=[],
                     help="another sparse_kv.cu: its sparse kernels stamped and timed beside (kinds alt, alt2, ...)")
     ap.add_argument("--no-rotate", action="store_true", help="every call on the first cache copy (L2/TLB warm)")
+    ap.add_argument("--alt-chunked", action="store_true",
+                    help="the --alt kinds read records laid out chunk-major in 16-token groups (see chunked); only "
+                         "where the default plan takes the register-record kernels")
     args = ap.parse_args()
 
     from bench._common import meta, print_table, time_graph, write_results
@@ -136,7 +150,16 @@ def main() -> None:
         st = ks.default_tactic(d, hq, hkv, B, ctx, rk=cfg.rk, rv=cfg.rv)
         ts, ns = ks.plan_cache(cfg, B, ctx, tactic=st)
         kinds = [("sparse", st, ts, ns, ks.SOURCE, tl_src)]
-        kinds += [(name, st, ts, ns, a, t) for name, (a, t) in alts.items()]
+        reg_plan = st == ks.WIDE16_FUSED and ks.uses_register_records(d, cfg.rk, cfg.rv, 16)
+        if not args.alt_chunked or reg_plan:
+            kinds += [(name, st, ts, ns, a, t) for name, (a, t) in alts.items()]
+        geo_alt, cptr_alt = ks._geometry(cfg), cptr
+        if args.alt_chunked and reg_plan:
+            cap16 = -(-cfg.record_capacity // 16) * 16
+            geo_alt = (cap16,) + ks._geometry(cfg)[1:]
+            caches_alt = [(chunked(c[0], cap16), chunked(c[1], cap16)) for c in caches]
+            cptr_alt = [ks.CachePtrs(a.data_ptr(), b_.data_ptr(), c.k_ring, c.v_ring, c.lens)
+                        for (a, b_), c in zip(caches_alt, cptr)]
         dense_caches = []
         if args.dense_tactic:
             tsd, nsd = ks.plan_dense(d, hq, hkv, B, ctx, tactic=args.dense_tactic)
@@ -148,7 +171,8 @@ def main() -> None:
             for src_name, src in (("shipped", plain_src), ("stamped", stamped_src)):
                 p = ks._Plan(ks._ATT_PTRS)
                 if kind != "dense":
-                    p.launches = launches(src, d, hq, hkv, B, ctx, ks._geometry(cfg), cfg.rk, cfg.rv, None, None,
+                    geo = geo_alt if kind in alts else ks._geometry(cfg)
+                    p.launches = launches(src, d, hq, hkv, B, ctx, geo, cfg.rk, cfg.rv, None, None,
                                           ts_, tactic, None, p.addr)
                 else:
                     p.launches = launches(src, d, hq, hkv, B, ctx, (1, ctx, ks._DENSE_WINDOW, 1, 1, 1, 0, 0), 0, 0,
@@ -163,7 +187,8 @@ def main() -> None:
                 p, ws, o = calls[name]
                 i = 0 if args.no_rotate else next(it)
                 if kind != "dense":
-                    c = cptr[i % len(cptr)]
+                    cp = cptr_alt if kind in alts else cptr
+                    c = cp[i % len(cp)]
                     p.set(q.data_ptr(), ws.data_ptr(), ws.data_ptr() + p.extra["parts"], c.lens, c.k_rec, c.v_rec,
                           c.k_ring, c.v_ring, o.data_ptr())
                 else:
@@ -177,6 +202,11 @@ def main() -> None:
             stream.synchronize()
             assert torch.equal(calls["shipped"][2].view(torch.int16), calls["stamped"][2].view(torch.int16)), \
                 f"{model} B={B} {ctx} {kind}: the stamped build's output differs"
+            if kind == "sparse":
+                ref_out = calls["shipped"][2].clone()
+            elif kind in alts:
+                assert torch.equal(ref_out.view(torch.int16), calls["shipped"][2].view(torch.int16)), \
+                    f"{model} B={B} {ctx} {kind}: output differs from the shipped kernel's"
             t_ship = time_graph(lambda: call("shipped"), inner=args.inner, reps=10, stream=stream)
             t_stamp = time_graph(lambda: call("stamped"), inner=args.inner, reps=10, stream=stream)
             mod = _cuda._modules[(stamped_src, (), _cuda.current_context())]
@@ -209,6 +239,7 @@ def main() -> None:
                                                        "alts": {k: v[0] for k, v in alts.items()}}))
             del g
         del caches
+        caches_alt = cptr_alt = None
         dense_caches = None
         torch.cuda.empty_cache()
     print_table(rows, ["model", "batch", "context", "kind", "tactic", "tiles_per_warp", "graph_us_shipped",
