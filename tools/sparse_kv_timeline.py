@@ -39,7 +39,7 @@ from edgesdk.formats.sparse_kv import SparseKVConfig  # noqa: E402
 
 SHAPES = [("llama3.2-1b", 1, 4096), ("llama3.2-1b", 1, 32768), ("llama3.2-1b", 4, 16384), ("llama3.2-1b", 16, 4096),
           ("llama3.2-1b", 16, 32768), ("smollm2-135m", 4, 32768), ("smollm2-135m", 16, 4096)]
-PHASES = [("start_to_first_tile", 0, 1), ("tiles", 1, 2), ("wait_other_warps", 2, 3), ("block_merge", 3, 4),
+PHASES = [("start_to_first_decode", 0, 8), ("start_to_first_tile", 0, 1), ("tiles", 1, 2), ("wait_other_warps", 2, 3), ("block_merge", 3, 4),
           ("hand_over", 4, 5), ("merge", 5, 6)]
 
 
@@ -82,8 +82,8 @@ def analyse(st: np.ndarray, nblocks: int, fused: bool) -> dict:
            "split_done_last": float((gt[:, 4].max() - t0) / 1e3),
            "split_done_median": float((np.median(gt[:, 4]) - t0) / 1e3)}
     for name, a, b in PHASES:
-        if b == 6 or (b == 5 and not fused):
-            continue
+        if b == 6 or (b == 5 and not fused) or (b == 8 and not (st[:, 8, 1] > 0).all()):
+            continue  # stamp 8: pipelined kernels only
         d = (ck[:, b] - ck[:, a]) * ratio / 1e3
         out[name] = float(np.median(d))
         out[name + "_max"] = float(d.max())
@@ -111,9 +111,9 @@ def main() -> None:
     ap.add_argument("--alt", action="append", default=[],
                     help="another sparse_kv.cu: its sparse kernels stamped and timed beside (kinds alt, alt2, ...)")
     ap.add_argument("--no-rotate", action="store_true", help="every call on the first cache copy (L2/TLB warm)")
-    ap.add_argument("--alt-chunked", action="store_true",
-                    help="the --alt kinds read records laid out chunk-major in 16-token groups (see chunked); only "
-                         "where the default plan takes the register-record kernels")
+    ap.add_argument("--alt-chunked", action="append", default=[],
+                    help="like --alt, but reading records laid out chunk-major in 16-token groups (see chunked; kinds "
+                         "chk, chk2, ...); only where the default plan takes the register-record kernels")
     args = ap.parse_args()
 
     from bench._common import meta, print_table, time_graph, write_results
@@ -128,6 +128,8 @@ def main() -> None:
     tl_src = str(timeline_source(tmp))
     alts = {("alt" if i == 0 else f"alt{i + 1}"): (str(Path(f).resolve()), str(timeline_source(tmp, Path(f))))
             for i, f in enumerate(args.alt)}
+    chks = {("chk" if i == 0 else f"chk{i + 1}"): (str(Path(f).resolve()), str(timeline_source(tmp, Path(f))))
+            for i, f in enumerate(args.alt_chunked)}
     cu = _cuda._driver()
     stream = torch.cuda.Stream()
     raw = stream.cuda_stream
@@ -150,11 +152,11 @@ def main() -> None:
         st = ks.default_tactic(d, hq, hkv, B, ctx, rk=cfg.rk, rv=cfg.rv)
         ts, ns = ks.plan_cache(cfg, B, ctx, tactic=st)
         kinds = [("sparse", st, ts, ns, ks.SOURCE, tl_src)]
+        kinds += [(name, st, ts, ns, a, t) for name, (a, t) in alts.items()]
         reg_plan = st == ks.WIDE16_FUSED and ks.uses_register_records(d, cfg.rk, cfg.rv, 16)
-        if not args.alt_chunked or reg_plan:
-            kinds += [(name, st, ts, ns, a, t) for name, (a, t) in alts.items()]
         geo_alt, cptr_alt = ks._geometry(cfg), cptr
-        if args.alt_chunked and reg_plan:
+        if chks and reg_plan:
+            kinds += [(name, st, ts, ns, a, t) for name, (a, t) in chks.items()]
             cap16 = -(-cfg.record_capacity // 16) * 16
             geo_alt = (cap16,) + ks._geometry(cfg)[1:]
             caches_alt = [(chunked(c[0], cap16), chunked(c[1], cap16)) for c in caches]
@@ -171,7 +173,7 @@ def main() -> None:
             for src_name, src in (("shipped", plain_src), ("stamped", stamped_src)):
                 p = ks._Plan(ks._ATT_PTRS)
                 if kind != "dense":
-                    geo = geo_alt if kind in alts else ks._geometry(cfg)
+                    geo = geo_alt if kind in chks else ks._geometry(cfg)
                     p.launches = launches(src, d, hq, hkv, B, ctx, geo, cfg.rk, cfg.rv, None, None,
                                           ts_, tactic, None, p.addr)
                 else:
@@ -187,7 +189,7 @@ def main() -> None:
                 p, ws, o = calls[name]
                 i = 0 if args.no_rotate else next(it)
                 if kind != "dense":
-                    cp = cptr_alt if kind in alts else cptr
+                    cp = cptr_alt if kind in chks else cptr
                     c = cp[i % len(cp)]
                     p.set(q.data_ptr(), ws.data_ptr(), ws.data_ptr() + p.extra["parts"], c.lens, c.k_rec, c.v_rec,
                           c.k_ring, c.v_ring, o.data_ptr())
@@ -197,6 +199,7 @@ def main() -> None:
                           kk.data_ptr(), vv.data_ptr(), o.data_ptr())
                 _cuda.launch_all(p.launches, raw)
 
+            torch.cuda.synchronize()  # caches, workspaces and poisoned outputs (default stream) before `stream`
             for name in calls:
                 call(name)
             stream.synchronize()
@@ -204,7 +207,7 @@ def main() -> None:
                 f"{model} B={B} {ctx} {kind}: the stamped build's output differs"
             if kind == "sparse":
                 ref_out = calls["shipped"][2].clone()
-            elif kind in alts:
+            elif kind in alts or kind in chks:
                 assert torch.equal(ref_out.view(torch.int16), calls["shipped"][2].view(torch.int16)), \
                     f"{model} B={B} {ctx} {kind}: output differs from the shipped kernel's"
             t_ship = time_graph(lambda: call("shipped"), inner=args.inner, reps=10, stream=stream)
@@ -226,17 +229,17 @@ def main() -> None:
                 g.replay()
                 stream.synchronize()
                 _cuda.check(cu.cuMemcpyDtoH(host.ctypes.data, dptr, size))
-                per_call.append(analyse(host.reshape(-1, 8, 2), nblocks, fused))
+                per_call.append(analyse(host.reshape(-1, 16, 2), nblocks, fused))
             row = {"model": model, "batch": B, "context": ctx, "kind": kind, "tactic": tactic, "split": ts_,
                    "splits": ns_, "tiles_per_warp": math.ceil(ts_ / 16 / ks._warps(d, tactic, None)),
                    "graph_us_shipped": t_ship, "graph_us_stamped": t_stamp}
             for key in per_call[0]:
-                row[key] = statistics.median(c[key] for c in per_call)
+                row[key] = statistics.median(c.get(key, float("nan")) for c in per_call)
             rows.append(row)
             print(row, flush=True)
             path = write_results(out_name, rows, meta({"reps": args.reps, "inner": args.inner,
                                                        "sparsity": args.sparsity, "no_rotate": args.no_rotate,
-                                                       "alts": {k: v[0] for k, v in alts.items()}}))
+                                                       "alts": {k: v[0] for k, v in {**alts, **chks}.items()}}))
             del g
         del caches
         caches_alt = cptr_alt = None

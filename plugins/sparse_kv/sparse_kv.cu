@@ -39,9 +39,11 @@
 #ifdef SKV_TIMELINE
 // Measurement builds only (tools/sparse_kv_timeline.py compiles a copy of this file with SKV_TIMELINE defined; the
 // shipped kernels have no stamps): thread 0 of each streaming attention block writes (%globaltimer, clock64) at the
-// phase boundaries of attn2_split, stamp k of block `linear block index` at skv_timeline[2 (8 block + k) + {0, 1}];
+// phase boundaries of attn2_split, stamp k of block `linear block index` at skv_timeline[2 (16 block + k) + {0, 1}];
 // stamp 7 holds (%smid, 0).
-extern "C" __device__ unsigned long long skv_timeline[2 * 8 * 8192];
+extern "C" {
+__device__ unsigned long long skv_timeline[2 * 16 * 8192];
+}
 __device__ __forceinline__ void skv_stamp(int k) {
   if (threadIdx.x != 0) return;
   const unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
@@ -49,12 +51,12 @@ __device__ __forceinline__ void skv_stamp(int k) {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
   const unsigned long long c = clock64();
-  skv_timeline[2 * (8 * blk + k)] = t;
-  skv_timeline[2 * (8 * blk + k) + 1] = c;
+  skv_timeline[2 * (16 * blk + k)] = t;
+  skv_timeline[2 * (16 * blk + k) + 1] = c;
   if (k == 0) {
     unsigned sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    skv_timeline[2 * (8 * blk + 7)] = sm;
+    skv_timeline[2 * (16 * blk + 7)] = sm;
   }
 }
 #define SKV_STAMP(k) skv_stamp(k)
@@ -1039,6 +1041,7 @@ __device__ __forceinline__ void attn2_split(
     if (cnt > 0) {
       rload(2, rc);
       if (decode_tile(0, ra, 0)) { cp_async_commit(); cp_async_wait<0>(); }
+      SKV_STAMP(8);  // warp 0: first tile decoded (its records arrived), before the buffers move
 #pragma unroll
       for (int e = 0; e < 3; ++e) { ra[e] = rb2[e]; rb2[e] = rc[e]; }
       __syncwarp();
