@@ -9,7 +9,7 @@ from edgesdk.formats.sparse_kv import SparseKVConfig
 from edgesdk.kernels import sparse_kv as ks
 
 
-@pytest.mark.parametrize("tactic", ks.TACTICS)
+@pytest.mark.parametrize("tactic", [t for t in ks.TACTICS if t != ks.STREAM_K])
 @pytest.mark.parametrize("batch,max_len,sms", [(1, 1, 132), (1, 4096, 132), (16, 32768, 132), (3, 777, 16)])
 def test_plan_ranges(tactic, batch, max_len, sms):
     cfg = SparseKVConfig(64, 32, 8, 0.7, 0.7, 32768)
@@ -21,11 +21,58 @@ def test_plan_ranges(tactic, batch, max_len, sms):
 
 def test_plan_rejects_bad_tactic_and_split():
     with pytest.raises(EdgeSDKError):
-        ks.plan(64, 32, 8, 48, 48, 1, 4096, sms=132, tactic=5)
+        ks.plan(64, 32, 8, 48, 48, 1, 4096, sms=132, tactic=6)
     with pytest.raises(EdgeSDKError):
         ks.plan(64, 32, 8, 48, 48, 1, 4096, tokens_per_split=96, tactic=ks.STREAM)
     with pytest.raises(EdgeSDKError):
         ks.plan(64, 32, 8, 48, 48, 1, 4096, tokens_per_split=ks.MAX_TOKENS_PER_SPLIT2 + 64, tactic=ks.STREAM)
+
+
+def stream_k_segments(pairs, tpp, nb, lens_tiles):
+    """The segment loop of attn2_entry (the .cu), transliterated: per block its (pair, first tile, end tile, slot,
+    ns_work) segments; lens_tiles[p] = ceil(L / 16) of pair p's sequence."""
+    total = pairs * tpp
+    out = []
+    for blk in range(nb):
+        g, g1, segs = blk * total // nb, (blk + 1) * total // nb, []
+        while g < g1:
+            pair = g // tpp
+            p0 = pair * tpp
+            e = min(g1, p0 + tpp)
+            first = ((p0 + 1) * nb - 1) // total
+            work = min(lens_tiles[pair], tpp)
+            ns_work = ((p0 + work) * nb - 1) // total - first + 1 if work > 0 else 0
+            segs.append((pair, g - p0, e - p0, blk - first, ns_work))
+            g = e
+        out.append(segs)
+    return out
+
+
+@pytest.mark.parametrize("pairs,max_len,tps", [(128, 32768, 31744), (48, 32768, 11904), (3, 700, 16), (8, 4096, 4096),
+                                               (2, 100, 64), (5, 33, 16), (1, 9001, 2048), (48, 16384, 5952)])
+def test_stream_k_plan(pairs, max_len, tps):
+    """STREAM_K: every tile of every pair in exactly one block's segment, in order; segment slots below the plan's
+    split count; each pair's merge count = its segments that start below its length (for any length); the default
+    share is one block per SM."""
+    tpp, nb, most = ks.stream_k_blocks(pairs, max_len, tps)
+    assert tpp == math.ceil(max_len / 16) and nb == min(pairs * tpp, math.ceil(pairs * tpp * 16 / tps))
+    rng = __import__("random").Random(pairs * max_len)
+    lens_tiles = [rng.choice([0, 1, tpp, rng.randint(0, tpp)]) for _ in range(pairs)]
+    segs = [s for blk in stream_k_segments(pairs, tpp, nb, lens_tiles) for s in blk]
+    for p in range(pairs):
+        mine = [s for s in segs if s[0] == p]
+        assert [s[3] for s in mine] == list(range(len(mine))) and len(mine) <= most
+        assert mine[0][1] == 0 and mine[-1][2] == tpp and all(a[2] == b[1] for a, b in zip(mine, mine[1:]))
+        working = sum(1 for s in mine if s[1] < lens_tiles[p])
+        assert all(s[4] == working for s in mine)
+    assert most == max(sum(1 for s in segs if s[0] == p) for p in range(pairs))
+    # 48 pairs of 2048 tiles on 132 SMs: 745 tiles per block, a pair spans 2.75 blocks, so up to 4 segments
+    assert ks.plan(64, 9, 3, 48, 48, 16, 32768, sms=132, tactic=ks.STREAM_K) == (16 * math.ceil(16 * 3 * 2048 / 132),
+                                                                                  4)
+    with pytest.raises(EdgeSDKError):
+        ks.plan(64, 9, 3, 48, 48, 16, 32768, sms=132, tokens_per_split=24, tactic=ks.STREAM_K)
+    with pytest.raises(EdgeSDKError):
+        ks.plan(128, 8, 2, 80, 80, 1, 4096, sms=132, tactic=ks.STREAM_K)
 
 
 def test_workspace_has_counters_then_partials():

@@ -51,10 +51,12 @@ TILE2 = 16  # tokens per warp tile (tactics 1, 2)
 #: decompressed into tensor-core tiles, online softmax per warp), then the merge kernel. STREAM_FUSED:
 #: STREAM with the merge done by the last block of each (sequence, KV head): one launch. WIDE_FUSED,
 #: WIDE16_FUSED (d = 64): STREAM_FUSED with 8 or 16 warps per block and about one block per SM (:func:`plan`).
-SPLIT_V1, STREAM, STREAM_FUSED, WIDE_FUSED, WIDE16_FUSED = 0, 1, 2, 3, 4
-TACTICS = (SPLIT_V1, STREAM, STREAM_FUSED, WIDE_FUSED, WIDE16_FUSED)
+#: STREAM_K (d = 64): WIDE16_FUSED's kernels over equal shares of all (sequence, KV head) pairs' tiles, one block per
+#: SM, a block's share running across pair boundaries (stream-K: one wave whatever the pair count; :func:`plan`).
+SPLIT_V1, STREAM, STREAM_FUSED, WIDE_FUSED, WIDE16_FUSED, STREAM_K = 0, 1, 2, 3, 4, 5
+TACTICS = (SPLIT_V1, STREAM, STREAM_FUSED, WIDE_FUSED, WIDE16_FUSED, STREAM_K)
 WIDE_WARPS = {WIDE_FUSED: 8, WIDE16_FUSED: 16}  # warps per block of the wide tactics
-FUSED_TACTICS = (STREAM_FUSED, WIDE_FUSED, WIDE16_FUSED)
+FUSED_TACTICS = (STREAM_FUSED, WIDE_FUSED, WIDE16_FUSED, STREAM_K)
 ORIN_SMEM_OPTIN = 163 * 1024  # shared memory per block on sm_87 (the limit assumed where no device is asked)
 COMP_THREADS = 128  # prefill / append block: one warp per token
 COMP_WARPS = COMP_THREADS // 32
@@ -127,10 +129,10 @@ def smem_bytes_dense2(head_dim: int, warps: int = WARPS2) -> int:
 
 def _warps(head_dim: int, tactic: int, warps: int | None) -> int:
     """Warps per block of a streaming tactic (checked)."""
-    if tactic in WIDE_WARPS:
-        w = WIDE_WARPS[tactic]
+    if tactic in WIDE_WARPS or tactic == STREAM_K:
+        w = WIDE_WARPS.get(tactic, 16)
         if head_dim != 64 or warps not in (None, w):
-            raise EdgeSDKError(f"sparse_kv tactic {tactic} (WIDE_FUSED / WIDE16_FUSED) at d = {head_dim} with "
+            raise EdgeSDKError(f"sparse_kv tactic {tactic} (WIDE_FUSED / WIDE16_FUSED / STREAM_K) at d = {head_dim} with "
                                f"warps={warps}", f"it exists for d = 64 with {w} warps; use tactic 2 elsewhere")
         return w
     if warps in (None, WARPS2):
@@ -185,6 +187,8 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
     if tactic not in TACTICS:
         raise EdgeSDKError(f"sparse_kv tactic {tactic!r} is unknown", f"use one of {TACTICS}")
     warps = _warps(head_dim, tactic, warps)
+    if tactic == STREAM_K:
+        return _plan_stream_k(batch * num_kv_heads, max_len, sms, tokens_per_split)
     g = num_q_heads // num_kv_heads
     cap = max_tokens_per_split(head_dim, g, rk, rv) if tactic == SPLIT_V1 else MAX_TOKENS_PER_SPLIT2
     if tokens_per_split is None:
@@ -205,6 +209,33 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
         raise EdgeSDKError(f"tokens_per_split={tokens_per_split} must be a multiple of {unit} in [{unit}, {cap}]",
                            "leave it None for the heuristic")
     return tokens_per_split, max(1, math.ceil(max(1, max_len) / tokens_per_split))
+
+
+def stream_k_blocks(pairs: int, max_len: int, tokens_per_split: int) -> tuple[int, int, int]:
+    """Stream-K geometry: ``(tiles per pair, blocks, most segments of one pair)`` when ``pairs`` pairs of
+    ``⌈max_len / 16⌉`` tiles are cut into equal shares of about ``tokens_per_split / 16`` tiles, block i taking tiles
+    ``[i T / nb, (i + 1) T / nb)`` of all T in a row (``attn2_entry`` in the .cu computes the same)."""
+    tpp = -(-max(1, max_len) // TILE2)
+    total = pairs * tpp
+    nb = max(1, min(total, -(-total * TILE2 // tokens_per_split)))
+    most = 0
+    for p in range(pairs):
+        first = ((p * tpp + 1) * nb - 1) // total
+        last = (((p + 1) * tpp) * nb - 1) // total
+        most = max(most, last - first + 1)
+    return tpp, nb, most
+
+
+def _plan_stream_k(pairs: int, max_len: int, sms: int | None, tokens_per_split: int | None) -> tuple[int, int]:
+    """:func:`plan` of :data:`STREAM_K`: ``(tokens per block, most segments of a pair)``; by default one block per SM
+    (``tokens_per_split`` = 16 · ⌈T / SMs⌉ for T tiles in all; a multiple of 16 when given)."""
+    total = pairs * -(-max(1, max_len) // TILE2)
+    if tokens_per_split is None:
+        tokens_per_split = TILE2 * -(-total // min(total, sms or sm_count()))
+    if tokens_per_split % TILE2 or tokens_per_split < TILE2:
+        raise EdgeSDKError(f"tokens_per_split={tokens_per_split} for STREAM_K must be a positive multiple of {TILE2}",
+                           "leave it None for one block per SM")
+    return tokens_per_split, stream_k_blocks(pairs, max_len, tokens_per_split)[2]
 
 
 #: :func:`default_tactic`: tactic 2 (fused merge) while the 16-token tiles per SM stay at most this
@@ -425,8 +456,13 @@ def _attention_launches(head_dim: int, hq: int, hkv: int, batch: int, max_len: i
     warps = _warps(head_dim, tactic, warps)
     ts, ns = plan(head_dim, hq, hkv, rk, rv, batch, max_len, sms, tokens_per_split, tactic, warps)
     scale = (1.0 / math.sqrt(head_dim) if scale is None else float(scale)) * _LOG2E
+    grid, sk = (ns, hkv, batch), 0
+    ts_arg = ts
+    if tactic == STREAM_K:  # grid of nb blocks; the kernel takes -(tiles per pair) and the batch (attn2_entry)
+        tpp, nb, _ = stream_k_blocks(batch * hkv, max_len, ts)
+        grid, sk, ts_arg = (nb, 1, 1), batch, -tpp
     common = [slot["lens"], slot["k_rec"], slot["v_rec"], slot["k_ring"], slot["v_ring"], _i(hkv), _i(g),
-              *(_i(v) for v in geometry), _i(ts), _i(ns), ctypes.c_float(scale)]
+              *(_i(v) for v in geometry), _i(ts_arg), _i(ns), ctypes.c_float(scale)]
     if tactic == SPLIT_V1:
         ka = _kernel(f"sparse_kv_attn_d{head_dim}_g{gqa_pad(g)}", max_smem_carveout=True)
         launches = [ka.plan((ns, hkv, batch), (THREADS,), _cuda.ArgBlock([slot["q"], slot["parts"], *common]),
@@ -439,10 +475,11 @@ def _attention_launches(head_dim: int, hq: int, hkv: int, batch: int, max_len: i
                                f"block; this device allows {smem_optin()}", "use a tactic with fewer warps per block")
         kind = "dense2" if dense else "attn2" if not uses_register_records(head_dim, rk, rv, warps, aligned) else \
             "attn2p" if uses_pipelined_records(ts, warps) else "attn2r"
+        suffix += "_sk" if tactic == STREAM_K else ""
         ka = _kernel(f"sparse_kv_{kind}_d{head_dim}_g{gqa_pad(g)}{suffix}", max_smem_carveout=True)
         fused = _i(1 if tactic in FUSED_TACTICS else 0)
-        launches = [ka.plan((ns, hkv, batch), (32 * warps,),
-                            _cuda.ArgBlock([slot["q"], slot["ws"], *common, slot["out"], fused]), smem)]
+        launches = [ka.plan(grid, (32 * warps,),
+                            _cuda.ArgBlock([slot["q"], slot["ws"], *common, slot["out"], fused, _i(sk)]), smem)]
         if tactic in FUSED_TACTICS:
             return launches
     kc = _kernel(f"sparse_kv_combine_d{head_dim}")

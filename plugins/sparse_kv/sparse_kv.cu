@@ -805,16 +805,18 @@ __device__ __forceinline__ void attn2_split(
     const uint8_t* __restrict__ k_rec, const uint8_t* __restrict__ v_rec,
     const __half* __restrict__ k_ring, const __half* __restrict__ v_ring,
     int Hkv, int G, int cap, int C, int W, int A, int keep_k, int keep_v, int rk, int rv,
-    int TS, int NS, float scale_log2, __half* __restrict__ out, int fuse) {
+    int NS, float scale_log2, __half* __restrict__ out, int fuse, int split, int h, int b, int L, int t_begin,
+    int t_lim, int ns_work, int nbatch) {
+  // One split: tokens [t_begin, min(t_lim, L)) of sequence b (L = lens[b]) and KV head h, partial slot `split` of NS;
+  // with `fuse`, the block that brings the count of finished splits of (b, h) to ns_work merges them. nbatch: the
+  // batch (the workspace's counters come first). attn2_entry gives the split from the grid or, stream-K, a segment.
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ int s_last;
   SKV_STAMP(0);  // block start
   constexpr int TR = D + 8;  // padded tile row (halfs): conflict-free ldmatrix
   constexpr int MT = D / 16; // m16 tiles over channels (V^T . P^T)
   constexpr int KC = D / 16; // k16 chunks over channels (Q.K^T)
-  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int L = lens[b];
   const int Hq = Hkv * G;
   if (fuse && L <= 0) {  // nothing cached: zeros (the only block of this (b, h) that does anything)
     if (split == 0)
@@ -822,10 +824,9 @@ __device__ __forceinline__ void attn2_split(
         out[(static_cast<size_t>(b) * Hq + h * G) * D + i] = __ushort_as_half(0);
     return;
   }
-  const int t_begin = split * TS;
-  const int t_end = min(t_begin + TS, L);
+  const int t_end = min(t_lim, L);
   const int n = t_end - t_begin;
-  if (n <= 0) return;  // the merge reads only splits below ceil(L / TS)
+  if (n <= 0) return;  // the merge reads only the ns_work splits that start below L
   const int n_comp = DENSE ? 0 : min(n_compressed(L, W, A), cap);
   const int ncomp_end = min(t_end, n_comp);
   const size_t bh = static_cast<size_t>(b) * Hkv + h;
@@ -1174,7 +1175,7 @@ __device__ __forceinline__ void attn2_split(
   const size_t wstride = wbytes / 4;  // floats between warp regions
   // Workspace: uint32 counters[round_up(B * Hq, 4)] (fused merge), then the split partials.
   unsigned int* counters = reinterpret_cast<unsigned int*>(ws);
-  float* part0 = ws + round_up(static_cast<int>(gridDim.z) * Hq, 4) + (static_cast<size_t>(b) * Hq + h * G) * NS * PR;  // head g, split s: (g * NS + s) * PR
+  float* part0 = ws + round_up(nbatch * Hq, 4) + (static_cast<size_t>(b) * Hq + h * G) * NS * PR;  // head g, split s: (g * NS + s) * PR
   for (int e = tid; e < G * D; e += 32 * NW) {
     const int g = e / D, c = e % D;
     const float* w0 = reinterpret_cast<const float*>(smem_raw) + g * PR;
@@ -1199,7 +1200,7 @@ __device__ __forceinline__ void attn2_split(
   // merge loads after all the others' (acquire, then the barrier): CUTLASS's semaphore pattern, in place of a
   // __threadfence by every thread on both sides.
   __syncthreads();
-  const int ns = min(NS, (L + TS - 1) / TS);
+  const int ns = ns_work;
   if (tid == 0) {
     unsigned int old;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(old) : "l"(counters + bh) : "memory");
@@ -1211,6 +1212,45 @@ __device__ __forceinline__ void attn2_split(
   merge_last1<D, NW>(part0, ns, NS, G, out + (static_cast<size_t>(b) * Hq + h * G) * D, wbase, wbytes);
   SKV_STAMP(6);  // last block: merge done, output stores issued
   if (tid == 0) counters[bh] = 0u;  // ready for the next call (CUDA-graph replays)
+}
+
+// The streaming kernels' entry. !SK: one split per block, grid (splits, Hkv, B), TS tokens per split (sk unused). SK
+// (the _sk kernels: stream-K, tactic 5; fused merge; 16 warps; sk = B): grid (nb, 1, 1) over the sk * Hkv (sequence, KV head) pairs of -TS tiles each (max_len
+// / 16 rounded up): block i takes tiles [i T / nb, (i + 1) T / nb) of the T = sk Hkv (-TS) tiles of all pairs in a row,
+// as one segment per pair it touches (one wave of equal work, whatever the pair count; NS = the most segments of a
+// pair). A segment is a split of its pair; the merge counts the segments that start below the pair's length.
+template <int D, int GP, int NW, bool DENSE = false, bool REG = false, bool PIPE = false, bool SK = false>
+__device__ __forceinline__ void attn2_entry(
+    const __half* __restrict__ q, float* __restrict__ ws, const int* __restrict__ lens,
+    const uint8_t* __restrict__ k_rec, const uint8_t* __restrict__ v_rec,
+    const __half* __restrict__ k_ring, const __half* __restrict__ v_ring,
+    int Hkv, int G, int cap, int C, int W, int A, int keep_k, int keep_v, int rk, int rv,
+    int TS, int NS, float scale_log2, __half* __restrict__ out, int fuse, int sk) {
+  if constexpr (!SK) {
+    const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int L = lens[b];
+    attn2_split<D, GP, NW, DENSE, REG, PIPE>(q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, cap, C, W, A, keep_k,
+                                             keep_v, rk, rv, NS, scale_log2, out, fuse, split, h, b, L, split * TS,
+                                             split * TS + TS, min(NS, (L + TS - 1) / TS), gridDim.z);
+  } else {
+  const long long tpp = -TS, T = static_cast<long long>(sk) * Hkv * tpp, nb = gridDim.x, blk = blockIdx.x;
+  const long long g1 = (blk + 1) * T / nb;
+  for (long long g = blk * T / nb; g < g1;) {
+    const int pair = static_cast<int>(g / tpp);
+    const long long p0 = pair * tpp, e = min(g1, p0 + tpp);
+    const int b = pair / Hkv, h = pair % Hkv;
+    const int L = lens[b];
+    const long long first = ((p0 + 1) * nb - 1) / T;  // the block holding the pair's first tile
+    const long long work = min(static_cast<long long>((L + 15) / 16), tpp);  // tiles below L
+    const int ns_work = L > 0 ? static_cast<int>(((p0 + work) * nb - 1) / T - first + 1) : 0;
+    __syncthreads();  // the previous segment's shared memory
+    attn2_split<D, GP, NW, DENSE, REG, PIPE>(q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, cap, C, W, A, keep_k,
+                                             keep_v, rk, rv, NS, scale_log2, out, fuse, static_cast<int>(blk - first),
+                                             h, b, L, static_cast<int>(16 * (g - p0)), static_cast<int>(16 * (e - p0)),
+                                             ns_work, sk);
+    g = e;
+  }
+  }
 }
 
 // Split merge, one block of kCombThreads per (sequence, query head), splits spread over the threads.
@@ -1363,8 +1403,8 @@ DEF_ATTN(128, 8)
 
 #define DEF_ATTN2(D, GP)                                                                               \
   extern "C" __global__ void __launch_bounds__(kThreads2, D == 64 ? 6 : 3) sparse_kv_attn2_d##D##_g##GP(     \
-      ATTN_ARGS, __half* out, int fuse) {                                                               \
-    attn2_split<D, GP, kW2>(ATTN_PASS, out, fuse);                                                     \
+      ATTN_ARGS, __half* out, int fuse, int sk) {                                                       \
+    attn2_entry<D, GP, kW2>(ATTN_PASS, out, fuse, sk);                                                 \
   }
 DEF_ATTN2(64, 1)
 DEF_ATTN2(64, 2)
@@ -1379,8 +1419,8 @@ DEF_ATTN2(128, 8)
 // walking k tiles each, so low-batch calls get more tiles in flight per split and fewer splits to merge.
 #define DEF_ATTN2W(D, GP, NW)                                                                          \
   extern "C" __global__ void __launch_bounds__(32 * NW, 24 / NW) sparse_kv_attn2_d##D##_g##GP##_w##NW(    \
-      ATTN_ARGS, __half* out, int fuse) {                                                               \
-    attn2_split<D, GP, NW>(ATTN_PASS, out, fuse);                                                      \
+      ATTN_ARGS, __half* out, int fuse, int sk) {                                                       \
+    attn2_entry<D, GP, NW>(ATTN_PASS, out, fuse, sk);                                                  \
   }
 DEF_ATTN2W(64, 1, 8)
 DEF_ATTN2W(64, 2, 8)
@@ -1390,14 +1430,29 @@ DEF_ATTN2W(64, 1, 16)
 DEF_ATTN2W(64, 2, 16)
 DEF_ATTN2W(64, 4, 16)
 DEF_ATTN2W(64, 8, 16)
+// Stream-K (tactic 5, see attn2_entry): the 16-warp kernels over equal shares of all pairs' tiles.
+#define DEF_ATTN2SK(KIND, GP, DENSE, REG, PIPE)                                                          \
+  extern "C" __global__ void __launch_bounds__(512, 1) sparse_kv_##KIND##_d64_g##GP##_w16_sk(ATTN_ARGS, __half* out, \
+                                                                                              int fuse, int sk) {  \
+    attn2_entry<64, GP, 16, DENSE, REG, PIPE, true>(ATTN_PASS, out, fuse, sk);                          \
+  }
+#define DEF_ATTN2SK4(KIND, DENSE, REG, PIPE) \
+  DEF_ATTN2SK(KIND, 1, DENSE, REG, PIPE)     \
+  DEF_ATTN2SK(KIND, 2, DENSE, REG, PIPE)     \
+  DEF_ATTN2SK(KIND, 4, DENSE, REG, PIPE)     \
+  DEF_ATTN2SK(KIND, 8, DENSE, REG, PIPE)
+DEF_ATTN2SK4(attn2, false, false, false)
+DEF_ATTN2SK4(attn2r, false, true, false)
+DEF_ATTN2SK4(attn2p, false, true, true)
+DEF_ATTN2SK4(dense2, true, false, false)
 
 // 16-warp blocks with each lane's record in registers (REG; d = 64, 48-byte records; see decode_row64_reg):
 // 123 registers, the 16 warps an SM holds anyway at one block per SM, so the staging's shared-memory traffic goes
 // without losing warps (with 4- or 8-warp blocks it would cost a third of them: those stay staged).
 #define DEF_ATTN2R(GP)                                                                                   \
   extern "C" __global__ void __launch_bounds__(512, 1) sparse_kv_attn2r_d64_g##GP##_w16(ATTN_ARGS, __half* out,  \
-                                                                                          int fuse) {    \
-    attn2_split<64, GP, 16, false, true>(ATTN_PASS, out, fuse);                                        \
+                                                                                          int fuse, int sk) {  \
+    attn2_entry<64, GP, 16, false, true>(ATTN_PASS, out, fuse, sk);                                    \
   }
 DEF_ATTN2R(1)
 DEF_ATTN2R(2)
@@ -1406,8 +1461,8 @@ DEF_ATTN2R(8)
 // The same, pipelined over two tile pairs (PIPE, session 29): 123-124 registers; faster from about 6 tiles per warp.
 #define DEF_ATTN2P(GP)                                                                                   \
   extern "C" __global__ void __launch_bounds__(512, 1) sparse_kv_attn2p_d64_g##GP##_w16(ATTN_ARGS, __half* out,  \
-                                                                                          int fuse) {    \
-    attn2_split<64, GP, 16, false, true, true>(ATTN_PASS, out, fuse);                                  \
+                                                                                          int fuse, int sk) {  \
+    attn2_entry<64, GP, 16, false, true, true>(ATTN_PASS, out, fuse, sk);                              \
   }
 DEF_ATTN2P(1)
 DEF_ATTN2P(2)
@@ -1417,8 +1472,8 @@ DEF_ATTN2P(8)
 // The dense fp16 baseline (dense_decode_attention, tactics 1-4): the streaming kernels above on a plain cache.
 #define DEF_DENSE2(D, GP, NW, SUF, MINB)                                                               \
   extern "C" __global__ void __launch_bounds__(32 * NW, MINB) sparse_kv_dense2_d##D##_g##GP##SUF(        \
-      ATTN_ARGS, __half* out, int fuse) {                                                               \
-    attn2_split<D, GP, NW, true>(ATTN_PASS, out, fuse);                                                \
+      ATTN_ARGS, __half* out, int fuse, int sk) {                                                       \
+    attn2_entry<D, GP, NW, true>(ATTN_PASS, out, fuse, sk);                                            \
   }
 DEF_DENSE2(64, 1, 4, , 6)
 DEF_DENSE2(64, 2, 4, , 6)

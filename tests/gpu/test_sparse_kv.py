@@ -96,12 +96,13 @@ SPLITS = [(ks.SPLIT_V1, None), (ks.SPLIT_V1, 64), (ks.STREAM, None), (ks.STREAM,
 def splits_for(d):
     """SPLITS, and at d = 64 the wide tactics at their heuristic, one tile per warp (128 / 256 tokens) and longer."""
     wide = [(ks.WIDE_FUSED, None), (ks.WIDE_FUSED, 128), (ks.WIDE_FUSED, 1024),
-            (ks.WIDE16_FUSED, None), (ks.WIDE16_FUSED, 256), (ks.WIDE16_FUSED, 2048)]
+            (ks.WIDE16_FUSED, None), (ks.WIDE16_FUSED, 256), (ks.WIDE16_FUSED, 2048),
+            (ks.STREAM_K, None), (ks.STREAM_K, 16), (ks.STREAM_K, 272), (ks.STREAM_K, 2048)]
     return SPLITS + (wide if d == 64 else [])
 
 
 def tactics_for(d):
-    return [t for t in ks.TACTICS if d == 64 or t not in ks.WIDE_WARPS]
+    return [t for t in ks.TACTICS if d == 64 or (t not in ks.WIDE_WARPS and t != ks.STREAM_K)]
 
 
 def check_attention(out, expect):
@@ -187,7 +188,7 @@ def test_register_records(sk, sv, monkeypatch):
     expect = ref.cache_attention(host, q)
     assert ks.uses_pipelined_records(1536, 16) and not ks.uses_pipelined_records(768, 16)
     for pipe_min in (ks.PIPE_MIN_TILES_PER_WARP, 1):  # 1: the pipelined kernels at every split
-        for tactic, warps in ((ks.WIDE16_FUSED, None), (ks.STREAM, 16), (ks.STREAM_FUSED, 16)):
+        for tactic, warps in ((ks.WIDE16_FUSED, None), (ks.STREAM, 16), (ks.STREAM_FUSED, 16), (ks.STREAM_K, None)):
             for tps in (None, 256, 768, 1536):
                 monkeypatch.setattr(ks, "PIPE_MIN_TILES_PER_WARP", pipe_min)
                 out = gpu_attention(cfg, g, q, S, tps, tactic, warps=warps)
@@ -220,13 +221,14 @@ def test_merge_many_splits(hq, hkv):
     g = gpu_prefill(cfg, k, v, lens)
     q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
     expect = ref.cache_attention(host, q)
-    for tactic, tps in ((ks.STREAM_FUSED, 64), (ks.STREAM_FUSED, 192), (ks.WIDE_FUSED, 128), (ks.WIDE16_FUSED, 256)):
+    for tactic, tps in ((ks.STREAM_FUSED, 64), (ks.STREAM_FUSED, 192), (ks.WIDE_FUSED, 128), (ks.WIDE16_FUSED, 256),
+                        (ks.STREAM_K, 16), (ks.STREAM_K, 208)):
         _, ns = ks.plan_cache(cfg, len(lens), S, tokens_per_split=tps, tactic=tactic)
         assert ns > 32
         check_attention(gpu_attention(cfg, g, q, S, tps, tactic), expect)
     kd, vd, ld, qd = _dev(k), _dev(v), _dev(np.array(lens, np.int32)), _dev(q)
     dense_expect = ref.decode_attention(q, k, v, np.array(lens, np.int32))
-    for tactic, tps in ((ks.WIDE_FUSED, 128), (ks.WIDE16_FUSED, 256)):
+    for tactic, tps in ((ks.WIDE_FUSED, 128), (ks.WIDE16_FUSED, 256), (ks.STREAM_K, 16)):
         _, ns = ks.plan_dense(d, hq, hkv, len(lens), S, tokens_per_split=tps, tactic=tactic)
         ws = torch.full((ks.workspace_bytes(hq, d, len(lens), ns) // 4,), float("nan"), device="cuda")
         ks.init_workspace(ws.data_ptr(), len(lens), hq, _stream())
@@ -266,7 +268,7 @@ def test_append_steps_match_host(d):
 
 @pytest.mark.parametrize("d,tactic", [(64, t) for t in ks.TACTICS] + [(128, t) for t in tactics_for(128)])
 def test_empty_sequence_gives_zeros_and_dense_kernel(d, tactic):
-    """dense_decode_attention (tactic 0: the split kernel; 1-4: the dense streaming kernels) on a poisoned
+    """dense_decode_attention (tactic 0: the split kernel; 1-5: the dense streaming kernels) on a poisoned
     workspace: ragged lengths, an empty sequence, the heuristic split, one tile per warp and one split of many
     tiles per warp (every cp.async stage reused)."""
     rng = np.random.default_rng(7 + d)
