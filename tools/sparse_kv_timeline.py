@@ -6,17 +6,24 @@ Issue 7's benchmark times fall on a line in the tiles each warp walks: from 1 to
 and the line meets zero tiles at ≈ 6-8 µs, a quarter of a 30 µs call. This tool says what those microseconds are.
 
 It compiles a copy of ``plugins/sparse_kv/sparse_kv.cu`` with ``SKV_TIMELINE`` defined: thread 0 of each streaming
-block then stamps ``%globaltimer`` and ``clock64`` at the phase boundaries of ``attn2_split`` (0 block start, 1 warp 0's
-first tile decoded, 2 warp 0's tiles done, 3 every warp's tiles done, 4 partials written, 5 the merge hand-over's atomic
-returned, 6 the last block's merge done) into a ``__device__`` array (the shipped kernels have no stamps: without the
-macro the SASS is unchanged). Per shape it runs the default plan (sparse, ``--sparsity``) and our dense streaming
+block then stamps ``%globaltimer`` and ``clock64`` at the phase boundaries of ``attn2_split`` (0 block start, 8 warp 0's
+first tile decoded (pipelined kernels), 1 the same after the record buffers moved, 2 warp 0's tiles done, 3 every warp's
+tiles done, 4 partials written, 5 the merge hand-over's atomic returned, 6 the last block's merge done; 7 holds the SM)
+into a ``__device__`` array (the shipped kernels have no stamps: without the macro the SASS is unchanged). With
+stream-K (tactic 5) a block's stamps are those of its last segment. Per shape it runs the default plan (sparse, ``--sparsity``) and our dense streaming
 kernel (``--dense-tactic``, at its heuristic split) in CUDA graphs of ``--inner`` calls over caches rotated beyond L2,
 reads the stamps the last call of each replay left, and reports per phase the median over blocks (µs, from ``clock64``
 converted by each block's own ``globaltimer`` / ``clock64`` ratio) and, from ``globaltimer``, the spread of block
 starts, when the last block finished its split and when the merge finished, all from the first block's start. Beside
 them: the call's time in a CUDA graph with the shipped kernels and with the stamped ones (the stamps' own cost).
 
-Usage: python tools/sparse_kv_timeline.py [--shapes MODEL:B:CTX,...] [--sparsity S] [--reps N] [--out NAME]
+``--alt FILE`` (repeatable): another version of the source, stamped and timed beside on the same plan, its output
+compared with the shipped kernel's; ``--alt-chunked FILE``: the same on copies of the caches whose records are laid out
+chunk-major in 16-token groups (:func:`chunked`; session 30's experiment, not the format); ``--no-rotate``: every call
+on the first cache copy.
+
+Usage: python tools/sparse_kv_timeline.py [--shapes MODEL:B:CTX,...] [--sparsity S] [--reps N] [--dense-tactic T]
+       [--alt FILE ...] [--alt-chunked FILE ...] [--no-rotate] [--out NAME]
 """
 
 from __future__ import annotations

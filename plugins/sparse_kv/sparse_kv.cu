@@ -16,7 +16,8 @@
 //       _w8 / _w16: 8 or 16 warps (tactics 3, 4); sparse_kv_attn2r_d64_g{GP}_w16: 16 warps with 48-byte records
 //       loaded into registers instead of staged (decode_row64_reg); sparse_kv_attn2p_d64_g{GP}_w16: the same with the
 //       tiles double-buffered, the decode of tile i + 1 spliced into the multiply of tile i (RegDecode64; for splits of
-//       >= 6 tiles per warp); sparse_kv_dense2_*: the same body on a dense cache.
+//       >= 6 tiles per warp); sparse_kv_dense2_*: the same body on a dense cache. The _w16_sk kernels (tactic 5,
+//       stream-K): the 16-warp ones over equal shares of all pairs' tiles (attn2_entry).
 //   sparse_kv_attn_d{D}_g{GP}   tactic 0 (and the dense baseline): grid (NS, Hkv, B), 256 threads. One
 //       block = one (b, h) and TS tokens.
 //       K: one thread per token, a sparse dot product over the record's set bits (GP query heads of
