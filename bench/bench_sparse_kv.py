@@ -6,7 +6,7 @@ Shapes (issue 7): Llama-3.2-1B-like (32 q, 8 kv, d 64) and SmolLM2-135M-like (9 
 ``scaled_dot_product_attention`` (fp16, GQA), a Triton flash-decoding kernel (``bench/triton_decode.py``: split
 over tokens, the GQA group as one ``tl.dot`` operand; fastest of its configurations and split counts per shape,
 each checked against SDPA's output first), our dense kernels (``dense_decode_attention``: tactic 0, the split
-kernel, and tactics 1-4, the streaming kernels of the sparse cache on a plain fp16 cache; each checked against SDPA
+kernel, and tactics 1-5, the streaming kernels of the sparse cache on a plain fp16 cache; each checked against SDPA
 too), and the sparse kernel. "Best dense" is the fastest of the three dense ones. Our kernels are timed for every
 tactic (``t0_full``… per tactic) at the heuristic split size, twice it and (streaming tactics) half of it; the
 fastest is kept (what a tactic selector would pick; ``ts_*`` and ``tactic_*`` record it). Caches are replicated

@@ -122,7 +122,7 @@ def smem_bytes2(head_dim: int, rk: int, rv: int, warps: int = WARPS2) -> int:
 
 
 def smem_bytes_dense2(head_dim: int, warps: int = WARPS2) -> int:
-    """Dynamic shared memory of the dense streaming kernel (:func:`dense_decode_attention`, tactics 1-4): per warp
+    """Dynamic shared memory of the dense streaming kernel (:func:`dense_decode_attention`, tactics 1-5): per warp
     :data:`STAGES2` slots of two ``[16][d + 8]`` fp16 tiles (mirrors ``attn2_split<..., DENSE>`` in the .cu)."""
     return warps * STAGES2 * 2 * TILE2 * (head_dim + 8) * 2
 
@@ -573,10 +573,11 @@ def dense_decode_attention(head_dim: int, num_q_heads: int, num_kv_heads: int, b
                            stream: int, scale: float | None = None, sms: int | None = None,
                            tokens_per_split: int | None = None, tactic: int = SPLIT_V1) -> None:
     """Dense fp16 decode attention on the same split kernels (the benchmark's hand-written dense baseline): ``k``/``v``
-    fp16 ``[B, Hkv, capacity, d]``. Tactic 0 is the split kernel of :data:`SPLIT_V1`; tactics 1-4 the streaming
+    fp16 ``[B, Hkv, capacity, d]``. Tactic 0 is the split kernel of :data:`SPLIT_V1`; tactics 1-5 the streaming
     kernels (``sparse_kv_dense2_*``): each warp's 16-token K and V tiles copied by ``cp.async`` straight into the
-    tiles ``ldmatrix`` reads, :data:`STAGES2` deep, no decode; 1 with the merge kernel, 2-4 with the fused merge
-    (zero the workspace's counters once with :func:`init_workspace`), 3-4 with 8 / 16 warps per block (d = 64)."""
+    tiles ``ldmatrix`` reads, :data:`STAGES2` deep, no decode; 1 with the merge kernel, 2-5 with the fused merge
+    (zero the workspace's counters once with :func:`init_workspace`), 3-5 with 8 / 16 warps per block (d = 64), 5
+    stream-K (:data:`STREAM_K`)."""
     gqa_pad(num_q_heads // num_kv_heads)
     if head_dim not in (64, 128) or not 1 <= max_len <= capacity:
         raise EdgeSDKError(f"dense_decode_attention: head_dim={head_dim}, max_len={max_len}, capacity={capacity}",
