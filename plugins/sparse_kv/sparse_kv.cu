@@ -1215,11 +1215,12 @@ __device__ __forceinline__ void attn2_split(
   if (tid == 0) counters[bh] = 0u;  // ready for the next call (CUDA-graph replays)
 }
 
-// The streaming kernels' entry. !SK: one split per block, grid (splits, Hkv, B), TS tokens per split (sk unused). SK
-// (the _sk kernels: stream-K, tactic 5; fused merge; 16 warps; sk = B): grid (nb, 1, 1) over the sk * Hkv (sequence, KV head) pairs of -TS tiles each (max_len
-// / 16 rounded up): block i takes tiles [i T / nb, (i + 1) T / nb) of the T = sk Hkv (-TS) tiles of all pairs in a row,
-// as one segment per pair it touches (one wave of equal work, whatever the pair count; NS = the most segments of a
-// pair). A segment is a split of its pair; the merge counts the segments that start below the pair's length.
+// The streaming kernels' entry. !SK: one split per block, grid (splits, Hkv, B), TS tokens per split (sk unused).
+// SK (the _sk kernels: stream-K, tactic 5; fused merge; 16 warps; sk = B): grid (nb, 1, 1) over the sk * Hkv
+// (sequence, KV head) pairs of -TS tiles each (max_len / 16 rounded up). Block i takes tiles [i T / nb, (i + 1) T / nb)
+// of the T = sk Hkv (-TS) tiles of all pairs in a row, as one segment per pair it touches (one wave of equal work,
+// whatever the pair count; NS = the most segments of a pair). A segment is a split of its pair (slot: the block's
+// index from the pair's first block); the merge counts the segments that start below the pair's length.
 template <int D, int GP, int NW, bool DENSE = false, bool REG = false, bool PIPE = false, bool SK = false>
 __device__ __forceinline__ void attn2_entry(
     const __half* __restrict__ q, float* __restrict__ ws, const int* __restrict__ lens,
@@ -1234,23 +1235,23 @@ __device__ __forceinline__ void attn2_entry(
                                              keep_v, rk, rv, NS, scale_log2, out, fuse, split, h, b, L, split * TS,
                                              split * TS + TS, min(NS, (L + TS - 1) / TS), gridDim.z);
   } else {
-  const long long tpp = -TS, T = static_cast<long long>(sk) * Hkv * tpp, nb = gridDim.x, blk = blockIdx.x;
-  const long long g1 = (blk + 1) * T / nb;
-  for (long long g = blk * T / nb; g < g1;) {
-    const int pair = static_cast<int>(g / tpp);
-    const long long p0 = pair * tpp, e = min(g1, p0 + tpp);
-    const int b = pair / Hkv, h = pair % Hkv;
-    const int L = lens[b];
-    const long long first = ((p0 + 1) * nb - 1) / T;  // the block holding the pair's first tile
-    const long long work = min(static_cast<long long>((L + 15) / 16), tpp);  // tiles below L
-    const int ns_work = L > 0 ? static_cast<int>(((p0 + work) * nb - 1) / T - first + 1) : 0;
-    __syncthreads();  // the previous segment's shared memory
-    attn2_split<D, GP, NW, DENSE, REG, PIPE>(q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, cap, C, W, A, keep_k,
-                                             keep_v, rk, rv, NS, scale_log2, out, fuse, static_cast<int>(blk - first),
-                                             h, b, L, static_cast<int>(16 * (g - p0)), static_cast<int>(16 * (e - p0)),
-                                             ns_work, sk);
-    g = e;
-  }
+    const long long tpp = -TS, T = static_cast<long long>(sk) * Hkv * tpp, nb = gridDim.x, blk = blockIdx.x;
+    const long long g1 = (blk + 1) * T / nb;
+    for (long long g = blk * T / nb; g < g1;) {
+      const int pair = static_cast<int>(g / tpp);
+      const long long p0 = pair * tpp, e = min(g1, p0 + tpp);
+      const int b = pair / Hkv, h = pair % Hkv;
+      const int L = lens[b];
+      const long long first = ((p0 + 1) * nb - 1) / T;  // the block holding the pair's first tile
+      const long long work = min(static_cast<long long>((L + 15) / 16), tpp);  // tiles below L
+      const int ns_work = L > 0 ? static_cast<int>(((p0 + work) * nb - 1) / T - first + 1) : 0;
+      __syncthreads();  // the previous segment's shared memory
+      attn2_split<D, GP, NW, DENSE, REG, PIPE>(q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, cap, C, W, A,
+                                               keep_k, keep_v, rk, rv, NS, scale_log2, out, fuse,
+                                               static_cast<int>(blk - first), h, b, L, static_cast<int>(16 * (g - p0)),
+                                               static_cast<int>(16 * (e - p0)), ns_work, sk);
+      g = e;
+    }
   }
 }
 
