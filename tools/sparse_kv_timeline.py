@@ -62,14 +62,14 @@ def timeline_source(tmp: Path, src: Path | None = None) -> Path:
     return dst
 
 
-def chunked(rec: torch.Tensor, cap16: int) -> torch.Tensor:
+def chunked(rec: torch.Tensor, cap16: int, chunk: int = 16) -> torch.Tensor:
     """Records ``[B, Hkv, cap, 48]`` re-laid chunk-major within 16-token groups (``--alt-chunked``): byte
     ``48 r + 16 j + x`` of a group (token r, 16-byte chunk j) moves to ``256 j + 16 r + x``, so that the 16 lanes loading
     a tile's records read 256 contiguous bytes per load instead of 16 bytes every 48; capacity rounded up to 16."""
     B, H, cap, R = rec.shape
     x = torch.zeros((B, H, cap16, R), dtype=rec.dtype, device=rec.device)
     x[:, :, :cap] = rec
-    x = x.view(B, H, cap16 // 16, 16, R // 16, 16).permute(0, 1, 2, 4, 3, 5).contiguous()
+    x = x.view(B, H, cap16 // 16, 16, R // chunk, chunk).permute(0, 1, 2, 4, 3, 5).contiguous()
     return x.view(B, H, cap16, R)
 
 
@@ -117,6 +117,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--alt", action="append", default=[],
                     help="another sparse_kv.cu: its sparse kernels stamped and timed beside (kinds alt, alt2, ...)")
+    ap.add_argument("--chunk", type=int, default=16, help="chunk bytes of --alt-chunked's layout (8 or 16)")
     ap.add_argument("--no-rotate", action="store_true", help="every call on the first cache copy (L2/TLB warm)")
     ap.add_argument("--alt-chunked", action="append", default=[],
                     help="like --alt, but reading records laid out chunk-major in 16-token groups (see chunked; kinds "
@@ -166,7 +167,7 @@ def main() -> None:
             kinds += [(name, st, ts, ns, a, t) for name, (a, t) in chks.items()]
             cap16 = -(-cfg.record_capacity // 16) * 16
             geo_alt = (cap16,) + ks._geometry(cfg)[1:]
-            caches_alt = [(chunked(c[0], cap16), chunked(c[1], cap16)) for c in caches]
+            caches_alt = [(chunked(c[0], cap16, args.chunk), chunked(c[1], cap16, args.chunk)) for c in caches]
             cptr_alt = [ks.CachePtrs(a.data_ptr(), b_.data_ptr(), c.k_ring, c.v_ring, c.lens)
                         for (a, b_), c in zip(caches_alt, cptr)]
         dense_caches = []
