@@ -41,7 +41,8 @@ def test_node_attributes_round_trip_and_errors():
                        ({k: v for k, v in attrs.items() if k != "capacity"}, "capacity")):
         with pytest.raises(FormatError, match=words):
             skv.config_from_attributes(bad)
-    assert skv.state_shapes(cfg, 3) == {"k_records": (3, 2, 74, cfg.rk), "v_records": (3, 2, 74, cfg.rv),
+    # n_compressed(77) = 74 record slots, rounded up to whole 16-token groups: 80
+    assert skv.state_shapes(cfg, 3) == {"k_records": (3, 2, 80, cfg.rk), "v_records": (3, 2, 80, cfg.rv),
                                         "k_window": (3, 2, 5, 64), "v_window": (3, 2, 5, 64)}
 
 

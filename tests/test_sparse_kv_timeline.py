@@ -1,4 +1,4 @@
-"""CPU checks of tools/sparse_kv_timeline.py's arithmetic: the stamp analysis and the chunk-major record layout."""
+"""CPU checks of tools/sparse_kv_timeline.py's arithmetic: the stamp analysis."""
 
 import sys
 from pathlib import Path
@@ -37,16 +37,3 @@ def test_analyse_phases_and_stale_stamps():
     assert a["split_done_last"] == pytest.approx(9.5) and a["end"] == pytest.approx(11.5)
     u = tl.analyse(stamps([b0, b1]), 2, fused=False)
     assert "hand_over" not in u and "merge" not in u and u["end"] == u["split_done_last"]
-
-
-def test_chunked_layout():
-    rng = np.random.default_rng(3)
-    rec = torch.from_numpy(rng.integers(0, 256, (2, 3, 37, 48), dtype=np.uint8))
-    x = tl.chunked(rec, 48).reshape(2, 3, -1)
-    assert x.shape == (2, 3, 48 * 48)
-    for t in (0, 5, 15, 16, 31, 36):
-        for j in range(3):
-            g, r = divmod(t, 16)
-            assert torch.equal(x[:, :, g * 768 + 256 * j + 16 * r: g * 768 + 256 * j + 16 * r + 16],
-                               rec[:, :, t, 16 * j: 16 * j + 16])
-    assert not x[:, :, 2 * 768 + 16 * 5: 2 * 768 + 16 * 16].any()  # tokens 37..47 (past the capacity) are zeros

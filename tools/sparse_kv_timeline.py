@@ -18,12 +18,12 @@ starts, when the last block finished its split and when the merge finished, all 
 them: the call's time in a CUDA graph with the shipped kernels and with the stamped ones (the stamps' own cost).
 
 ``--alt FILE`` (repeatable): another version of the source, stamped and timed beside on the same plan, its output
-compared with the shipped kernel's; ``--alt-chunked FILE``: the same on copies of the caches whose records are laid out
-chunk-major in 16-token groups (:func:`chunked`; session 30's experiment, not the format); ``--no-rotate``: every call
-on the first cache copy.
+compared with the shipped kernel's; ``--no-rotate``: every call on the first cache copy. (Session 30's
+``--alt-chunked``, which re-laid token-major records chunk-major for an alternative build, went once the format itself
+became chunk-major.)
 
 Usage: python tools/sparse_kv_timeline.py [--shapes MODEL:B:CTX,...] [--sparsity S] [--reps N] [--dense-tactic T]
-       [--alt FILE ...] [--alt-chunked FILE ...] [--no-rotate] [--out NAME]
+       [--alt FILE ...] [--no-rotate] [--out NAME]
 """
 
 from __future__ import annotations
@@ -60,17 +60,6 @@ def timeline_source(tmp: Path, src: Path | None = None) -> Path:
     for h in real.parent.glob("*.cuh"):
         shutil.copy(h, folder / h.name)
     return dst
-
-
-def chunked(rec: torch.Tensor, cap16: int, chunk: int = 16) -> torch.Tensor:
-    """Records ``[B, Hkv, cap, 48]`` re-laid chunk-major within 16-token groups (``--alt-chunked``): byte
-    ``48 r + 16 j + x`` of a group (token r, 16-byte chunk j) moves to ``256 j + 16 r + x``, so that the 16 lanes loading
-    a tile's records read 256 contiguous bytes per load instead of 16 bytes every 48; capacity rounded up to 16."""
-    B, H, cap, R = rec.shape
-    x = torch.zeros((B, H, cap16, R), dtype=rec.dtype, device=rec.device)
-    x[:, :, :cap] = rec
-    x = x.view(B, H, cap16 // 16, 16, R // chunk, chunk).permute(0, 1, 2, 4, 3, 5).contiguous()
-    return x.view(B, H, cap16, R)
 
 
 def analyse(st: np.ndarray, nblocks: int, fused: bool) -> dict:
@@ -117,11 +106,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--alt", action="append", default=[],
                     help="another sparse_kv.cu: its sparse kernels stamped and timed beside (kinds alt, alt2, ...)")
-    ap.add_argument("--chunk", type=int, default=16, help="chunk bytes of --alt-chunked's layout (8 or 16)")
     ap.add_argument("--no-rotate", action="store_true", help="every call on the first cache copy (L2/TLB warm)")
-    ap.add_argument("--alt-chunked", action="append", default=[],
-                    help="like --alt, but reading records laid out chunk-major in 16-token groups (see chunked; kinds "
-                         "chk, chk2, ...); only where the default plan takes the register-record kernels")
     args = ap.parse_args()
 
     from bench._common import meta, print_table, time_graph, write_results
@@ -136,8 +121,6 @@ def main() -> None:
     tl_src = str(timeline_source(tmp))
     alts = {("alt" if i == 0 else f"alt{i + 1}"): (str(Path(f).resolve()), str(timeline_source(tmp, Path(f))))
             for i, f in enumerate(args.alt)}
-    chks = {("chk" if i == 0 else f"chk{i + 1}"): (str(Path(f).resolve()), str(timeline_source(tmp, Path(f))))
-            for i, f in enumerate(args.alt_chunked)}
     cu = _cuda._driver()
     stream = torch.cuda.Stream()
     raw = stream.cuda_stream
@@ -161,15 +144,7 @@ def main() -> None:
         ts, ns = ks.plan_cache(cfg, B, ctx, tactic=st)
         kinds = [("sparse", st, ts, ns, ks.SOURCE, tl_src)]
         kinds += [(name, st, ts, ns, a, t) for name, (a, t) in alts.items()]
-        reg_plan = st == ks.WIDE16_FUSED and ks.uses_register_records(d, cfg.rk, cfg.rv, 16)
-        geo_alt, cptr_alt = ks._geometry(cfg), cptr
-        if chks and reg_plan:
-            kinds += [(name, st, ts, ns, a, t) for name, (a, t) in chks.items()]
-            cap16 = -(-cfg.record_capacity // 16) * 16
-            geo_alt = (cap16,) + ks._geometry(cfg)[1:]
-            caches_alt = [(chunked(c[0], cap16, args.chunk), chunked(c[1], cap16, args.chunk)) for c in caches]
-            cptr_alt = [ks.CachePtrs(a.data_ptr(), b_.data_ptr(), c.k_ring, c.v_ring, c.lens)
-                        for (a, b_), c in zip(caches_alt, cptr)]
+
         dense_caches = []
         if args.dense_tactic:
             tsd, nsd = ks.plan_dense(d, hq, hkv, B, ctx, tactic=args.dense_tactic)
@@ -181,8 +156,7 @@ def main() -> None:
             for src_name, src in (("shipped", plain_src), ("stamped", stamped_src)):
                 p = ks._Plan(ks._ATT_PTRS)
                 if kind != "dense":
-                    geo = geo_alt if kind in chks else ks._geometry(cfg)
-                    p.launches = launches(src, d, hq, hkv, B, ctx, geo, cfg.rk, cfg.rv, None, None,
+                    p.launches = launches(src, d, hq, hkv, B, ctx, ks._geometry(cfg), cfg.rk, cfg.rv, None, None,
                                           ts_, tactic, None, p.addr)
                 else:
                     p.launches = launches(src, d, hq, hkv, B, ctx, (1, ctx, ks._DENSE_WINDOW, 1, 1, 1, 0, 0), 0, 0,
@@ -197,8 +171,7 @@ def main() -> None:
                 p, ws, o = calls[name]
                 i = 0 if args.no_rotate else next(it)
                 if kind != "dense":
-                    cp = cptr_alt if kind in chks else cptr
-                    c = cp[i % len(cp)]
+                    c = cptr[i % len(cptr)]
                     p.set(q.data_ptr(), ws.data_ptr(), ws.data_ptr() + p.extra["parts"], c.lens, c.k_rec, c.v_rec,
                           c.k_ring, c.v_ring, o.data_ptr())
                 else:
@@ -215,7 +188,7 @@ def main() -> None:
                 f"{model} B={B} {ctx} {kind}: the stamped build's output differs"
             if kind == "sparse":
                 ref_out = calls["shipped"][2].clone()
-            elif kind in alts or kind in chks:
+            elif kind in alts:
                 assert torch.equal(ref_out.view(torch.int16), calls["shipped"][2].view(torch.int16)), \
                     f"{model} B={B} {ctx} {kind}: output differs from the shipped kernel's"
             t_ship = time_graph(lambda: call("shipped"), inner=args.inner, reps=10, stream=stream)
@@ -247,10 +220,9 @@ def main() -> None:
             print(row, flush=True)
             path = write_results(out_name, rows, meta({"reps": args.reps, "inner": args.inner,
                                                        "sparsity": args.sparsity, "no_rotate": args.no_rotate,
-                                                       "alts": {k: v[0] for k, v in {**alts, **chks}.items()}}))
+                                                       "alts": {k: v[0] for k, v in alts.items()}}))
             del g
         del caches
-        caches_alt = cptr_alt = None
         dense_caches = None
         torch.cuda.empty_cache()
     print_table(rows, ["model", "batch", "context", "kind", "tactic", "tiles_per_warp", "graph_us_shipped",

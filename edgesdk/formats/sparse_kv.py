@@ -19,15 +19,22 @@ word ``c // 64`` is set iff channel ``c`` is kept; exactly ``keep`` bits are set
 
 Layout choice (vs the paper's K tiles along tokens of one channel): per-token pruning makes every
 record the same size, so there is no per-tile offset array (MUSTAFAR's offsets + padding cost it ~15 %
-of dense), a record is found by ``token · R`` (the attention kernel splits tokens across blocks with
-no index), and appending a group of tokens is writing ``A`` records. The attention kernels decompress
+of dense), a record is found from its token index alone (the attention kernel splits tokens across blocks with
+no index), and appending a group of tokens is writing ``A`` records.
+
+In memory the records of one (sequence, KV head) are stored in **groups of 16 tokens, chunk-major**: 8-byte unit
+``k`` of the record of token ``t`` (its bytes ``8 k … 8 k + 7``; ``R`` is a multiple of 8) lies at byte
+``16 R · (t // 16) + 128 k + 8 · (t % 16)`` (:func:`records_to_physical`; the record capacity is a multiple of 16). The
+16 lanes of a GPU warp that load unit ``k`` of a tile's 16 records then read 128 contiguous bytes, where token-major
+records had them read 8 bytes every ``R`` (session 30: 1.03× median, up to 1.07×, on issue 7's shapes). The attention kernels decompress
 one record per lane (K and V into 16-token tensor-core tiles; the older tactic 0 computes K as a sparse
 dot product per token). Bytes per token and head at d = 64:
 70 % → 48 (0.375 of dense fp16), 50 % → 72 (0.5625), 0 % → 136 (1.0625).
 
 Cache of one sequence after ``L`` tokens (per KV head, for K and V alike)
 -------------------------------------------------------------------------
-tokens ``[0, n_comp)`` are records ``rec[t]`` (array ``[B, Hkv, capacity, R]`` uint8);
+tokens ``[0, n_comp)`` are records (array ``[B, Hkv, record_capacity, R]`` uint8, each ``[record_capacity, R]`` row
+in the chunk-major groups above: :func:`records_to_logical` gives ``rec[t]``);
 tokens ``[n_comp, L)`` are dense fp16 rows in a ring of ``C = window + group`` slots, token ``t`` in
 slot ``t % C`` (array ``[B, Hkv, C, head_dim]``);
 ``n_comp = ((L - window) // group) · group`` once ``L ≥ window + group``, else 0
@@ -44,6 +51,8 @@ import numpy as np
 from edgesdk.errors import EdgeSDKError, FormatError
 
 TILE = 64  # channels per bitmap word
+GROUP_TOKENS = 16  # records stored chunk-major per group of this many tokens
+CHUNK = 8  # bytes per unit of a record in a group
 HEAD_DIMS = (64, 128)
 MAX_GQA_GROUP = 8  # query heads per KV head the attention kernel serves (mma rows 0..7)
 _FIX = "rebuild the cache with edgesdk.formats.sparse_kv.SparseKVCache (prefill/append)"
@@ -220,8 +229,8 @@ class SparseKVConfig:
 
     @property
     def record_capacity(self) -> int:
-        """Record slots per (sequence, KV head): ``n_compressed(capacity)``."""
-        return max(1, self.n_compressed(self.capacity))
+        """Record slots per (sequence, KV head): ``n_compressed(capacity)`` rounded up to whole 16-token groups."""
+        return -(-max(1, self.n_compressed(self.capacity)) // GROUP_TOKENS) * GROUP_TOKENS
 
     def n_compressed(self, length: int) -> int:
         """Tokens held as records after ``length`` tokens."""
@@ -248,13 +257,48 @@ class SparseKVConfig:
         return lens.astype(np.int32)
 
 
+def _grouped(shape: tuple[int, ...]) -> tuple[int, ...]:
+    *lead, cap, r = shape
+    if cap % GROUP_TOKENS:
+        raise FormatError(f"sparse_kv records of shape {tuple(shape)}: {cap} record slots, not a multiple of "
+                          f"{GROUP_TOKENS} (records are stored in groups of {GROUP_TOKENS} tokens)",
+                          "allocate SparseKVConfig.record_capacity slots (state_shapes gives every state shape)")
+    if r % CHUNK:
+        raise FormatError(f"sparse_kv records of shape {tuple(shape)}: {r} bytes per record, not a multiple of "
+                          f"{CHUNK}", "use SparseKVConfig.rk / rv (record_bytes) as the last dimension")
+    return (*lead, cap // GROUP_TOKENS, GROUP_TOKENS, r // CHUNK, CHUNK)
+
+
+def records_to_physical(records: np.ndarray) -> np.ndarray:
+    """Records in token order ``[..., slots, R]`` → the stored layout (same shape): per group of 16 slots,
+    8-byte unit ``k`` of slot ``t`` at ``128 k + 8 t`` of the group's ``16 R`` bytes."""
+    records = np.asarray(records)
+    g = _grouped(records.shape)
+    return np.ascontiguousarray(records.reshape(g).swapaxes(-3, -2)).reshape(records.shape)
+
+
+def records_to_logical(stored: np.ndarray) -> np.ndarray:
+    """The stored layout ``[..., slots, R]`` → records in token order (``[..., t, :]`` is token t's record)."""
+    stored = np.asarray(stored)
+    *lead, ng, gt, nu, ch = _grouped(stored.shape)
+    return np.ascontiguousarray(stored.reshape(*lead, ng, nu, gt, ch).swapaxes(-3, -2)).reshape(stored.shape)
+
+
+def _put_record(stored: np.ndarray, b: int, t: int, recs: np.ndarray) -> None:
+    """Write token t's records of sequence b (``[Hkv, R]``) into the stored layout in place."""
+    B, H, cap, r = stored.shape
+    view = stored.reshape(B, H, cap // GROUP_TOKENS, r // CHUNK, GROUP_TOKENS, CHUNK)
+    view[b, :, t // GROUP_TOKENS, :, t % GROUP_TOKENS, :] = recs.reshape(H, r // CHUNK, CHUNK)
+
+
 @dataclass
 class SparseKVCache:
     """Host (numpy) model of the GPU cache: the same arrays, bytes and update rules.
 
     Attributes:
         config (SparseKVConfig): Geometry.
-        k_rec, v_rec (np.ndarray): ``uint8 [B, Hkv, record_capacity, rk / rv]``.
+        k_rec, v_rec (np.ndarray): ``uint8 [B, Hkv, record_capacity, rk / rv]``, the stored (chunk-major) layout:
+            the device's bytes; :func:`records_to_logical` gives the records in token order.
         k_ring, v_ring (np.ndarray): ``fp16 [B, Hkv, window + group, head_dim]``.
         lens (np.ndarray): ``int32 [B]`` tokens per sequence.
     """
@@ -289,13 +333,16 @@ class SparseKVCache:
             raise EdgeSDKError(f"prefill lens {lens.tolist()} do not fit K/V of {k.shape[2]} tokens, batch {k.shape[0]}",
                                "one length per sequence, each ≤ the tokens given")
         cache = cls.empty(c, k.shape[0])
+        k_log, v_log = records_to_logical(cache.k_rec), records_to_logical(cache.v_rec)
         for b, L in enumerate(lens.tolist()):
             nc = c.n_compressed(L)
-            cache.k_rec[b, :, :nc] = compress(k[b, :, :nc], c.keep_k)
-            cache.v_rec[b, :, :nc] = compress(v[b, :, :nc], c.keep_v)
+            k_log[b, :, :nc] = compress(k[b, :, :nc], c.keep_k)
+            v_log[b, :, :nc] = compress(v[b, :, :nc], c.keep_v)
             for t in range(nc, L):
                 cache.k_ring[b, :, t % c.ring] = k[b, :, t]
                 cache.v_ring[b, :, t % c.ring] = v[b, :, t]
+        cache.k_rec[:] = records_to_physical(k_log)
+        cache.v_rec[:] = records_to_physical(v_log)
         cache.lens[:] = lens
         return cache
 
@@ -311,8 +358,8 @@ class SparseKVCache:
             self.v_ring[b, :, (L - 1) % c.ring] = v_new[b]
             if L >= c.window + c.group and (L - c.window) % c.group == 0:
                 for t in range(L - c.window - c.group, L - c.window):
-                    self.k_rec[b, :, t] = compress(self.k_ring[b, :, t % c.ring], c.keep_k)
-                    self.v_rec[b, :, t] = compress(self.v_ring[b, :, t % c.ring], c.keep_v)
+                    _put_record(self.k_rec, b, t, compress(self.k_ring[b, :, t % c.ring], c.keep_k))
+                    _put_record(self.v_rec, b, t, compress(self.v_ring[b, :, t % c.ring], c.keep_v))
 
     def dense(self) -> tuple[np.ndarray, np.ndarray]:
         """Pruned dense K, V ``fp16 [B, Hkv, max(lens), head_dim]`` (zeros past each length); validates
@@ -322,13 +369,14 @@ class SparseKVCache:
         T = int(self.lens.max(initial=0))
         k = np.zeros((B, H, T, c.head_dim), np.float16)
         v = np.zeros_like(k)
+        k_log, v_log = records_to_logical(self.k_rec), records_to_logical(self.v_rec)
         for b, L in enumerate(self.lens.tolist()):
             nc = c.n_compressed(L)
             if nc > self.k_rec.shape[2]:
                 raise FormatError(f"sequence {b}: {nc} compressed tokens exceed the {self.k_rec.shape[2]} "
                                   "record slots", _FIX)
-            k[b, :, :nc] = decompress(self.k_rec[b, :, :nc], c.head_dim, c.keep_k)
-            v[b, :, :nc] = decompress(self.v_rec[b, :, :nc], c.head_dim, c.keep_v)
+            k[b, :, :nc] = decompress(k_log[b, :, :nc], c.head_dim, c.keep_k)
+            v[b, :, :nc] = decompress(v_log[b, :, :nc], c.head_dim, c.keep_v)
             for t in range(nc, L):
                 k[b, :, t] = self.k_ring[b, :, t % c.ring]
                 v[b, :, t] = self.v_ring[b, :, t % c.ring]

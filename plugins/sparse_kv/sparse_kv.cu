@@ -2,9 +2,12 @@
 // attention over it. Format: edgesdk/formats/sparse_kv.py (the numpy twin of every kernel here).
 //
 // Cache of one (sequence b, KV head h), for K and V alike, after L tokens:
-//   tokens [0, n_comp)  compressed records, fixed size R bytes each, token-major:
+//   tokens [0, n_comp)  compressed records, fixed size R bytes each (R % 8 == 0):
 //                       uint64 bitmap[D/64] (bit c = channel c kept) | fp16 kept values in channel
-//                       order | zero padding to KP = round_up(keep, 4) values
+//                       order | zero padding to KP = round_up(keep, 4) values;
+//                       stored in groups of 16 tokens, chunk-major: 8-byte unit k of token t's record at byte
+//                       16 R (t / 16) + 128 k + 8 (t % 16) of the (b, h) row (record capacity a multiple of 16),
+//                       so that 16 lanes loading unit k of a tile's 16 records read 128 contiguous bytes
 //   tokens [n_comp, L)  dense fp16 rows in a ring of C = W + A slots (token t lives in slot t % C)
 //   n_comp = L >= W + A ? ((L - W) / A) * A : 0       (W: dense window, A: append group)
 // Per-token pruning keeps exactly `keep` channels per token (largest |x|, ties to the lower channel),
@@ -95,6 +98,18 @@ __device__ __forceinline__ int n_compressed(int L, int W, int A) {
 
 __device__ __forceinline__ int round_up(int x, int m) { return (x + m - 1) / m * m; }
 
+// Records chunk-major in 16-token groups (see the top): bytes between a record's 8-byte units, and the byte offset of
+// the record of token index i (b, h row start + token; rows start on group boundaries) from the records' base.
+constexpr int kRecStride = 128;
+__device__ __forceinline__ size_t rec_offset(size_t i, int R) { return (i & ~static_cast<size_t>(15)) * R + (i & 15) * 8; }
+__device__ __forceinline__ uint2 rec_unit(const uint8_t* rec, int k) {
+  return *reinterpret_cast<const uint2*>(rec + kRecStride * k);
+}
+// Bitmap word j (32-bit) of a record.
+__device__ __forceinline__ uint32_t rec_word(const uint8_t* rec, int j) {
+  return reinterpret_cast<const uint32_t*>(rec + kRecStride * (j >> 1))[j & 1];
+}
+
 // Shared-memory carve-up of the attention kernel (the launcher computes the same total).
 template <int D, int GP>
 struct AttnSmem {
@@ -144,11 +159,11 @@ template <int NW>
 struct BitIter {
   uint32_t cur, n1, n2, n3;
   int base;
-  __device__ __forceinline__ void init(const uint32_t* w) {
-    cur = w[0];
-    n1 = NW > 1 ? w[NW > 1 ? 1 : 0] : 0u;
-    n2 = NW > 2 ? w[NW > 2 ? 2 : 0] : 0u;
-    n3 = NW > 3 ? w[NW > 3 ? 3 : 0] : 0u;
+  __device__ __forceinline__ void init(const uint8_t* rec, int w0 = 0) {  // bitmap words w0 .. w0 + NW - 1 of a record
+    cur = rec_word(rec, w0);
+    n1 = NW > 1 ? rec_word(rec, w0 + (NW > 1 ? 1 : 0)) : 0u;
+    n2 = NW > 2 ? rec_word(rec, w0 + (NW > 2 ? 2 : 0)) : 0u;
+    n3 = NW > 3 ? rec_word(rec, w0 + (NW > 3 ? 3 : 0)) : 0u;
     base = 0;
   }
   __device__ __forceinline__ int next() {
@@ -188,7 +203,8 @@ __device__ __forceinline__ void attn_split(
 
   // Issue every compressed byte of this split at once (K group, then V group): the V records land
   // while the K scores are computed, and no warp waits on DRAM once per tile.
-  const int nrec_all = max(0, min(t_end, n_comp) - t_begin);
+  // whole 16-token groups (records are chunk-major within them; t_begin is a multiple of 64, the capacity of 16)
+  const int nrec_all = round_up(max(0, min(t_end, n_comp) - t_begin), 16);
   {
     const uint8_t* ksrc = k_rec + (bh * cap + t_begin) * static_cast<size_t>(rk);
     for (int i = tid; i < nrec_all * rk / 8; i += kThreads) cp_async8(sm.kst + 8 * i, ksrc + 8 * i);
@@ -216,12 +232,11 @@ __device__ __forceinline__ void attn_split(
 #pragma unroll
     for (int g = 0; g < GP; ++g) s[g] = 0.f;
     if (t < n_comp) {
-      const uint8_t* rec = sm.kst + (t - t_begin) * rk;
+      const uint8_t* rec = sm.kst + rec_offset(t - t_begin, rk);
       BitIter<D / 32> it;
-      it.init(reinterpret_cast<const uint32_t*>(rec));
-      const uint2* vals = reinterpret_cast<const uint2*>(rec + D / 8);
+      it.init(rec);
       for (int j = 0; j < keep_k; j += 4) {
-        const uint2 raw = vals[j >> 2];
+        const uint2 raw = rec_unit(rec, D / 64 + (j >> 2));
         const __half2 h01 = *reinterpret_cast<const __half2*>(&raw.x);
         const __half2 h23 = *reinterpret_cast<const __half2*>(&raw.y);
         const float2 f01 = __half22float2(h01), f23 = __half22float2(h23);
@@ -327,25 +342,26 @@ __device__ __forceinline__ void attn_split(
       const int t = tb + r;
       __half* row = tile + r * TR + half * (D / 2);
       if (t < t_end && t < n_comp) {
-        const uint8_t* rec = sm.vst + (t - t_begin) * rv;
+        const uint8_t* rec = sm.vst + rec_offset(t - t_begin, rv);
         // Lane half 0 owns channels [0, D/2), half 1 owns [D/2, D): D/64 32-bit bitmap words each.
-        const uint32_t* bm = reinterpret_cast<const uint32_t*>(rec);
         constexpr int NWL = D / 64;
         int idx = 0;
         if (half) {
 #pragma unroll
-          for (int j = 0; j < NWL; ++j) idx += __popc(bm[j]);
+          for (int j = 0; j < NWL; ++j) idx += __popc(rec_word(rec, j));
         }
         BitIter<NWL> it;
-        it.init(bm + half * NWL);
+        it.init(rec, half * NWL);
         int nb = 0;
 #pragma unroll
-        for (int j = 0; j < NWL; ++j) nb += __popc(bm[half * NWL + j]);
+        for (int j = 0; j < NWL; ++j) nb += __popc(rec_word(rec, half * NWL + j));
         uint4* row4 = reinterpret_cast<uint4*>(row);
 #pragma unroll
         for (int i = 0; i < D / 16; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
-        const __half* vals = reinterpret_cast<const __half*>(rec + D / 8) + idx;
-        for (int j = 0; j < nb; ++j) row[it.next()] = vals[j];
+        for (int j = 0; j < nb; ++j) {  // value idx + j: byte D / 8 + 2 (idx + j) of the record
+          const int o = D / 8 + 2 * (idx + j);
+          row[it.next()] = *reinterpret_cast<const __half*>(rec + kRecStride * (o >> 3) + (o & 7));
+        }
       } else if (t < t_end) {
         const uint4* src = reinterpret_cast<const uint4*>(v_ring + (bh * C + (t % C)) * D + half * (D / 2));
         uint4* row4 = reinterpret_cast<uint4*>(row);
@@ -508,11 +524,11 @@ template <int NW>
 struct BitIterDesc {
   uint32_t cur, n1, n2, n3;
   int base;
-  __device__ __forceinline__ void init(const uint32_t* w) {
-    cur = w[NW - 1];
-    n1 = NW > 1 ? w[NW > 1 ? NW - 2 : 0] : 0u;
-    n2 = NW > 2 ? w[NW > 2 ? NW - 3 : 0] : 0u;
-    n3 = NW > 3 ? w[NW > 3 ? NW - 4 : 0] : 0u;
+  __device__ __forceinline__ void init(const uint8_t* rec) {  // the record's NW bitmap words
+    cur = rec_word(rec, NW - 1);
+    n1 = NW > 1 ? rec_word(rec, NW > 1 ? NW - 2 : 0) : 0u;
+    n2 = NW > 2 ? rec_word(rec, NW > 2 ? NW - 3 : 0) : 0u;
+    n3 = NW > 3 ? rec_word(rec, NW > 3 ? NW - 4 : 0) : 0u;
     base = 32 * (NW - 1);
   }
   __device__ __forceinline__ int next() {
@@ -556,18 +572,18 @@ struct RowWalk64 {
 
 __device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row) {
   zero_row64(row);
-  RowWalk64 wk(reinterpret_cast<const uint32_t*>(rec)[0], reinterpret_cast<const uint32_t*>(rec)[1], row);
-  const uint2* vals = reinterpret_cast<const uint2*>(rec + 8);
+  const uint2 bm = rec_unit(rec, 0);
+  RowWalk64 wk(bm.x, bm.y, row);
   int j = (keep - 1) & ~3;  // first value of the top (possibly partial) group of 4
   {
-    const uint2 raw = vals[j >> 2];
+    const uint2 raw = rec_unit(rec, 1 + (j >> 2));
     if (j + 3 < keep) wk.put(raw.y >> 16);
     if (j + 2 < keep) wk.put(raw.y & 0xffffu);
     if (j + 1 < keep) wk.put(raw.x >> 16);
     wk.put(raw.x & 0xffffu);
   }
   for (j -= 4; j >= 0; j -= 4) {
-    const uint2 raw = vals[j >> 2];
+    const uint2 raw = rec_unit(rec, 1 + (j >> 2));
     wk.put(raw.y >> 16);
     wk.put(raw.y & 0xffffu);
     wk.put(raw.x >> 16);
@@ -680,10 +696,9 @@ __device__ __forceinline__ void decode_row64_reg2(const uint4 (&r)[3], int keep,
   for (int ph = 0; ph < 4; ++ph) dec.part(ph);
 }
 
-__device__ __forceinline__ uint4 ldg_nc16(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+__device__ __forceinline__ uint2 ldg_nc8(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "l"(p));
   return r;
 }
 
@@ -699,18 +714,17 @@ __device__ __forceinline__ void decode_row_desc(const uint8_t* __restrict__ rec,
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
   BitIterDesc<D / 32> it;
-  it.init(reinterpret_cast<const uint32_t*>(rec));
-  const uint2* vals = reinterpret_cast<const uint2*>(rec + D / 8);
+  it.init(rec);
   int j = (keep - 1) & ~3;  // first value of the top (possibly partial) group of 4
   {
-    const uint2 raw = vals[j >> 2];
+    const uint2 raw = rec_unit(rec, D / 64 + (j >> 2));
     if (j + 3 < keep) row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.y >> 16));
     if (j + 2 < keep) row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.y & 0xffffu));
     if (j + 1 < keep) row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.x >> 16));
     row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.x & 0xffffu));
   }
   for (j -= 4; j >= 0; j -= 4) {
-    const uint2 raw = vals[j >> 2];
+    const uint2 raw = rec_unit(rec, D / 64 + (j >> 2));
     row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.y >> 16));
     row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.y & 0xffffu));
     row[it.next()] = __ushort_as_half(static_cast<unsigned short>(raw.x >> 16));
@@ -898,8 +912,8 @@ __device__ __forceinline__ void attn2_split(
 #pragma unroll 1
           for (int j = 4; j < nv; ++j) cp_async8_u32(st_issue + kbytes + 256 * j, vg + 256 * j);
         }
-      } else {  // rare (code size matters more than speed here)
-        const int nrec = max(0, ncomp_end - tb);
+      } else {  // rare (code size matters more than speed here); a group's records are spread over all of it
+        const int nrec = ncomp_end > tb ? 16 : 0;
 #pragma unroll 1
         for (int e = lane; e < nrec * rk / 8; e += 32) cp_async8_u32(st_issue - 8 * lane + 8 * e, kg - 8 * lane + 8 * e);
 #pragma unroll 1
@@ -937,17 +951,19 @@ __device__ __forceinline__ void attn2_split(
   const bool dv = lane >= 16;  // decode role: lanes 0-15 K rows, 16-31 V rows
   __half* drow = (dv ? vt : kt) + dr * TR;
   const int dkeep = dv ? keep_v : keep_k;
-  const int doff = dv ? kbytes + dr * rv : dr * rk;
+  const int doff = dv ? kbytes + 8 * dr : 8 * dr;  // this lane's record in a slot (chunk-major records)
   const __half* dring = (dv ? v_ring : k_ring) + bh * C * D;
   // REG (48-byte records on 16-byte aligned arrays, the launcher checks both): this lane's record of tiles i, i + 1,
   // i + 2 in registers, three 16-byte loads per tile, two tiles ahead.
-  const uint8_t* rsrc = (dv ? v_rec : k_rec) + (bh * cap + t_begin + warp * 16 + dr) * static_cast<size_t>(rk);
+  const uint8_t* rsrc = (dv ? v_rec : k_rec) + rec_offset(bh * cap + t_begin + warp * 16 + dr, rk);
   auto rload = [&](int ii, uint4 (&r)[3]) {
     if (REG && ii < cnt && t_begin + (warp + ii * NW) * 16 + dr < ncomp_end) {
       const uint8_t* src = rsrc + static_cast<size_t>(ii) * NW * 16 * rk;
-      r[0] = ldg_nc16(src);
-      r[1] = ldg_nc16(src + 16);
-      r[2] = ldg_nc16(src + 32);
+#pragma unroll
+      for (int j = 0; j < 3; ++j) {  // units 2 j, 2 j + 1 of the record: 128 contiguous bytes per load over 16 lanes
+        const uint2 lo = ldg_nc8(src + 2 * j * kRecStride), hi = ldg_nc8(src + (2 * j + 1) * kRecStride);
+        r[j] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+      }
     }
   };
   uint4 ra[3] = {}, rb2[3] = {}, rc[3] = {};
@@ -1311,16 +1327,20 @@ __device__ __forceinline__ void compress_token(const __half* __restrict__ src, u
 #pragma unroll
     for (int j = 0; j < D / 64; ++j)
       if (j == lane) w = static_cast<uint64_t>(km[2 * j]) | (static_cast<uint64_t>(km[2 * j + 1]) << 32);
-    reinterpret_cast<uint64_t*>(dst)[lane] = w;
+    *reinterpret_cast<uint64_t*>(dst + kRecStride * lane) = w;  // bitmap word `lane` is unit `lane`
   }
-  __half* vals = reinterpret_cast<__half*>(dst + D / 8);
+  // value v: byte D / 8 + 2 v of the record, i.e. unit (D / 8 + 2 v) / 8 (dst: the record, chunk-major)
+  auto val = [&](int v) {
+    const int o = D / 8 + 2 * v;
+    return reinterpret_cast<__half*>(dst + kRecStride * (o >> 3) + (o & 7));
+  };
   int before = 0;
 #pragma unroll
   for (int e = 0; e < E; ++e) {
-    if (kf[e]) vals[before + __popc(km[e] & lt)] = x[e];
+    if (kf[e]) *val(before + __popc(km[e] & lt)) = x[e];
     before += __popc(km[e]);
   }
-  if (lane < kp - keep) vals[keep + lane] = __ushort_as_half(0);
+  if (lane < kp - keep) *val(keep + lane) = __ushort_as_half(0);
 }
 
 template <int D>
@@ -1344,8 +1364,8 @@ __device__ __forceinline__ void prefill(
   const __half* vs = v_src + (bh * S + t) * D;
   if (t < n_comp) {
     if (t >= cap) return;
-    compress_token<D>(ks, k_rec + (bh * cap + t) * static_cast<size_t>(rk), keep_k, (rk - D / 8) / 2);
-    compress_token<D>(vs, v_rec + (bh * cap + t) * static_cast<size_t>(rv), keep_v, (rv - D / 8) / 2);
+    compress_token<D>(ks, k_rec + rec_offset(bh * cap + t, rk), keep_k, (rk - D / 8) / 2);
+    compress_token<D>(vs, v_rec + rec_offset(bh * cap + t, rv), keep_v, (rv - D / 8) / 2);
   } else {
     copy_row<D>(ks, k_ring + (bh * C + t % C) * D);
     copy_row<D>(vs, v_ring + (bh * C + t % C) * D);
@@ -1376,9 +1396,9 @@ __device__ __forceinline__ void append(
   if (L < W + A || (L - W) % A != 0) return;
   const int t = L - W - A + i;
   if (t >= cap) return;
-  compress_token<D>(k_ring + (bh * C + t % C) * D, k_rec + (bh * cap + t) * static_cast<size_t>(rk), keep_k,
+  compress_token<D>(k_ring + (bh * C + t % C) * D, k_rec + rec_offset(bh * cap + t, rk), keep_k,
                     (rk - D / 8) / 2);
-  compress_token<D>(v_ring + (bh * C + t % C) * D, v_rec + (bh * cap + t) * static_cast<size_t>(rv), keep_v,
+  compress_token<D>(v_ring + (bh * C + t % C) * D, v_rec + rec_offset(bh * cap + t, rv), keep_v,
                     (rv - D / 8) / 2);
 }
 

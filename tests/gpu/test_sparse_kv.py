@@ -54,12 +54,13 @@ def gpu_prefill(cfg, k, v, lens):
 def assert_same_cache(cfg, g: GpuCache, host: f.SparseKVCache):
     lens = g.lens.cpu().numpy()
     assert np.array_equal(lens, host.lens)
-    k_rec, v_rec = g.k_rec.cpu().numpy(), g.v_rec.cpu().numpy()
+    k_rec, v_rec = (f.records_to_logical(x.cpu().numpy()) for x in (g.k_rec, g.v_rec))  # stored chunk-major
     k_ring, v_ring = g.k_ring.cpu().numpy(), g.v_ring.cpu().numpy()
     for b, L in enumerate(lens.tolist()):
         nc = cfg.n_compressed(L)
-        assert np.array_equal(k_rec[b, :, :nc], host.k_rec[b, :, :nc]), f"K records of sequence {b} differ"
-        assert np.array_equal(v_rec[b, :, :nc], host.v_rec[b, :, :nc]), f"V records of sequence {b} differ"
+        hk, hv = f.records_to_logical(host.k_rec), f.records_to_logical(host.v_rec)
+        assert np.array_equal(k_rec[b, :, :nc], hk[b, :, :nc]), f"K records of sequence {b} differ"
+        assert np.array_equal(v_rec[b, :, :nc], hv[b, :, :nc]), f"V records of sequence {b} differ"
         slots = [t % cfg.ring for t in range(nc, L)]
         assert np.array_equal(k_ring[b, :, slots].view(np.uint16), host.k_ring[b, :, slots].view(np.uint16))
         assert np.array_equal(v_ring[b, :, slots].view(np.uint16), host.v_ring[b, :, slots].view(np.uint16))
@@ -332,7 +333,7 @@ def test_record_words_empty_d64(tactic):
             a[..., small] = np.clip(a[..., small], -0.9, 0.9)
             x[:, :, sel] = a.astype(np.float16)
     host = f.SparseKVCache.prefill(cfg, k, v, lens)
-    bm = host.k_rec[0, 0, :6, :8].copy().view(np.uint64)[:, 0]
+    bm = f.records_to_logical(host.k_rec)[0, 0, :6, :8].copy().view(np.uint64)[:, 0]
     assert bm[0] == 0xFFFFFFFF and bm[1] == 0xFFFFFFFF00000000  # the edge cases are really there
     g = gpu_prefill(cfg, k, v, lens)
     assert_same_cache(cfg, g, host)

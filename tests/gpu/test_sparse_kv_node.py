@@ -68,10 +68,12 @@ def test_run_node_equals_the_reference_steps(d, hq, hkv, ks_, vs_, aliased):
         tol = 2e-3 + 4e-3 * np.abs(expect)
         assert (err <= tol).all(), f"S={S}: {(err > tol).sum()} of {err.size} outside tolerance, worst {err.max():.3g}"
         k_rec, v_rec, k_ring, v_ring = (t.cpu().numpy() for t in new)
+        k_rec, v_rec = (f.records_to_logical(x.view(np.uint8)) for x in (k_rec, v_rec))  # stored chunk-major
+        hk, hv = f.records_to_logical(host.k_rec), f.records_to_logical(host.v_rec)
         for b, L in enumerate(lengths.tolist()):
             nc = cfg.n_compressed(L)
-            assert np.array_equal(k_rec[b, :, :nc].view(np.uint8), host.k_rec[b, :, :nc]), f"K records, S={S}, b={b}"
-            assert np.array_equal(v_rec[b, :, :nc].view(np.uint8), host.v_rec[b, :, :nc]), f"V records, S={S}, b={b}"
+            assert np.array_equal(k_rec[b, :, :nc], hk[b, :, :nc]), f"K records, S={S}, b={b}"
+            assert np.array_equal(v_rec[b, :, :nc], hv[b, :, :nc]), f"V records, S={S}, b={b}"
             slots = [t % cfg.ring for t in range(nc, L)]
             assert np.array_equal(k_ring[b, :, slots].view(np.uint16), host.k_ring[b, :, slots].view(np.uint16))
             assert np.array_equal(v_ring[b, :, slots].view(np.uint16), host.v_ring[b, :, slots].view(np.uint16))
