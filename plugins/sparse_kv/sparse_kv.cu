@@ -954,7 +954,7 @@ __device__ __forceinline__ void attn2_split(
   const int doff = dv ? kbytes + 8 * dr : 8 * dr;  // this lane's record in a slot (chunk-major records)
   const __half* dring = (dv ? v_ring : k_ring) + bh * C * D;
   // REG (48-byte records on 16-byte aligned arrays, the launcher checks both): this lane's record of tiles i, i + 1,
-  // i + 2 in registers, three 16-byte loads per tile, two tiles ahead.
+  // i + 2 in registers, six 8-byte loads per tile (units 0-5, chunk-major), two tiles ahead.
   const uint8_t* rsrc = (dv ? v_rec : k_rec) + rec_offset(bh * cap + t_begin + warp * 16 + dr, rk);
   auto rload = [&](int ii, uint4 (&r)[3]) {
     if (REG && ii < cnt && t_begin + (warp + ii * NW) * 16 + dr < ncomp_end) {
