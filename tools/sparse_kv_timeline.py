@@ -10,8 +10,8 @@ block then stamps ``%globaltimer`` and ``clock64`` at the phase boundaries of ``
 first tile decoded (pipelined kernels), 1 the same after the record buffers moved, 2 warp 0's tiles done, 3 every warp's
 tiles done, 4 partials written, 5 the merge hand-over's atomic returned, 6 the last block's merge done; 7 holds the SM)
 into a ``__device__`` array (the shipped kernels have no stamps: without the macro the SASS is unchanged). With
-stream-K (tactic 5) a block's stamps are those of its last segment. Per shape it runs the default plan (sparse, ``--sparsity``) and our dense streaming
-kernel (``--dense-tactic``, at its heuristic split) in CUDA graphs of ``--inner`` calls over caches rotated beyond L2,
+stream-K (tactic 5) a block's stamps are those of its last segment. Per shape it runs the default plan (sparse,
+``--sparsity``) and our dense streaming kernel (``--dense-tactic``, at its heuristic split) in CUDA graphs of ``--inner`` calls over caches rotated beyond L2,
 reads the stamps the last call of each replay left, and reports per phase the median over blocks (µs, from ``clock64``
 converted by each block's own ``globaltimer`` / ``clock64`` ratio) and, from ``globaltimer``, the spread of block
 starts, when the last block finished its split and when the merge finished, all from the first block's start. Beside
@@ -46,8 +46,8 @@ from edgesdk.formats.sparse_kv import SparseKVConfig  # noqa: E402
 
 SHAPES = [("llama3.2-1b", 1, 4096), ("llama3.2-1b", 1, 32768), ("llama3.2-1b", 4, 16384), ("llama3.2-1b", 16, 4096),
           ("llama3.2-1b", 16, 32768), ("smollm2-135m", 4, 32768), ("smollm2-135m", 16, 4096)]
-PHASES = [("start_to_first_decode", 0, 8), ("start_to_first_tile", 0, 1), ("tiles", 1, 2), ("wait_other_warps", 2, 3), ("block_merge", 3, 4),
-          ("hand_over", 4, 5), ("merge", 5, 6)]
+PHASES = [("start_to_first_decode", 0, 8), ("start_to_first_tile", 0, 1), ("tiles", 1, 2), ("wait_other_warps", 2, 3),
+          ("block_merge", 3, 4), ("hand_over", 4, 5), ("merge", 5, 6)]
 
 
 def timeline_source(tmp: Path, src: Path | None = None) -> Path:

@@ -24,10 +24,10 @@ no index), and appending a group of tokens is writing ``A`` records.
 
 In memory the records of one (sequence, KV head) are stored in **groups of 16 tokens, chunk-major**: 8-byte unit
 ``k`` of the record of token ``t`` (its bytes ``8 k … 8 k + 7``; ``R`` is a multiple of 8) lies at byte
-``16 R · (t // 16) + 128 k + 8 · (t % 16)`` (:func:`records_to_physical`; the record capacity is a multiple of 16). The
-16 lanes of a GPU warp that load unit ``k`` of a tile's 16 records then read 128 contiguous bytes, where token-major
-records had them read 8 bytes every ``R`` (session 30: 1.03× median, up to 1.07×, on issue 7's shapes). The attention kernels decompress
-one record per lane (K and V into 16-token tensor-core tiles; the older tactic 0 computes K as a sparse
+``16 R · (t // 16) + 128 k + 8 · (t % 16)`` (:func:`records_to_physical`; the record capacity is a multiple of
+16). The 16 lanes of a GPU warp that load unit ``k`` of a tile's 16 records then read 128 contiguous bytes, where
+token-major records had them read 8 bytes every ``R`` (session 30: 1.03× median, up to 1.07×, on issue 7's shapes).
+The attention kernels decompress one record per lane (K and V into 16-token tensor-core tiles; the older tactic 0 computes K as a sparse
 dot product per token). Bytes per token and head at d = 64:
 70 % → 48 (0.375 of dense fp16), 50 % → 72 (0.5625), 0 % → 136 (1.0625).
 

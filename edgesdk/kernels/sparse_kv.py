@@ -132,8 +132,8 @@ def _warps(head_dim: int, tactic: int, warps: int | None) -> int:
     if tactic in WIDE_WARPS or tactic == STREAM_K:
         w = WIDE_WARPS.get(tactic, 16)
         if head_dim != 64 or warps not in (None, w):
-            raise EdgeSDKError(f"sparse_kv tactic {tactic} (WIDE_FUSED / WIDE16_FUSED / STREAM_K) at d = {head_dim} with "
-                               f"warps={warps}", f"it exists for d = 64 with {w} warps; use tactic 2 elsewhere")
+            raise EdgeSDKError(f"sparse_kv tactic {tactic} (WIDE_FUSED / WIDE16_FUSED / STREAM_K) at d = {head_dim} "
+                               f"with warps={warps}", f"it exists for d = 64 with {w} warps; use tactic 2 elsewhere")
         return w
     if warps in (None, WARPS2):
         return WARPS2
