@@ -101,7 +101,9 @@ __device__ __forceinline__ int round_up(int x, int m) { return (x + m - 1) / m *
 // Records chunk-major in 16-token groups (see the top): bytes between a record's 8-byte units, and the byte offset of
 // the record of token index i (b, h row start + token; rows start on group boundaries) from the records' base.
 constexpr int kRecStride = 128;
-__device__ __forceinline__ size_t rec_offset(size_t i, int R) { return (i & ~static_cast<size_t>(15)) * R + (i & 15) * 8; }
+__device__ __forceinline__ size_t rec_offset(size_t i, int R) {
+  return (i & ~static_cast<size_t>(15)) * R + (i & 15) * 8;
+}
 __device__ __forceinline__ uint2 rec_unit(const uint8_t* rec, int k) {
   return *reinterpret_cast<const uint2*>(rec + kRecStride * k);
 }
