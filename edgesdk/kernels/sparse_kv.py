@@ -263,27 +263,6 @@ REG_PIPE_TILE_COST = 0.72
 WIDE_MIN_SMS = 100
 
 
-#: :func:`default_tactic`: where it gives WIDE16_FUSED, STREAM_K instead when :func:`_stream_k_wins` prices it lower
-#: (session 30); False: the rule before (for measurements).
-STREAM_K_DEFAULT = True
-#: ... the model's fixed cost of a wave of blocks and of a block's second segment, in tiles per warp: ≈ 8 and ≈ 5 µs at
-#: the ≈ 1.4 µs per tile per warp of session 30's block timelines (start, merge, launch; tactic 5 against 4 on
-#: one-wave shapes).
-SK_WAVE_COST = 5.7
-SK_SEGMENT_COST = 3.6
-
-
-def _stream_k_wins(pairs: int, sms: int, max_len: int, tokens_per_split: int, splits: int) -> bool:
-    """Whether STREAM_K beats tactic 4's plan (``tokens_per_split``, ``splits``) in the model: tactic 4 costs its waves
-    times (a wave's fixed cost + the tiles each warp walks), tactic 5 one wave's and one segment's fixed cost + an equal
-    share of all tiles per warp."""
-    waves = math.ceil(pairs * splits / sms)
-    t4 = waves * (SK_WAVE_COST + tokens_per_split / (TILE2 * 16))
-    total = pairs * math.ceil(max(1, max_len) / TILE2)
-    t5 = SK_WAVE_COST + SK_SEGMENT_COST + total / (min(sms, total) * 16)
-    return t5 < t4
-
-
 def _tile_cost(pairs: int, sms: int, tokens_per_split: int, splits: int) -> float:
     """Model of a streaming plan's time in tiles: the blocks one SM gets (``⌈pairs · splits / sms⌉``) times the
     tiles each runs (``tokens_per_split / 16``), plus MERGE_COST per split of a (sequence, KV head) for the merge."""
@@ -331,8 +310,7 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
                 narrow = plan(64, num_q_heads, num_kv_heads, rk, rv, batch, max_len, sms, tactic=STREAM)
                 if (REG_PIPE_TILE_COST if pipe else 1.0) * _tile_cost(pairs, sms, *wide16) < _tile_cost(pairs, sms,
                                                                                                       *narrow):
-                    return STREAM_K if STREAM_K_DEFAULT and _stream_k_wins(pairs, sms, max_len, *wide16) else \
-                        WIDE16_FUSED
+                    return WIDE16_FUSED
     if tiles_per_sm > FUSED_MAX_TILES_PER_SM:
         return STREAM
     _, ns = plan(head_dim, num_q_heads, num_kv_heads, 0, 0, batch, max_len, sms, tokens_per_split, STREAM_FUSED)
