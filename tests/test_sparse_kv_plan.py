@@ -15,8 +15,39 @@ def test_plan_ranges(tactic, batch, max_len, sms):
     cfg = SparseKVConfig(64, 32, 8, 0.7, 0.7, 32768)
     ts, ns = ks.plan_cache(cfg, batch, max_len, sms=sms, tactic=tactic)
     cap = ks.max_tokens_per_split(64, 4, cfg.rk, cfg.rv) if tactic == ks.SPLIT_V1 else ks.MAX_TOKENS_PER_SPLIT2
+    if tactic == ks.WIDE16_FUSED:  # 48-byte records: the wave model's splits
+        cap = ks.MAX_TOKENS_PER_SPLIT_WAVE
     assert ts % 64 == 0 and 64 <= ts <= cap
     assert ns == max(1, math.ceil(max_len / ts))
+
+
+def test_wave_split():
+    """Tactic 4 with 48-byte records on >= 100 SMs: per wave count w the most splits per pair that fit w waves, the
+    plan priced lowest by waves * (WAVE_COST_TILES + tiles per warp); other records and small GPUs: one wave, capped."""
+    assert ks.WAVE_COST_TILES == 5.0
+    # Llama-like B = 8, 24000 tokens (64 pairs, 94 units of 256 tokens): w = 1: 2 splits of 47 units (12032 tokens),
+    # 1 wave, cost 5 + 47 = 52; w = 2: 4 of 24 (6144), 2 waves, 58; w = 3: 6 of 16, 3 waves, 63 ... -> 12032.
+    # The one-wave rule capped it at 8192 tokens: 3 splits, 192 blocks, 2 waves (measured 98.0 vs 71.5 µs, H100).
+    assert ks.plan(64, 32, 8, 48, 48, 8, 24000, sms=132, tactic=ks.WIDE16_FUSED) == (12032, 2)
+    # SmolLM2-like B = 16, 32768 (48 pairs, 128 units): w = 1: 2 of 64, cost 69; w = 2: 5 of 26 (6656), 240 blocks,
+    # 2 waves, 62; w = 3: 8 of 16, 3 waves, 63; w = 4: 11 of 12, 4 waves, 68 -> 6656 tokens, 5 splits.
+    assert ks.plan(64, 9, 3, 48, 48, 16, 32768, sms=132, tactic=ks.WIDE16_FUSED) == (6656, 5)
+    # Llama-like B = 16, 32768 (128 pairs): w = 1 is one split per pair: 1 wave of 128 tiles per warp, cost 133;
+    # w = 2: 2 splits, 2 waves of 64 + 5 -> 138.
+    assert ks.plan(64, 32, 8, 48, 48, 16, 32768, sms=132, tactic=ks.WIDE16_FUSED) == (32768, 1)
+    # few pairs: as before (one wave, most splits)
+    assert ks.plan(64, 32, 8, 48, 48, 1, 4096, sms=132, tactic=ks.WIDE16_FUSED) == (256, 16)
+    # not for other record sizes (staged kernels, 50 %) nor on 16 SMs: one wave, at most MAX_TOKENS_PER_SPLIT2
+    cfg50 = SparseKVConfig(64, 32, 8, 0.5, 0.5, 32768)
+    assert ks.plan(64, 32, 8, cfg50.rk, cfg50.rv, 8, 24000, sms=132, tactic=ks.WIDE16_FUSED) == (8192, 3)
+    assert ks.plan(64, 32, 8, 48, 48, 8, 24000, sms=16, tactic=ks.WIDE16_FUSED) == (8192, 3)
+    # a forced split beyond MAX_TOKENS_PER_SPLIT2 is taken there only
+    assert ks.plan(64, 32, 8, 48, 48, 1, 20000, sms=132, tokens_per_split=12288, tactic=ks.WIDE16_FUSED) == (12288, 2)
+    with pytest.raises(EdgeSDKError, match="multiple of 256"):
+        ks.plan(64, 32, 8, cfg50.rk, cfg50.rv, 1, 20000, sms=132, tokens_per_split=12288, tactic=ks.WIDE16_FUSED)
+    # the default tactic is still priced at the one-wave split (unchanged choices)
+    assert ks.default_tactic(64, 32, 8, 8, 24000, sms=132, rk=48, rv=48) == ks.WIDE16_FUSED
+    assert ks.default_tactic(64, 12, 12, 12, 8192, sms=132, rk=48, rv=48) == ks.STREAM
 
 
 def test_plan_rejects_bad_tactic_and_split():
@@ -185,9 +216,10 @@ def test_wide16_default_rule(monkeypatch):
     c70 = SparseKVConfig(64, 32, 8, 0.7, 0.7, 32768)
     c50 = SparseKVConfig(64, 32, 8, 0.5, 0.5, 32768)
     s70 = SparseKVConfig(64, 9, 3, 0.7, 0.7, 32768)
-    # (cfg, B, ctx) -> (tokens per split, splits); Llama B=1 32k: 124 tiles/SM, 8 pairs x 16 splits = 128 blocks
+    # (cfg, B, ctx) -> (tokens per split, splits); Llama B=1 32k: 124 tiles/SM, 8 pairs x 16 splits = 128 blocks;
+    # B=16 16k: one split per pair (the wave model, test_wave_split; one wave capped at 8192 tokens: 2 waves)
     picks = [(c70, 1, 32768, (2048, 16)), (c70, 4, 16384, (4096, 4)), (c70, 4, 32768, (8192, 4)),
-             (c70, 16, 4096, (4096, 1)), (c70, 16, 16384, (8192, 2)), (s70, 4, 16384, (1536, 11)),
+             (c70, 16, 4096, (4096, 1)), (c70, 16, 16384, (16384, 1)), (s70, 4, 16384, (1536, 11)),
              (s70, 4, 32768, (3072, 11))]
     for cfg, b, ctx, plan in picks:
         assert ks.default_tactic(64, cfg.num_q_heads, cfg.num_kv_heads, b, ctx, sms=132, rk=cfg.rk, rv=cfg.rv) \

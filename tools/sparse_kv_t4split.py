@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tactic 4's split (tokens per split) swept per wave count, beside the default plan (session 31).
 
-Tactic 4 (``WIDE16_FUSED``) takes the fewest tiles per warp whose grid fits one wave (``plan``), capped at
+Until session 31 tactic 4 (``WIDE16_FUSED``) took the fewest tiles per warp whose grid fits one wave, capped at
 :data:`~edgesdk.kernels.sparse_kv.MAX_TOKENS_PER_SPLIT2` tokens; where there are more (sequence, KV head) pairs than
 SMs, or the cap cuts the split, it runs several waves, and each wave pays the fixed cost measured by
 ``tools/sparse_kv_timeline.py``. This tool times, per shape, tactic 4 at the largest number of splits per pair that
@@ -9,9 +9,13 @@ fits w waves, for w = 1 … ``--waves`` (the cap lifted for the measurement), be
 the same caches: CUDA-graph replays over caches rotated beyond L2, all plans taking turns over ``--rounds`` rounds,
 medians. Every plan's output is compared with the default's (different splits: equal within fp16 rounding).
 
-Shapes: issue 7's 18 at 70 % (``--set issue7``; the fit set) or shapes that work did not use (``--set unseen``).
+Where the default is tactic 4 and its split differs from the one-wave split it took before the wave model
+(:func:`~edgesdk.kernels.sparse_kv._wave_split`, session 31), that plan is timed too ("old").
 
-Usage: python tools/sparse_kv_t4split.py [--set issue7|unseen] [--rounds N] [--waves W] [--out NAME]
+Shapes: issue 7's 18 at 70 % (``--set issue7``; the fit set), 18 others timed in the same run as the fit
+(``--set unseen``), or 18 drawn after the fit (``--set unseen2``).
+
+Usage: python tools/sparse_kv_t4split.py [--set issue7|unseen|unseen2] [--rounds N] [--waves W] [--out NAME]
 """
 
 from __future__ import annotations
@@ -39,6 +43,12 @@ UNSEEN = [("qwen2.5-0.5b", 4, 32768), ("qwen2.5-0.5b", 16, 20000), ("qwen2.5-0.5
           ("gqa2-16", 8, 24000), ("gqa2-16", 20, 6000), ("gqa2-16", 24, 32768),
           ("llama3.2-1b", 8, 24000), ("llama3.2-1b", 24, 8192), ("llama3.2-1b", 32, 32768),
           ("smollm2-135m", 8, 32768), ("smollm2-135m", 32, 12000), ("smollm2-135m", 64, 16384)]
+# drawn after the wave model was fit (seeded draw of shapes whose default is tactic 4: 14 the model changes, 4 it keeps)
+UNSEEN2 = [("gqa2-16", 39, 12251), ("gqa2-16", 30, 31707), ("qwen2.5-0.5b", 42, 32768), ("mha-12", 34, 20480),
+           ("tinyllama", 47, 32731), ("mha-12", 16, 12251), ("gqa2-16", 33, 28172), ("gqa2-16", 39, 6144),
+           ("mha-12", 6, 21467), ("llama3.2-1b", 48, 22491), ("gqa2-16", 33, 32768), ("smollm2-135m", 20, 30720),
+           ("gqa2-16", 11, 30720), ("mha-12", 8, 30720), ("smollm2-135m", 11, 9179), ("qwen2.5-0.5b", 17, 12288),
+           ("llama3.2-1b", 31, 5120), ("tinyllama", 15, 4620)]
 SPARSITY = 0.7  # 48-byte records: the register-record (and, from 6 tiles per warp, pipelined) kernels
 
 
@@ -61,7 +71,7 @@ def wave_plans(pairs: int, sms: int, max_len: int, waves: int) -> list[tuple[int
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--set", choices=("issue7", "unseen"), default="issue7")
+    ap.add_argument("--set", choices=("issue7", "unseen", "unseen2"), default="issue7")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--waves", type=int, default=6)
     ap.add_argument("--out", default=None)
@@ -76,7 +86,7 @@ def main() -> None:
     sms = ks.sm_count()
     rows = []
     out_name = args.out or f"sparse_kv_t4split_{args.set}_{meta()['commit']}"
-    shapes = ISSUE7 if args.set == "issue7" else UNSEEN
+    shapes = {"issue7": ISSUE7, "unseen": UNSEEN, "unseen2": UNSEEN2}[args.set]
     cap0 = ks.MAX_TOKENS_PER_SPLIT2
     for model, B, ctx in shapes:
         hq, hkv = MODELS[model]
@@ -89,6 +99,9 @@ def main() -> None:
         dts, dns = ks.plan_cache(cfg, B, ctx)
         heur4 = ks.plan_cache(cfg, B, ctx, tactic=ks.WIDE16_FUSED)
         plans = {"default": (default, dts, dns)}
+        old_ts = ks._one_wave_split(B * hkv, sms, ctx, 256) if default == ks.WIDE16_FUSED else None
+        if old_ts is not None and old_ts != dts:  # tactic 4's plan before the wave model (one wave, capped)
+            plans["old"] = (ks.WIDE16_FUSED, old_ts, math.ceil(ctx / old_ts))
         for w, ts, s in wave_plans(B * hkv, sms, ctx, args.waves):
             plans[f"w{w}_{ts}"] = (ks.WIDE16_FUSED, ts, s)
         calls = {}
@@ -107,6 +120,7 @@ def main() -> None:
                 ks.decode_attention(cfg, B, ctx, q.data_ptr(), c, o.data_ptr(), ws.data_ptr(), raw,
                                     tokens_per_split=None if name == "default" else ts,
                                     tactic=None if name == "default" else tactic)
+            # "old" is tactic 4 at the one-wave split: forced, like the candidates
             finally:
                 ks.MAX_TOKENS_PER_SPLIT2 = cap0
 
@@ -135,7 +149,9 @@ def main() -> None:
                "default_tactic": default, "default_tokens_per_split": dts, "default_us": med["default"],
                "t4_heuristic_tokens_per_split": heur4[0], "candidates": cands,
                "best_tokens_per_split": best["tokens_per_split"], "best_waves": best["waves"], "best_us": best["us"],
-               "default_over_best": med["default"] / best["us"]}
+               "default_over_best": med["default"] / best["us"],
+               "old_tokens_per_split": old_ts if "old" in med else dts, "old_us": med.get("old", med["default"]),
+               "old_over_default": med.get("old", med["default"]) / med["default"]}
         rows.append(row)
         print({k_: v_ for k_, v_ in row.items() if k_ != "candidates"}, flush=True)
         path = write_results(out_name, rows, meta({"rounds": args.rounds, "set": args.set, "sparsity": SPARSITY}))
@@ -143,7 +159,12 @@ def main() -> None:
         cptr = calls = None
         torch.cuda.empty_cache()
     print_table(rows, ["model", "batch", "context", "default_tactic", "default_tokens_per_split", "default_us",
-                       "best_tokens_per_split", "best_waves", "best_us", "default_over_best"])
+                       "old_tokens_per_split", "old_us", "old_over_default", "best_tokens_per_split", "best_us",
+                       "default_over_best"])
+    ch = [r["old_over_default"] for r in rows if r["old_tokens_per_split"] != r["default_tokens_per_split"]]
+    if ch:
+        print(f"default (wave model) vs tactic 4 at the one-wave split, where they differ: {len(ch)} shapes, median "
+              f"{statistics.median(ch):.3f} ({min(ch):.3f}-{max(ch):.3f})")
     print(f"wrote {path}")
 
 

@@ -160,6 +160,14 @@ REGISTER_RECORDS = True
 PIPE_MIN_TILES_PER_WARP = 6
 #: False: never the pipelined kernels (for measurements); set it before a call shape's first call.
 PIPELINED_RECORDS = True
+#: Tactic 4 with register records (48-byte records, 16 warps, d = 64) on a GPU of at least :data:`WIDE_MIN_SMS` SMs
+#: splits by the wave model of :func:`_wave_split` instead of one wave capped at :data:`MAX_TOKENS_PER_SPLIT2`, up to
+#: this many tokens per split (session 31, ``docs/sparse_kv.md``).
+MAX_TOKENS_PER_SPLIT_WAVE = 1 << 20
+#: :func:`_wave_split`'s fixed cost of a wave of blocks, in 16-token tiles per warp (launch, the first records' latency,
+#: the block merge and the hand-over: ≈ 8 µs at ≈ 1.4 µs per tile, session 30's timelines). Fit on issue 7's 18 shapes
+#: (every value in 4-5.5 picks the fastest measured plan on all of them), checked on 14 others (session 31).
+WAVE_COST_TILES = 5.0
 
 
 def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, batch: int, max_len: int,
@@ -191,15 +199,18 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
         return _plan_stream_k(batch * num_kv_heads, max_len, sms, tokens_per_split)
     g = num_q_heads // num_kv_heads
     cap = max_tokens_per_split(head_dim, g, rk, rv) if tactic == SPLIT_V1 else MAX_TOKENS_PER_SPLIT2
+    wave = tactic == WIDE16_FUSED and head_dim == 64 and rk == rv == REG_RECORD_BYTES  # the register records' plans
+    if wave:
+        cap = MAX_TOKENS_PER_SPLIT_WAVE
     if tokens_per_split is None:
         sms = sms or sm_count()
-        if tactic == SPLIT_V1:
+        if wave and sms >= WIDE_MIN_SMS:
+            tokens_per_split = _wave_split(batch * num_kv_heads, sms, max_len)
+        elif tactic == SPLIT_V1:
             want = math.ceil(max(1, max_len) * batch * num_kv_heads / (4 * sms))
             tokens_per_split = min(cap, max(128, -(-want // 64) * 64))
         elif tactic in WIDE_WARPS:
-            unit = TILE2 * warps
-            per_seq = max(1, sms // max(1, batch * num_kv_heads))  # splits per (sequence, KV head) in one wave
-            tokens_per_split = min(cap // unit * unit, unit * max(1, math.ceil(max(1, max_len) / (unit * per_seq))))
+            tokens_per_split = _one_wave_split(batch * num_kv_heads, sms, max_len, TILE2 * warps)
         else:
             tiles_per_sm = batch * num_kv_heads * math.ceil(max(1, max_len) / TILE2) / sms
             k = max(1, round(math.sqrt(tiles_per_sm) / 1.6))
@@ -209,6 +220,34 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
         raise EdgeSDKError(f"tokens_per_split={tokens_per_split} must be a multiple of {unit} in [{unit}, {cap}]",
                            "leave it None for the heuristic")
     return tokens_per_split, max(1, math.ceil(max(1, max_len) / tokens_per_split))
+
+
+def _one_wave_split(pairs: int, sms: int, max_len: int, unit: int) -> int:
+    """Tokens per split of the wide tactics (``unit`` = 16 tokens per warp): the fewest whose grid fits one block per
+    SM, at most :data:`MAX_TOKENS_PER_SPLIT2`."""
+    per_seq = max(1, sms // max(1, pairs))  # splits per (sequence, KV head) in one wave
+    return min(MAX_TOKENS_PER_SPLIT2 // unit * unit, unit * max(1, math.ceil(max(1, max_len) / (unit * per_seq))))
+
+
+def _wave_split(pairs: int, sms: int, max_len: int, warps: int = 16) -> int:
+    """Tokens per split of tactic 4 with register records: for each wave count w, the most splits per (sequence, KV
+    head) pair whose blocks fit w waves of one block per SM; of those plans the one that :data:`WAVE_COST_TILES` prices
+    lowest, ``waves · (WAVE_COST_TILES + tiles per warp)`` (ties: fewer waves). One split per pair when the pairs
+    alone fill the waves; splits beyond :data:`MAX_TOKENS_PER_SPLIT2` where fewer waves pay (session 31: Llama-like
+    B = 8, 24000 tokens: 98.0 µs with 8192-token splits in 2 waves, 71.5 µs with 12032 in one, H100)."""
+    unit = TILE2 * warps
+    units = -(-max(1, max_len) // unit)
+    best = None
+    for w in range(1, -(-pairs // sms) + 6):
+        s = min(units, max(1, w * sms // pairs))
+        ts = unit * -(-units // s)
+        waves = -(-pairs * -(-max(1, max_len) // ts) // sms)
+        cost = waves * (WAVE_COST_TILES + ts // TILE2 // warps)
+        if best is None or cost < best[0]:
+            best = (cost, ts)
+        if s == units:
+            break
+    return best[1]
 
 
 def stream_k_blocks(pairs: int, max_len: int, tokens_per_split: int) -> tuple[int, int, int]:
@@ -303,7 +342,9 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
         pairs = batch * num_kv_heads
         if (rk is not None and rv is not None
                 and smem_bytes2(64, rk, rv, WIDE_WARPS[WIDE16_FUSED]) + 16 <= (smem or smem_optin())):
-            wide16 = plan(64, num_q_heads, num_kv_heads, rk, rv, batch, max_len, sms, tactic=WIDE16_FUSED)
+            # priced at the one-wave split (the rule was fit so; tactic 4 then runs _wave_split's where that applies)
+            ts16 = _one_wave_split(pairs, sms, max_len, TILE2 * WIDE_WARPS[WIDE16_FUSED])
+            wide16 = (ts16, math.ceil(max(1, max_len) / ts16))
             pipe = (uses_register_records(64, rk, rv, WIDE_WARPS[WIDE16_FUSED])
                     and uses_pipelined_records(wide16[0], WIDE_WARPS[WIDE16_FUSED]))
             if tiles_per_sm <= WIDE16_MAX_TILES_PER_SM or pipe:

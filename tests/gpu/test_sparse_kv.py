@@ -207,6 +207,30 @@ def test_register_records(sk, sv, monkeypatch):
     check_attention(gpu_attention(cfg, g, q, S, None, ks.WIDE16_FUSED), expect)
 
 
+def test_long_splits(monkeypatch):
+    """Tactic 4 with register records takes splits beyond MAX_TOKENS_PER_SPLIT2 (the wave model, session 31): 12288
+    tokens (48 tiles per warp, two splits of the longest sequence), one split of the whole length, and the heuristic,
+    on ragged lengths with window and padding rows; against float64, and bit for bit against the staged kernels."""
+    d, hq, hkv, lens = 64, 8, 2, [20001, 9000, 1]
+    rng = np.random.default_rng(31)
+    S = max(lens) + 3
+    cfg = f.SparseKVConfig(d, hq, hkv, 0.7, 0.7, S)
+    k, v = make(rng, len(lens), hkv, S, d)
+    host = f.SparseKVCache.prefill(cfg, k, v, lens)
+    g = gpu_prefill(cfg, k, v, lens)
+    q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
+    expect = ref.cache_attention(host, q)
+    one = -(-S // 256) * 256
+    assert one > ks.MAX_TOKENS_PER_SPLIT2
+    for tps in (None, 12288, one):
+        out = gpu_attention(cfg, g, q, S, tps, ks.WIDE16_FUSED)
+        check_attention(out, expect)
+        monkeypatch.setattr(ks, "REGISTER_RECORDS", False)
+        staged = gpu_attention(cfg, g, q, S, tps, ks.WIDE16_FUSED)
+        monkeypatch.undo()
+        assert np.array_equal(out.view(np.uint16), staged.view(np.uint16))
+
+
 @pytest.mark.parametrize("hq,hkv", [(9, 3), (4, 2)])
 def test_merge_many_splits(hq, hkv):
     """More splits than one pass of the fused merge holds (32 or fewer): several passes per head, in every fused
