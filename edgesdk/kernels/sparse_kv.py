@@ -189,7 +189,10 @@ def plan(head_dim: int, num_q_heads: int, num_kv_heads: int, rk: int, rv: int, b
     :data:`WIDE_FUSED` / :data:`WIDE16_FUSED` (W = 8 / 16 warps): the fewest tiles per warp ``k``
     (``tokens_per_split = 16 W k``) whose grid ``B · Hkv · ⌈max_len / 16 W k⌉`` fits one block per SM: few
     splits to merge, all of them in flight
-    (``bench/results/sparse_kv_warps*.json``, ``docs/sparse_kv.md``, session 25)."""
+    (``bench/results/sparse_kv_warps*.json``, ``docs/sparse_kv.md``, session 25); at most
+    :data:`MAX_TOKENS_PER_SPLIT2`. Except :data:`WIDE16_FUSED` with 48-byte records (the register-record kernels) on
+    ≥ :data:`WIDE_MIN_SMS` SMs: :func:`_wave_split`'s plan, up to :data:`MAX_TOKENS_PER_SPLIT_WAVE` tokens per split
+    (session 31)."""
     if tactic is None:
         tactic = default_tactic(head_dim, num_q_heads, num_kv_heads, batch, max_len, sms, tokens_per_split, rk=rk, rv=rv)
     if tactic not in TACTICS:
