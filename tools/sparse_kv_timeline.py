@@ -66,6 +66,7 @@ def analyse(st: np.ndarray, nblocks: int, fused: bool) -> dict:
     """One call's stamps ``st[blk, k, (globaltimer, clock)]`` -> phase durations and a few global instants (µs)."""
     st = st[:nblocks].astype(np.float64)
     st = st[st[:, 4, 0] > 0]  # blocks past the sequence's end return before stamping anything but stamp 0
+    fused = fused and bool((st[:, 5, 0] > 0).any())  # one split per pair: the block merge writes the output (no 5, 6)
     t0 = st[:, 0, 0].min()
     gt, ck = st[:, :, 0], st[:, :, 1]
     last = 5 if fused else 4

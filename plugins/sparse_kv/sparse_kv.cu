@@ -1195,6 +1195,11 @@ __device__ __forceinline__ void attn2_split(
   // Workspace: uint32 counters[round_up(B * Hq, 4)] (fused merge), then the split partials.
   unsigned int* counters = reinterpret_cast<unsigned int*>(ws);
   float* part0 = ws + round_up(nbatch * Hq, 4) + (static_cast<size_t>(b) * Hq + h * G) * NS * PR;  // head g, split s: (g * NS + s) * PR
+  // The only split of (b, h) that starts below L (one split per pair, or a short sequence): the block merge writes the
+  // output itself, no partial, hand-over or merge. Same bits as merge_last1 with one split (its weight exp2(0) = 1,
+  // den = l, acc = O).
+  const bool direct = fuse && ns_work == 1;
+  __half* dst = out + (static_cast<size_t>(b) * Hq + h * G) * D;
   for (int e = tid; e < G * D; e += 32 * NW) {
     const int g = e / D, c = e % D;
     const float* w0 = reinterpret_cast<const float*>(smem_raw) + g * PR;
@@ -1208,12 +1213,16 @@ __device__ __forceinline__ void attn2_split(
       lsum = fmaf(f, w0[w * wstride + 1], lsum);
       a = fmaf(f, w0[w * wstride + 2 + c], a);
     }
+    if (direct) {
+      dst[e] = lsum > 0.f ? __float2half_rn(a / lsum) : __float2half_rn(0.f);
+      continue;
+    }
     float* part = part0 + (static_cast<size_t>(g) * NS + split) * PR;
     part[2 + c] = a;
     if (c == 0) { part[0] = M; part[1] = lsum; }
   }
-  SKV_STAMP(4);  // thread 0's share of the block merge done, partials issued
-  if (!fuse) return;
+  SKV_STAMP(4);  // thread 0's share of the block merge done, partials issued (direct: output stores issued)
+  if (!fuse || direct) return;
   // Last block of this (b, h) merges all splits. One acquire-release add by thread 0 between two barriers orders
   // every thread's partial stores before the count (release, cumulative through the barrier) and the last block's
   // merge loads after all the others' (acquire, then the barrier): CUTLASS's semaphore pattern, in place of a
