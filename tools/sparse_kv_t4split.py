@@ -13,9 +13,9 @@ Where the default is tactic 4 and its split differs from the one-wave split it t
 (:func:`~edgesdk.kernels.sparse_kv._wave_split`, session 31), that plan is timed too ("old").
 
 Shapes: issue 7's 18 at 70 % (``--set issue7``; the fit set), 18 others timed in the same run as the fit
-(``--set unseen``), or 18 drawn after the fit (``--set unseen2``).
+(``--set unseen``), 18 drawn after the fit (``--set unseen2``), or 14 whose default is tactic 1 (``--set t1rule``).
 
-Usage: python tools/sparse_kv_t4split.py [--set issue7|unseen|unseen2] [--rounds N] [--waves W] [--out NAME]
+Usage: python tools/sparse_kv_t4split.py [--set issue7|unseen|unseen2|t1rule] [--rounds N] [--waves W] [--out NAME]
 """
 
 from __future__ import annotations
@@ -49,6 +49,12 @@ UNSEEN2 = [("gqa2-16", 39, 12251), ("gqa2-16", 30, 31707), ("qwen2.5-0.5b", 42, 
            ("mha-12", 6, 21467), ("llama3.2-1b", 48, 22491), ("gqa2-16", 33, 32768), ("smollm2-135m", 20, 30720),
            ("gqa2-16", 11, 30720), ("mha-12", 8, 30720), ("smollm2-135m", 11, 9179), ("qwen2.5-0.5b", 17, 12288),
            ("llama3.2-1b", 31, 5120), ("tinyllama", 15, 4620)]
+# drawn (seeded) among shapes whose default is tactic 1 and where tactic 4 priced at the wave model's plan would take
+# over with at most one block per pair and SM (pairs <= SMs): the candidate rule of session 31 for that choice
+T1RULE = [("llama3.2-1b", 9, 10931), ("tinyllama", 24, 18371), ("llama3.2-1b", 9, 17075), ("smollm2-135m", 27, 13251),
+          ("tinyllama", 18, 14336), ("mha-12", 5, 19123), ("smollm2-135m", 20, 23552), ("smollm2-135m", 24, 13312),
+          ("smollm2-135m", 19, 21171), ("qwen2.5-0.5b", 52, 19456), ("qwen2.5-0.5b", 36, 25267),
+          ("smollm2-135m", 34, 25600), ("tinyllama", 11, 32707), ("qwen2.5-0.5b", 36, 28611)]
 SPARSITY = 0.7  # 48-byte records: the register-record (and, from 6 tiles per warp, pipelined) kernels
 
 
@@ -71,7 +77,7 @@ def wave_plans(pairs: int, sms: int, max_len: int, waves: int) -> list[tuple[int
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--set", choices=("issue7", "unseen", "unseen2"), default="issue7")
+    ap.add_argument("--set", choices=("issue7", "unseen", "unseen2", "t1rule"), default="issue7")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--waves", type=int, default=6)
     ap.add_argument("--out", default=None)
@@ -86,7 +92,7 @@ def main() -> None:
     sms = ks.sm_count()
     rows = []
     out_name = args.out or f"sparse_kv_t4split_{args.set}_{meta()['commit']}"
-    shapes = {"issue7": ISSUE7, "unseen": UNSEEN, "unseen2": UNSEEN2}[args.set]
+    shapes = {"issue7": ISSUE7, "unseen": UNSEEN, "unseen2": UNSEEN2, "t1rule": T1RULE}[args.set]
     cap0 = ks.MAX_TOKENS_PER_SPLIT2
     for model, B, ctx in shapes:
         hq, hkv = MODELS[model]
