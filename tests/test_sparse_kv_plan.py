@@ -45,9 +45,19 @@ def test_wave_split():
     assert ks.plan(64, 32, 8, 48, 48, 1, 20000, sms=132, tokens_per_split=12288, tactic=ks.WIDE16_FUSED) == (12288, 2)
     with pytest.raises(EdgeSDKError, match="multiple of 256"):
         ks.plan(64, 32, 8, cfg50.rk, cfg50.rv, 1, 20000, sms=132, tokens_per_split=12288, tactic=ks.WIDE16_FUSED)
-    # the default tactic is still priced at the one-wave split (unchanged choices)
+    # the default tactic is priced at the one-wave split first (choices as before) ...
     assert ks.default_tactic(64, 32, 8, 8, 24000, sms=132, rk=48, rv=48) == ks.WIDE16_FUSED
-    assert ks.default_tactic(64, 12, 12, 12, 8192, sms=132, rk=48, rv=48) == ks.STREAM
+    # ... and where that leaves tactic 1 with register records and pairs <= SMs, at the wave plan again. TinyLlama-like
+    # B = 11, 32707 tokens (44 pairs): one-wave split 8192 (capped): 2 blocks per SM x 512 tiles + 0.5 x 4 splits = 1026,
+    # x 0.72 = 739 > tactic 1's 11 x 64 + 0.5 x 32 = 720 (1024-token splits); wave plan 11008 (3 splits, one wave):
+    # 688 + 1.5 = 689.5, x 0.72 = 496 < 720 -> tactic 4 (measured 84.1 -> 65.1 µs, H100, session 31)
+    assert ks._tile_cost(44, 132, 1024, 32) == 720 and ks.plan(64, 32, 4, 48, 48, 11, 32707, sms=132,
+                                                               tactic=ks.STREAM) == (1024, 32)
+    assert ks.plan(64, 32, 4, 48, 48, 11, 32707, sms=132, tactic=ks.WIDE16_FUSED) == (11008, 3)
+    assert ks.default_tactic(64, 32, 4, 11, 32707, sms=132, rk=48, rv=48) == ks.WIDE16_FUSED
+    assert ks.default_tactic(64, 32, 4, 11, 32707, sms=132, rk=cfg50.rk, rv=cfg50.rv) == ks.STREAM  # staged records
+    assert ks.default_tactic(64, 32, 4, 11, 32707, sms=16, rk=48, rv=48) != ks.WIDE16_FUSED  # small GPUs
+    assert ks.default_tactic(64, 12, 12, 12, 8192, sms=132, rk=48, rv=48) == ks.STREAM  # 144 pairs > 132 SMs
 
 
 def test_plan_rejects_bad_tactic_and_split():

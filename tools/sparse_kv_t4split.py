@@ -80,6 +80,7 @@ def main() -> None:
     ap.add_argument("--set", choices=("issue7", "unseen", "unseen2", "t1rule"), default="issue7")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--waves", type=int, default=6)
+    ap.add_argument("--shapes", default=None, help="model:B:ctx,... instead of --set (models of MODELS)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -91,8 +92,10 @@ def main() -> None:
     raw = stream.cuda_stream
     sms = ks.sm_count()
     rows = []
-    out_name = args.out or f"sparse_kv_t4split_{args.set}_{meta()['commit']}"
+    out_name = args.out or f"sparse_kv_t4split_{'shapes' if args.shapes else args.set}_{meta()['commit']}"
     shapes = {"issue7": ISSUE7, "unseen": UNSEEN, "unseen2": UNSEEN2, "t1rule": T1RULE}[args.set]
+    if args.shapes:
+        shapes = [(m, int(b), int(c)) for m, b, c in (x.split(":") for x in args.shapes.split(","))]
     cap0 = ks.MAX_TOKENS_PER_SPLIT2
     for model, B, ctx in shapes:
         hq, hkv = MODELS[model]
@@ -105,6 +108,8 @@ def main() -> None:
         dts, dns = ks.plan_cache(cfg, B, ctx)
         heur4 = ks.plan_cache(cfg, B, ctx, tactic=ks.WIDE16_FUSED)
         plans = {"default": (default, dts, dns)}
+        if default != ks.STREAM:  # tactic 1 at its heuristic, for the tactic 1 / 4 choice
+            plans["t1"] = (ks.STREAM, *ks.plan_cache(cfg, B, ctx, tactic=ks.STREAM))
         old_ts = ks._one_wave_split(B * hkv, sms, ctx, 256) if default == ks.WIDE16_FUSED else None
         if old_ts is not None and old_ts != dts:  # tactic 4's plan before the wave model (one wave, capped)
             plans["old"] = (ks.WIDE16_FUSED, old_ts, math.ceil(ctx / old_ts))
@@ -157,7 +162,8 @@ def main() -> None:
                "best_tokens_per_split": best["tokens_per_split"], "best_waves": best["waves"], "best_us": best["us"],
                "default_over_best": med["default"] / best["us"],
                "old_tokens_per_split": old_ts if "old" in med else dts, "old_us": med.get("old", med["default"]),
-               "old_over_default": med.get("old", med["default"]) / med["default"]}
+               "old_over_default": med.get("old", med["default"]) / med["default"],
+               "t1_us": med.get("t1", med["default"] if default == ks.STREAM else None)}
         rows.append(row)
         print({k_: v_ for k_, v_ in row.items() if k_ != "candidates"}, flush=True)
         path = write_results(out_name, rows, meta({"rounds": args.rounds, "set": args.set, "sparsity": SPARSITY}))

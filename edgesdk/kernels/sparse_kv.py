@@ -328,13 +328,16 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
     an Orin's 16). Records that 16-warp blocks decode from registers take :data:`WIDE16_FUSED` instead of
     :data:`WIDE_FUSED` from :data:`REG_WIDE16_MIN_TILES_PER_SM` tiles per SM (session 28); where tactic 4's plan takes
     the pipelined kernels, :func:`_tile_cost` prices its tiles at :data:`REG_PIPE_TILE_COST` and the
-    :data:`WIDE16_MAX_TILES_PER_SM` limit does not apply (session 29). ``wide=False``: the rule
+    :data:`WIDE16_MAX_TILES_PER_SM` limit does not apply (session 29). Where that leaves tactic 1, register records
+    and at most one (sequence, KV head) pair per SM, tactic 4 is priced again at :func:`_wave_split`'s plan (if that
+    takes the pipelined kernels) and taken if lower (session 31: 1.12x / 1.13x median over 14 unseen shapes, H100 / H200). ``wide=False``: the rule
     before them. Fit to
     ``bench/results/sparse_kv_warps_h200_e1a9128.json`` and ``…_h100_a07d27a.json`` (36 shapes at ≥ 4k each)
     and checked on shapes it was not fit on (``docs/sparse_kv.md``, session 25)."""
     smem = ORIN_SMEM_OPTIN if sms else None
     sms = sms or sm_count()
     tiles_per_sm = batch * num_kv_heads * math.ceil(max(1, max_len) / TILE2) / sms
+    wave_wins = False  # tactic 4 at _wave_split's plan priced below tactic 1's (session 31; used where tactic 1 is left)
     if wide and head_dim == 64 and tokens_per_split is None and sms >= WIDE_MIN_SMS:
         if tiles_per_sm <= WIDE_MAX_TILES_PER_SM:
             if (tiles_per_sm >= REG_WIDE16_MIN_TILES_PER_SM and rk is not None and rv is not None
@@ -355,10 +358,16 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
                 if (REG_PIPE_TILE_COST if pipe else 1.0) * _tile_cost(pairs, sms, *wide16) < _tile_cost(pairs, sms,
                                                                                                       *narrow):
                     return WIDE16_FUSED
+            if uses_register_records(64, rk, rv, WIDE_WARPS[WIDE16_FUSED]) and pairs <= sms:
+                tsw = _wave_split(pairs, sms, max_len)
+                narrow = plan(64, num_q_heads, num_kv_heads, rk, rv, batch, max_len, sms, tactic=STREAM)
+                wave_wins = (uses_pipelined_records(tsw, WIDE_WARPS[WIDE16_FUSED])
+                             and REG_PIPE_TILE_COST * _tile_cost(pairs, sms, tsw, math.ceil(max(1, max_len) / tsw))
+                             < _tile_cost(pairs, sms, *narrow))
     if tiles_per_sm > FUSED_MAX_TILES_PER_SM:
-        return STREAM
+        return WIDE16_FUSED if wave_wins else STREAM
     _, ns = plan(head_dim, num_q_heads, num_kv_heads, 0, 0, batch, max_len, sms, tokens_per_split, STREAM_FUSED)
-    return STREAM_FUSED if ns <= FUSED_MAX_SPLITS else STREAM
+    return STREAM_FUSED if ns <= FUSED_MAX_SPLITS else (WIDE16_FUSED if wave_wins else STREAM)
 
 
 def plan_cache(cfg: SparseKVConfig, batch: int, max_len: int, sms: int | None = None,
