@@ -252,10 +252,16 @@ def test_wide16_default_rule(monkeypatch):
         monkeypatch.setattr(ks, "PIPELINED_RECORDS", False)
         assert ks.default_tactic(64, hq, hkv, b, ctx, sms=132, rk=cfg.rk, rv=cfg.rv) == old, (hq, b, ctx)
         monkeypatch.setattr(ks, "PIPELINED_RECORDS", True)
-    # still tactic 1 where the model prices it lower even so: MHA-12-like B=6, 9k (tile costs 358.5 vs 1025 x 0.72;
-    # measured 0.87x for tactic 4, session 29)
+    # at the one-wave plan tactic 1 stays priced lower: MHA-12-like B=6, 9k (tile costs 358.5 vs 1025 x 0.72; tactic 4
+    # at 8192-token splits measured 0.87x, session 29); at the wave plan (3072 tokens, 3 splits, 2 waves) tactic 4 is
+    # priced 2 x 192 + 1.5 = 385.5, x 0.72 = 277.6, and taken (session 31: 48.9 -> 43.4 µs, H100)
     assert ks._tile_cost(72, 132, 704, 13) == 8 * 44 + 6.5 and ks._tile_cost(72, 132, 8192, 2) == 2 * 512 + 1
+    assert ks.plan(64, 12, 12, c70.rk, c70.rv, 6, 9000, sms=132, tactic=ks.WIDE16_FUSED) == (3072, 3)
+    assert ks._tile_cost(72, 132, 3072, 3) == 385.5
+    assert ks.default_tactic(64, 12, 12, 6, 9000, sms=132, rk=c70.rk, rv=c70.rv) == ks.WIDE16_FUSED
+    monkeypatch.setattr(ks, "PIPELINED_RECORDS", False)  # the rule before session 29 (and so before 31)
     assert ks.default_tactic(64, 12, 12, 6, 9000, sms=132, rk=c70.rk, rv=c70.rv) == ks.STREAM
+    monkeypatch.setattr(ks, "PIPELINED_RECORDS", True)
     assert ks.smem_bytes2(64, c50.rk, c50.rv, 16) > ks.ORIN_SMEM_OPTIN >= ks.smem_bytes2(64, c70.rk, c70.rv, 16) + 16
     assert ks.node_plan(c70, 4, sms=132)[0] == ks.WIDE16_FUSED
 
