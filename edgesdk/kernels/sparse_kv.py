@@ -165,7 +165,7 @@ PIPELINED_RECORDS = True
 #: this many tokens per split (session 31, ``docs/sparse_kv.md``).
 MAX_TOKENS_PER_SPLIT_WAVE = 1 << 20
 #: :func:`_wave_split`'s fixed cost of a wave of blocks, in 16-token tiles per warp (launch, the first records' latency,
-#: the block merge and the hand-over: ≈ 8 µs at ≈ 1.4 µs per tile, session 30's timelines). Fit on issue 7's 18 shapes
+#: the block merge and the hand-over: ≈ 8 µs at ≈ 1.4 µs per tile, session 30's timelines). Fit on issue 7's shapes
 #: (every value in 4-5.5 picks the fastest measured plan on all of them), checked on 14 others (session 31).
 WAVE_COST_TILES = 5.0
 
@@ -330,8 +330,8 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
     the pipelined kernels, :func:`_tile_cost` prices its tiles at :data:`REG_PIPE_TILE_COST` and the
     :data:`WIDE16_MAX_TILES_PER_SM` limit does not apply (session 29). Where that leaves tactic 1, register records
     and at most one (sequence, KV head) pair per SM, tactic 4 is priced again at :func:`_wave_split`'s plan (if that
-    takes the pipelined kernels) and taken if lower (session 31: 1.12x / 1.13x median over 14 unseen shapes, H100 / H200). ``wide=False``: the rule
-    before them. Fit to
+    takes the pipelined kernels) and taken if lower (session 31: 1.12x / 1.13x median over 14 unseen shapes, H100 /
+    H200). ``wide=False``: the rule before them. Fit to
     ``bench/results/sparse_kv_warps_h200_e1a9128.json`` and ``…_h100_a07d27a.json`` (36 shapes at ≥ 4k each)
     and checked on shapes it was not fit on (``docs/sparse_kv.md``, session 25)."""
     smem = ORIN_SMEM_OPTIN if sms else None
