@@ -130,8 +130,7 @@ def main() -> None:
             try:
                 ks.decode_attention(cfg, B, ctx, q.data_ptr(), c, o.data_ptr(), ws.data_ptr(), raw,
                                     tokens_per_split=None if name == "default" else ts,
-                                    tactic=None if name == "default" else tactic)
-            # "old" is tactic 4 at the one-wave split: forced, like the candidates
+                                    tactic=None if name == "default" else tactic)  # others forced, "old" too
             finally:
                 ks.MAX_TOKENS_PER_SPLIT2 = cap0
 
