@@ -120,6 +120,16 @@ def make(rng, B, hkv, S, d):
     return k, v
 
 
+def prefilled(rng, cfg, lens, S):
+    """Random K, V of ``S`` tokens prefilled into the GPU cache for ``lens``, a random q and the float64 reference
+    attention over the host cache: ``(gpu cache, q, expected)``."""
+    k, v = make(rng, len(lens), cfg.num_kv_heads, S, cfg.head_dim)
+    host = f.SparseKVCache.prefill(cfg, k, v, lens)
+    g = gpu_prefill(cfg, k, v, lens)
+    q = rng.standard_normal((len(lens), cfg.num_q_heads, cfg.head_dim)).astype(np.float16)
+    return g, q, ref.cache_attention(host, q)
+
+
 CASES = [  # (d, hq, hkv, k_sparsity, v_sparsity, lens)
     (64, 32, 8, 0.7, 0.7, [1001, 37, 1]),
     (64, 9, 3, 0.5, 0.7, [777, 2049]),
@@ -215,11 +225,7 @@ def test_long_splits(monkeypatch):
     rng = np.random.default_rng(31)
     S = max(lens) + 3
     cfg = f.SparseKVConfig(d, hq, hkv, 0.7, 0.7, S)
-    k, v = make(rng, len(lens), hkv, S, d)
-    host = f.SparseKVCache.prefill(cfg, k, v, lens)
-    g = gpu_prefill(cfg, k, v, lens)
-    q = rng.standard_normal((len(lens), hq, d)).astype(np.float16)
-    expect = ref.cache_attention(host, q)
+    g, q, expect = prefilled(rng, cfg, lens, S)
     one = -(-S // 256) * 256
     assert one > ks.MAX_TOKENS_PER_SPLIT2
     for tps in (None, 12288, one):
