@@ -353,14 +353,13 @@ def default_tactic(head_dim: int, num_q_heads: int, num_kv_heads: int, batch: in
             wide16 = (ts16, math.ceil(max(1, max_len) / ts16))
             pipe = (uses_register_records(64, rk, rv, WIDE_WARPS[WIDE16_FUSED])
                     and uses_pipelined_records(wide16[0], WIDE_WARPS[WIDE16_FUSED]))
+            narrow = plan(64, num_q_heads, num_kv_heads, rk, rv, batch, max_len, sms, tactic=STREAM)
             if tiles_per_sm <= WIDE16_MAX_TILES_PER_SM or pipe:
-                narrow = plan(64, num_q_heads, num_kv_heads, rk, rv, batch, max_len, sms, tactic=STREAM)
                 if (REG_PIPE_TILE_COST if pipe else 1.0) * _tile_cost(pairs, sms, *wide16) < _tile_cost(pairs, sms,
                                                                                                       *narrow):
                     return WIDE16_FUSED
             if uses_register_records(64, rk, rv, WIDE_WARPS[WIDE16_FUSED]) and pairs <= sms:
                 tsw = _wave_split(pairs, sms, max_len)
-                narrow = plan(64, num_q_heads, num_kv_heads, rk, rv, batch, max_len, sms, tactic=STREAM)
                 wave_wins = (uses_pipelined_records(tsw, WIDE_WARPS[WIDE16_FUSED])
                              and REG_PIPE_TILE_COST * _tile_cost(pairs, sms, tsw, math.ceil(max(1, max_len) / tsw))
                              < _tile_cost(pairs, sms, *narrow))
