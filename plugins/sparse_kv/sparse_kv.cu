@@ -956,7 +956,7 @@ __device__ __forceinline__ void attn2_split(
   const int doff = dv ? kbytes + 8 * dr : 8 * dr;  // this lane's record in a slot (chunk-major records)
   const __half* dring = (dv ? v_ring : k_ring) + bh * C * D;
   // REG (48-byte records on 16-byte aligned arrays, the launcher checks both): this lane's record of tiles i, i + 1,
-  // i + 2 in registers, six 8-byte loads per tile (units 0-5, chunk-major), two tiles ahead.
+  // i + 2 in registers (PIPE: of tiles i + 1, i + 2), six 8-byte loads per tile (units 0-5, chunk-major).
   const uint8_t* rsrc = (dv ? v_rec : k_rec) + rec_offset(bh * cap + t_begin + warp * 16 + dr, rk);
   auto rload = [&](int ii, uint4 (&r)[3]) {
     if (REG && ii < cnt && t_begin + (warp + ii * NW) * 16 + dr < ncomp_end) {
@@ -1058,17 +1058,33 @@ __device__ __forceinline__ void attn2_split(
       }
       return tb + 16 > ncomp_end;  // warp-uniform
     };
+    // Two record buffers (session 32): ra holds the record decoded during the current tile's multiply, rb2 the one
+    // loading; a third (session 29's) bought no latency, since the move into rb2 waited for its load anyway, and it
+    // held the first multiply until three tiles' records had arrived. Loads by a pointer advanced per tile.
+    const size_t rstep = static_cast<size_t>(NW) * 16 * rk;
+    const uint8_t* rp = rsrc + 2 * rstep;
+    int trow = t_begin + (warp + 2 * NW) * 16 + dr;  // row < ncomp_end implies the tile is one of this warp's (< cnt)
+    auto rnext = [&](uint4 (&r)[3]) {  // this lane's record of the warp's tile 2, 3, ... (one per call)
+      if (trow < ncomp_end) {
+#pragma unroll
+        for (int j = 0; j < 3; ++j) {
+          const uint2 lo = ldg_nc8(rp + 2 * j * kRecStride), hi = ldg_nc8(rp + (2 * j + 1) * kRecStride);
+          r[j] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+        }
+      }
+      rp += rstep;
+      trow += NW * 16;
+    };
     if (cnt > 0) {
-      rload(2, rc);
       if (decode_tile(0, ra, 0)) { cp_async_commit(); cp_async_wait<0>(); }
       SKV_STAMP(8);  // warp 0: first tile decoded (its records arrived), before the buffers move
 #pragma unroll
-      for (int e = 0; e < 3; ++e) { ra[e] = rb2[e]; rb2[e] = rc[e]; }
+      for (int e = 0; e < 3; ++e) ra[e] = rb2[e];
       __syncwarp();
       SKV_STAMP(1);  // warp 0: first tile's records arrived and decoded
     }
     for (int i = 0; i < cnt; ++i) {  // tile i is in pair i % 2; ra holds tile i + 1's record
-      rload(i + 3, rc);
+      rnext(rb2);  // tile i + 2's
       const int bcur = (i & 1) * KB;
       bool window = false;
       if (i + 1 < cnt && t_begin + (warp + (i + 1) * NW) * 16 + 16 <= ncomp_end) {  // warp-uniform: all compressed
@@ -1079,7 +1095,7 @@ __device__ __forceinline__ void attn2_split(
       }
       if (window) { cp_async_commit(); cp_async_wait<0>(); }
 #pragma unroll
-      for (int e = 0; e < 3; ++e) { ra[e] = rb2[e]; rb2[e] = rc[e]; }
+      for (int e = 0; e < 3; ++e) ra[e] = rb2[e];
       __syncwarp();
     }
   }
