@@ -204,7 +204,9 @@ def main() -> None:
                     row[f"speedup_{what}_{kind}"] = row[f"staged_{what}"] / row[f"{kind}_{what}"]
             rows.append(row)
             print({k_: v_ for k_, v_ in row.items() if k_ != "plans"}, flush=True)
-            path = write_results(out_name, rows, meta({"rounds": args.rounds}))  # after every shape: partial runs
+            extra = {"rounds": args.rounds, "alt_sources": {k_: Path(v_).name for k_, v_ in alts.items()},
+                     "alt_carveout": args.alt_carveout}
+            path = write_results(out_name, rows, meta(extra))  # after every shape: partial runs
             cptr = calls = None
             del caches
             torch.cuda.empty_cache()
