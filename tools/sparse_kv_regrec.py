@@ -28,7 +28,7 @@ per SM on; each row then also has ``rule_speedup`` = tactic 3 at its heuristic s
 shipped kernels.
 
 Usage: python tools/sparse_kv_regrec.py [--rounds N] [--sparsity S] [--all-tactics]
-       [--alt FILE ...] [--timing-only FILE ...] [--alt-carveout PCT] [--pipe-ab]
+       [--alt FILE ...] [--timing-only FILE ...] [--alt-carveout PCT] [--pipe-ab] [--tactic5]
        [--out NAME] [--quick | --validation | --rule-validation | --shapes MODEL:B:CTX,...]
 """
 
@@ -75,6 +75,8 @@ def main() -> None:
                     help="like --alt, but its outputs are not compared (ablations; kinds abl, abl2, ...)")
     ap.add_argument("--alt-carveout", type=int, default=None,
                     help="with --alt: the preferred shared-memory carveout (percent) of its register kernels")
+    ap.add_argument("--tactic5", action="store_true",
+                    help="also tactic 5 (STREAM_K) at the benchmark's split sizes (its _sk kernels)")
     ap.add_argument("--pipe-ab", action="store_true",
                     help="a kind 'nopipe': register records without the pipelined kernels (PIPELINED_RECORDS = False)")
     ap.add_argument("--shapes", default=None, help="model:B:ctx,... (models of MODELS and VALIDATION_MODELS)")
@@ -128,6 +130,8 @@ def main() -> None:
                 tw = [(ks.WIDE16_FUSED, None)]
                 if args.all_tactics:
                     tw += [(ks.STREAM, 16), (ks.STREAM_FUSED, 16), (ks.WIDE_FUSED, None)]
+                if args.tactic5:
+                    tw += [(ks.STREAM_K, None)]
                 for tactic, w in tw:
                     t0, _ = ks.plan_cache(cfg, B, ctx, tactic=tactic, warps=w)
                     plans += [(tactic, ts, w) for ts in split_sizes(tactic, t0, ks.MAX_TOKENS_PER_SPLIT2)
