@@ -39,7 +39,7 @@ KV_ATTN_SIG = [P] * 7 + [I] * 12 + [F]  # q, ws, lens, k_rec, v_rec, k_ring, v_r
 KV_SIGS = {"sparse_kv_attn_": KV_ATTN_SIG, "sparse_kv_attn2_": KV_ATTN_SIG + [P, I],
            "sparse_kv_attn2r_": KV_ATTN_SIG + [P, I], "sparse_kv_attn2p_": KV_ATTN_SIG + [P, I],
            "sparse_kv_dense2_": KV_ATTN_SIG + [P, I], "sparse_kv_combine_": [P] * 3 + [I] * 3,
-           "sparse_kv_append_": [P] * 7 + [I] * 9 + [P, I],
+           "sparse_kv_append_": [P] * 7 + [I] * 9 + [P, I, I],
            "sparse_kv_node_step": [P, P, I, P, I] + [P] * 8 + [I] * 5,
            "sparse_kv_token_copy": [P, P, I, I, L, L]}
 
@@ -472,13 +472,13 @@ def test_sparse_kv_node_steps(stub, S):
         for i in range(S):
             if S == 1:
                 app, attn = seen
-                assert app["args"][-2:] == [ws, counters]  # append zeroes the merge counters
+                assert app["args"][-3:] == [ws, counters, 1]  # append zeroes the merge counters; schedules (70 %)
             else:
                 prep, app, attn = seen[3 * i:3 * i + 3]
                 assert prep["name"] == "sparse_kv_node_step"
                 assert prep["args"] == [lengths, lens, B, ws, counters, q, k, v, out, q_ws, k_ws, v_ws, o_ws, B * 32,
                                         B * 8, d, S, i]
-                assert app["args"][-2:] == [0, 0]
+                assert app["args"][-3:] == [0, 0, 1]
             assert app["name"] == "sparse_kv_append_d64" and app["args"][:7] == [ki, vi, li, 0x600000, 0x710000,
                                                                               0x620000, 0x630000]
             # 70 %: 48-byte records, decoded from registers by 16-warp blocks (pipelined from 6 tiles per warp)

@@ -17,6 +17,14 @@ Record layout (one token of one KV head, little-endian, ``R = head_dim / 8 + 2 �
 word ``c // 64`` is set iff channel ``c`` is kept; exactly ``keep`` bits are set.
 ``fp16 values[KP]`` -- the kept values in channel order, then zeros up to ``KP = round_up(keep, 4)``.
 
+**Store order** (``head_dim = 64`` records with padding, ``keep % 4 != 0``; session 33): the last half of the record
+holds a permutation ``x`` (``0 ≤ x < 64``, the half's other bits zero). The bitmap and the values are then stored in
+the order of ``c' = c ^ x``: bit ``c'`` is set iff channel ``c' ^ x`` is kept, and the values follow ascending ``c'``.
+``x = 0`` is the plain record above. A decoder walks the stored bitmap as before and puts each value at channel
+``c' ^ x``, so ``x`` chooses the order in which a GPU lane stores its values into a tile row, and with it the
+shared-memory banks it hits at each store. The compressor picks ``x`` per record to spread the 32 records one warp
+decodes together over the banks (:func:`schedule_records`); ``head_dim = 128`` records keep ``x = 0`` (zero padding).
+
 Layout choice (vs the paper's K tiles along tokens of one channel): per-token pruning makes every
 record the same size, so there is no per-tile offset array (MUSTAFAR's offsets + padding cost it ~15 %
 of dense), a record is found from its token index alone (the attention kernel splits tokens across blocks with
@@ -56,6 +64,17 @@ CHUNK = 8  # bytes per unit of a record in a group
 HEAD_DIMS = (64, 128)
 MAX_GQA_GROUP = 8  # query heads per KV head the attention kernel serves (mma rows 0..7)
 _FIX = "rebuild the cache with edgesdk.formats.sparse_kv.SparseKVCache (prefill/append)"
+
+#: Keeps whose records the compressor schedules (``head_dim = 64``, 48-byte records: the register kernels', whose
+#: store order :data:`STORE_STEPS` models), when both K and V have one.
+SCHEDULED_KEEPS = (17, 18, 19)
+#: The value index of each of the 20 stores of one record in the pipelined kernels' decode (``RegDecode64``: values
+#: 0-9 ascending over the stored bitmap, ``keep - 1`` .. 10 descending, interleaved; 19-17 only where < keep).
+STORE_STEPS = (19, 0, 18, 1, 17, 2, 16, 3, 15, 4, 14, 5, 13, 6, 12, 7, 11, 8, 10, 9)
+#: Banks between consecutive rows of a decoded tile (rows of 64 + 8 halfs = 36 words): row r starts at bank 4 r.
+ROW_BANK_STEP = 4
+#: Permutations the compressor tries (even ones: x and x ^ 1 hit the same banks).
+SCHEDULE_CANDIDATES = tuple(range(0, 64, 2))
 
 
 def keep_count(head_dim: int, sparsity: float) -> int:
@@ -156,13 +175,121 @@ def decompress(records: np.ndarray, head_dim: int, keep: int) -> np.ndarray:
                           f"every record keeps exactly {keep} of {head_dim} channels ({bad.size} bad records)",
                           _FIX)
     vals = raw[:, words * 8:].copy().view("<f2").astype(np.float16)
-    pad = vals[:, keep:]
-    if pad.size and np.any(pad.view(np.uint16) != 0):
-        row = int(np.nonzero(np.any(pad.view(np.uint16) != 0, axis=1))[0][0])
+    pad = vals[:, keep:].view(np.uint16).copy()
+    x = np.zeros(n, np.int64)
+    if _carries_order(head_dim, keep):
+        x = pad[:, -1].astype(np.int64)
+        bad = np.nonzero(x >= TILE)[0]
+        if bad.size:
+            raise FormatError(f"sparse_kv record {int(bad[0])} has {int(x[bad[0]])} in its last padding half, the "
+                              f"store order x; it must be < {TILE} (the half's other bits zero)", _FIX)
+        pad[:, -1] = 0
+    if pad.size and np.any(pad != 0):
+        row = int(np.nonzero(np.any(pad != 0, axis=1))[0][0])
         raise FormatError(f"sparse_kv record {row} has nonzero padding after its {keep} values", _FIX)
     out = np.zeros((n, head_dim), dtype=np.float16)
-    out[mask] = vals[:, :keep].reshape(-1)
+    stored = np.nonzero(mask)[1].reshape(n, keep)  # ascending c' per record
+    out[np.arange(n)[:, None], stored ^ x[:, None]] = vals[:, :keep]
     return out.reshape(*lead, head_dim)
+
+
+def _carries_order(head_dim: int, keep: int) -> bool:
+    """Whether records of this geometry hold a store order ``x`` in their last half."""
+    return head_dim == TILE and keep % 4 != 0
+
+
+def record_order(records: np.ndarray, head_dim: int, keep: int) -> np.ndarray:
+    """The store order ``x`` of each record ``uint8 [..., R]`` (0 where the geometry carries none)."""
+    records = np.asarray(records, np.uint8)
+    if not _carries_order(head_dim, keep):
+        return np.zeros(records.shape[:-1], np.int64)
+    return records[..., -2:].copy().view("<u2")[..., 0].astype(np.int64)
+
+
+def reorder_records(records: np.ndarray, head_dim: int, keep: int, x) -> np.ndarray:
+    """Plain records (``x = 0``) ``uint8 [..., R]`` → the same records stored in order ``x`` (per record)."""
+    records = np.asarray(records, np.uint8)
+    x = np.broadcast_to(np.asarray(x, np.int64), records.shape[:-1]).reshape(-1)
+    if np.any(x != 0) and not _carries_order(head_dim, keep):
+        raise EdgeSDKError(f"records of head_dim={head_dim}, keep={keep} carry no store order",
+                           "only head_dim 64 records with keep % 4 != 0 do")
+    raw = records.reshape(-1, records.shape[-1])
+    n = raw.shape[0]
+    bits = np.unpackbits(raw[:, :8], axis=-1, bitorder="little").astype(bool)
+    ch = np.nonzero(bits)[1].reshape(n, keep)
+    order = np.argsort(ch ^ x[:, None], axis=-1, kind="stable")
+    vals = raw[:, 8:].copy().view("<u2")
+    nv = vals.copy()
+    nv[:, :keep] = np.take_along_axis(vals[:, :keep], order, -1)
+    if _carries_order(head_dim, keep):
+        nv[:, -1] = x
+    nbits = np.take_along_axis(bits, np.arange(TILE)[None, :] ^ x[:, None], -1)
+    out = np.concatenate([np.packbits(nbits, axis=-1, bitorder="little"), nv.view(np.uint8)], axis=1)
+    return out.reshape(records.shape)
+
+
+def store_banks(records: np.ndarray, keep: int, rows) -> np.ndarray:
+    """The bank of each of the :data:`STORE_STEPS` stores (−1: none) of d = 64 records ``uint8 [..., R]`` decoded
+    into tile rows ``rows`` (broadcast to the records' leading shape), as the pipelined kernels store them."""
+    records = np.asarray(records, np.uint8)
+    lead = records.shape[:-1]
+    raw = records.reshape(-1, records.shape[-1])
+    n = raw.shape[0]
+    bits = np.unpackbits(raw[:, :8], axis=-1, bitorder="little").astype(bool)
+    stored = np.nonzero(bits)[1].reshape(n, keep)
+    x = record_order(raw, TILE, keep)
+    rows = np.broadcast_to(np.asarray(rows, np.int64), lead).reshape(-1)
+    out = np.full((n, len(STORE_STEPS)), -1, np.int64)
+    for s, v in enumerate(STORE_STEPS):
+        if v < keep:
+            out[:, s] = (ROW_BANK_STEP * rows + ((stored[:, v] ^ x) >> 1)) % 32
+    return out.reshape(*lead, len(STORE_STEPS))
+
+
+def _bank_counts(banks: np.ndarray) -> np.ndarray:
+    """Stores per (step, bank) of banks ``[..., n, steps]`` → ``[..., steps, 32]``."""
+    oh = (banks[..., None] == np.arange(32)).astype(np.int64)  # [..., n, steps, 32]
+    return oh.sum(axis=-3)
+
+
+def schedules(head_dim: int, keep_k: int, keep_v: int) -> bool:
+    """Whether the compressor schedules these records' store order (:func:`schedule_records`)."""
+    return head_dim == TILE and keep_k in SCHEDULED_KEEPS and keep_v in SCHEDULED_KEEPS
+
+
+def schedule_records(k_log: np.ndarray, v_log: np.ndarray, keep_k: int, keep_v: int, t_lo: int, t_hi: int) -> None:
+    """Give the plain records of tokens ``[t_lo, t_hi)`` their store order, in place (logical records
+    ``uint8 [H, slots, R]`` of one sequence; tokens below ``t_lo`` are already scheduled).
+
+    Per 16-token tile the pipelined kernels decode K of tokens 0-15 (lanes 0-15) and V of the same tokens (lanes
+    16-31) together, one value per lane and store instruction; a store instruction takes as many shared-memory
+    wavefronts as its busiest bank has stores. In token order, K then V, each record takes the ``x`` of
+    :data:`SCHEDULE_CANDIDATES` that adds the fewest wavefronts to the tile's records before it (counted from
+    :func:`store_banks`); ties go to the smaller ``x``. Greedy and causal, so appending a group gives the bytes a
+    prefill of the same tokens gives. ``sparse_kv_prefill`` / ``sparse_kv_append`` do the same on the GPU.
+    """
+    if t_hi <= t_lo:
+        return
+    H = k_log.shape[0]
+    xs = np.asarray(SCHEDULE_CANDIDATES, np.int64)
+    counts = None
+    for t in range(t_lo, t_hi):
+        r = t % GROUP_TOKENS
+        if counts is None or r == 0:
+            t0 = t - r
+            counts = np.zeros((H, len(STORE_STEPS), 32), np.int64)
+            if t > t0:
+                counts += _bank_counts(store_banks(k_log[:, t0:t], keep_k, np.arange(r)))
+                counts += _bank_counts(store_banks(v_log[:, t0:t], keep_v, np.arange(r)))
+        for log, keep in ((k_log, keep_k), (v_log, keep_v)):
+            cand = reorder_records(np.repeat(log[:, t, None], len(xs), 1), TILE, keep, xs[None, :])  # [H, 32, R]
+            banks = store_banks(cand, keep, r)  # [H, 32, steps]
+            peak = counts.max(-1)  # [H, steps]
+            hit = np.take_along_axis(counts[:, None], np.maximum(banks, 0)[..., None], -1)[..., 0]
+            cost = ((banks >= 0) & (hit + 1 > peak[:, None])).sum(-1)  # added wavefronts [H, 32]
+            best = cost.argmin(-1)  # first minimum: the smallest x
+            log[:, t] = cand[np.arange(H), best]
+            counts += _bank_counts(banks[np.arange(H), best][:, None])
 
 
 @dataclass(frozen=True)
@@ -338,6 +465,8 @@ class SparseKVCache:
             nc = c.n_compressed(L)
             k_log[b, :, :nc] = compress(k[b, :, :nc], c.keep_k)
             v_log[b, :, :nc] = compress(v[b, :, :nc], c.keep_v)
+            if schedules(c.head_dim, c.keep_k, c.keep_v):
+                schedule_records(k_log[b], v_log[b], c.keep_k, c.keep_v, 0, min(nc, k_log.shape[2]))
             for t in range(nc, L):
                 cache.k_ring[b, :, t % c.ring] = k[b, :, t]
                 cache.v_ring[b, :, t % c.ring] = v[b, :, t]
@@ -357,9 +486,15 @@ class SparseKVCache:
             self.k_ring[b, :, (L - 1) % c.ring] = k_new[b]
             self.v_ring[b, :, (L - 1) % c.ring] = v_new[b]
             if L >= c.window + c.group and (L - c.window) % c.group == 0:
-                for t in range(L - c.window - c.group, L - c.window):
+                t_lo, t_hi = L - c.window - c.group, min(L - c.window, self.k_rec.shape[2])
+                for t in range(t_lo, t_hi):
                     _put_record(self.k_rec, b, t, compress(self.k_ring[b, :, t % c.ring], c.keep_k))
                     _put_record(self.v_rec, b, t, compress(self.v_ring[b, :, t % c.ring], c.keep_v))
+                if schedules(c.head_dim, c.keep_k, c.keep_v) and t_hi > t_lo:
+                    k_log, v_log = records_to_logical(self.k_rec[b]), records_to_logical(self.v_rec[b])
+                    schedule_records(k_log, v_log, c.keep_k, c.keep_v, t_lo, t_hi)
+                    self.k_rec[b] = records_to_physical(k_log)
+                    self.v_rec[b] = records_to_physical(v_log)
 
     def dense(self) -> tuple[np.ndarray, np.ndarray]:
         """Pruned dense K, V ``fp16 [B, Hkv, max(lens), head_dim]`` (zeros past each length); validates

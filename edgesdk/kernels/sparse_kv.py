@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError
-from edgesdk.formats.sparse_kv import STATE_DTYPES, SparseKVConfig, state_shapes
+from edgesdk.formats.sparse_kv import STATE_DTYPES, SparseKVConfig, schedules, state_shapes
 from edgesdk.kernels import _cuda
 
 SOURCE = "sparse_kv/sparse_kv.cu"
@@ -58,8 +58,11 @@ TACTICS = (SPLIT_V1, STREAM, STREAM_FUSED, WIDE_FUSED, WIDE16_FUSED, STREAM_K)
 WIDE_WARPS = {WIDE_FUSED: 8, WIDE16_FUSED: 16}  # warps per block of the wide tactics
 FUSED_TACTICS = (STREAM_FUSED, WIDE_FUSED, WIDE16_FUSED, STREAM_K)
 ORIN_SMEM_OPTIN = 163 * 1024  # shared memory per block on sm_87 (the limit assumed where no device is asked)
-COMP_THREADS = 128  # prefill / append block: one warp per token
+COMP_THREADS = 512  # prefill / append block: one warp per token of a 16-token tile
 COMP_WARPS = COMP_THREADS // 32
+#: The compressor gives d = 64 records of keep 17-19 (K and V) their store order (session 33; format:
+#: ``schedule_records``). False: plain records (x = 0), for A/B measurements; the attention kernels read both.
+SCHEDULE_RECORDS = True
 _LOG2E = 1.4426950408889634
 _DENSE_WINDOW = 1 << 30  # window so large that nothing is ever compressed
 
@@ -428,6 +431,10 @@ def _cache_args(cfg: SparseKVConfig, c: CachePtrs) -> list:
             _i(cfg.keep_v), _i(cfg.rk), _i(cfg.rv)]
 
 
+def _schedule_arg(cfg: SparseKVConfig) -> ctypes.c_int:
+    return _i(1 if SCHEDULE_RECORDS and schedules(cfg.head_dim, cfg.keep_k, cfg.keep_v) else 0)
+
+
 def prefill(cfg: SparseKVConfig, batch: int, src_tokens: int, k_src: int, v_src: int, cache: CachePtrs,
             stream: int) -> None:
     """Compress prompts: ``k_src``/``v_src`` fp16 ``[B, Hkv, src_tokens, d]``, ``lens[b] ≤ src_tokens``
@@ -436,7 +443,7 @@ def prefill(cfg: SparseKVConfig, batch: int, src_tokens: int, k_src: int, v_src:
         raise EdgeSDKError(f"sparse_kv prefill of batch {batch}, {src_tokens} tokens", "pass batch ≥ 1 and tokens ≥ 1")
     k = _kernel(f"sparse_kv_prefill_d{cfg.head_dim}")
     k.launch((math.ceil(src_tokens / COMP_WARPS), cfg.num_kv_heads, batch), (COMP_THREADS,),
-             [_p(k_src), _p(v_src), _i(src_tokens), *_cache_args(cfg, cache)], stream)
+             [_p(k_src), _p(v_src), _i(src_tokens), *_cache_args(cfg, cache), _schedule_arg(cfg)], stream)
 
 
 def append(cfg: SparseKVConfig, batch: int, k_new: int, v_new: int, cache: CachePtrs, stream: int) -> None:
@@ -464,8 +471,9 @@ def _append_launch(cfg: SparseKVConfig, batch: int, slot: dict, n_counters: int 
     ``slot["counters"]`` (the node's one-token call)."""
     k = _kernel(f"sparse_kv_append_d{cfg.head_dim}")
     args = [slot[n] for n in _APPEND_PTRS] + [_i(v) for v in (cfg.num_kv_heads, *_geometry(cfg))]
-    args += [slot["counters"] if n_counters else ctypes.c_void_p(0), _i(n_counters)]
-    return k.plan((math.ceil((cfg.group + 1) / COMP_WARPS), cfg.num_kv_heads, batch), (COMP_THREADS,),
+    args += [slot["counters"] if n_counters else ctypes.c_void_p(0), _i(n_counters), _schedule_arg(cfg)]
+    # block i: the group's tokens in the i-th 16-token tile they touch (one more tile than whole ones when unaligned)
+    return k.plan((math.ceil(cfg.group / COMP_WARPS) + 1, cfg.num_kv_heads, batch), (COMP_THREADS,),
                   _cuda.ArgBlock(args))
 
 

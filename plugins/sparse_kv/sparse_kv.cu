@@ -4,7 +4,9 @@
 // Cache of one (sequence b, KV head h), for K and V alike, after L tokens:
 //   tokens [0, n_comp)  compressed records, fixed size R bytes each (R % 8 == 0):
 //                       uint64 bitmap[D/64] (bit c = channel c kept) | fp16 kept values in channel
-//                       order | zero padding to KP = round_up(keep, 4) values;
+//                       order | zero padding to KP = round_up(keep, 4) values; D = 64 records with padding
+//                       (keep % 4 != 0) hold a store order x (0..63) in their last half: bitmap bit c' and the
+//                       values (ascending c') stand for channel c' ^ x (schedule_tile picks x; x = 0: as above);
 //                       stored in groups of 16 tokens, chunk-major: 8-byte unit k of token t's record at byte
 //                       16 R (t / 16) + 128 k + 8 (t % 16) of the (b, h) row (record capacity a multiple of 16),
 //                       so that 16 lanes loading unit k of a tile's 16 records read 128 contiguous bytes
@@ -30,10 +32,12 @@
 //          mma.sync.m16n8k16 (fp32 accumulation; P rounded to fp16, l summed from the same values).
 //       Writes the split's (m, l, acc[D]) to the workspace.
 //   sparse_kv_combine_d{D}      grid (B * Hq), 256 threads: merges the splits (merge_splits), writes fp16 out.
-//   sparse_kv_prefill_d{D}      grid (ceil(S / 4), Hkv, B), 128 threads: compress tokens [0, n_comp), copy the
-//                               rest into the ring (one warp per token, K then V).
-//   sparse_kv_append_d{D}       grid (ceil((A + 1) / 4), Hkv, B), 128 threads: write token lens[b]-1 into the ring;
-//                               when the window reaches W + A, compress its oldest A tokens.
+//   sparse_kv_prefill_d{D}      grid (ceil(S / 16), Hkv, B), 512 threads: compress tokens [0, n_comp), copy the
+//                               rest into the ring (one warp per token, K then V); then warp 0 gives the block's
+//                               16-token tile of records its store order (schedule_tile; D = 64, `sched`).
+//   sparse_kv_append_d{D}       grid (ceil(A / 16) + 1, Hkv, B), 512 threads: write token lens[b]-1 into the ring;
+//                               when the window reaches W + A, compress its oldest A tokens (block i: those in the
+//                               i-th 16-token tile they touch) and schedule them.
 // Top-k per token: a warp-wide radix select on the 15-bit magnitude |x| (fp16 bits & 0x7fff) with
 // __reduce_add_sync, then ballots give bitmap, tie ranks and value positions.
 #include <cuda_fp16.h>
@@ -72,7 +76,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kCompThreads = 128;  // prefill / append: one warp per token
+constexpr int kCompThreads = 512;  // prefill / append: one warp per token of a 16-token tile
 constexpr int kCompWarps = kCompThreads / 32;
 constexpr int kTile = 16;
 
@@ -110,6 +114,15 @@ __device__ __forceinline__ uint2 rec_unit(const uint8_t* rec, int k) {
 // Bitmap word j (32-bit) of a record.
 __device__ __forceinline__ uint32_t rec_word(const uint8_t* rec, int j) {
   return reinterpret_cast<const uint32_t*>(rec + kRecStride * (j >> 1))[j & 1];
+}
+// Store order x of a record (D = 64 with padding: its last half; 0 otherwise): stored channel c' is channel c' ^ x.
+template <int D>
+__device__ __forceinline__ uint32_t rec_order(const uint8_t* rec, int keep) {
+  if constexpr (D != 64) {
+    return 0u;
+  } else {
+    return (keep & 3) ? (rec_unit(rec, round_up(keep, 4) / 4).y >> 16) & 63u : 0u;
+  }
 }
 
 // Shared-memory carve-up of the attention kernel (the launcher computes the same total).
@@ -237,6 +250,7 @@ __device__ __forceinline__ void attn_split(
       const uint8_t* rec = sm.kst + rec_offset(t - t_begin, rk);
       BitIter<D / 32> it;
       it.init(rec);
+      const int xo = static_cast<int>(rec_order<D>(rec, keep_k));  // stored channel c' is channel c' ^ xo
       for (int j = 0; j < keep_k; j += 4) {
         const uint2 raw = rec_unit(rec, D / 64 + (j >> 2));
         const __half2 h01 = *reinterpret_cast<const __half2*>(&raw.x);
@@ -246,7 +260,7 @@ __device__ __forceinline__ void attn_split(
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
           if (j + u < keep_k) {
-            const int c = it.next();
+            const int c = it.next() ^ xo;
             float qv[GP];
             load_q<GP>(sm.qs, c, qv);
 #pragma unroll
@@ -345,6 +359,11 @@ __device__ __forceinline__ void attn_split(
       __half* row = tile + r * TR + half * (D / 2);
       if (t < t_end && t < n_comp) {
         const uint8_t* rec = sm.vst + rec_offset(t - t_begin, rv);
+        // Stored word `half` holds channels of the real half half ^ (xo >> 5) (D = 64; both lanes of a token have
+        // the same xo, so the two still zero and fill the whole row).
+        const uint32_t xo = rec_order<D>(rec, keep_v);
+        row = tile + r * TR + (half ^ (xo >> 5)) * (D / 2);
+        const int xl = static_cast<int>(xo & 31u);
         // Lane half 0 owns channels [0, D/2), half 1 owns [D/2, D): D/64 32-bit bitmap words each.
         constexpr int NWL = D / 64;
         int idx = 0;
@@ -362,7 +381,7 @@ __device__ __forceinline__ void attn_split(
         for (int i = 0; i < D / 16; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
         for (int j = 0; j < nb; ++j) {  // value idx + j: byte D / 8 + 2 (idx + j) of the record
           const int o = D / 8 + 2 * (idx + j);
-          row[it.next()] = *reinterpret_cast<const __half*>(rec + kRecStride * (o >> 3) + (o & 7));
+          row[it.next() ^ xl] = *reinterpret_cast<const __half*>(rec + kRecStride * (o >> 3) + (o & 7));
         }
       } else if (t < t_end) {
         const uint4* src = reinterpret_cast<const uint4*>(v_ring + (bh * C + (t % C)) * D + half * (D / 2));
@@ -554,18 +573,23 @@ __device__ __forceinline__ void zero_row64(__half* __restrict__ row) {
   for (int i = 0; i < 8; ++i) row4[i] = make_uint4(0u, 0u, 0u, 0u);
 }
 
+// Over the stored bitmap of a record of store order x: stored word k holds the channels of real word k ^ (x >> 5),
+// bit i of it channel i ^ (x & 31) there.
 struct RowWalk64 {
-  uint32_t lo, cur;
+  uint32_t lo, cur, xl;
   uint8_t *rlo, *rb;
-  __device__ __forceinline__ RowWalk64(uint32_t lo_, uint32_t hi, __half* __restrict__ row) : lo(lo_) {
-    rlo = reinterpret_cast<uint8_t*>(row);
+  __device__ __forceinline__ RowWalk64(uint32_t lo_, uint32_t hi, __half* __restrict__ row, uint32_t x) : lo(lo_) {
+    uint8_t* r0 = reinterpret_cast<uint8_t*>(row);
+    xl = x & 31u;
+    rlo = r0 + 64 * (x >> 5);  // the real word of stored word 0, then of stored word 1
+    uint8_t* rhi = r0 + 64 - 64 * (x >> 5);
     cur = hi != 0u ? hi : lo;
-    rb = hi != 0u ? rlo + 64 : rlo;
+    rb = hi != 0u ? rhi : rlo;
   }
   __device__ __forceinline__ void put(uint32_t v) {
     const int c = 31 - __clz(cur);
     cur ^= 1u << c;
-    *reinterpret_cast<unsigned short*>(rb + 2 * c) = static_cast<unsigned short>(v);
+    *reinterpret_cast<unsigned short*>(rb + 2 * (c ^ xl)) = static_cast<unsigned short>(v);
     const bool z = cur == 0u;
     cur = z ? lo : cur;
     rb = z ? rlo : rb;
@@ -575,7 +599,7 @@ struct RowWalk64 {
 __device__ __forceinline__ void decode_row64_bf(const uint8_t* __restrict__ rec, int keep, __half* __restrict__ row) {
   zero_row64(row);
   const uint2 bm = rec_unit(rec, 0);
-  RowWalk64 wk(bm.x, bm.y, row);
+  RowWalk64 wk(bm.x, bm.y, row, rec_order<64>(rec, keep));
   int j = (keep - 1) & ~3;  // first value of the top (possibly partial) group of 4
   {
     const uint2 raw = rec_unit(rec, 1 + (j >> 2));
@@ -600,7 +624,7 @@ __device__ __forceinline__ void decode_row64_reg(const uint4 (&r)[3], int keep, 
   zero_row64(row);
   const uint32_t w[12] = {r[0].x, r[0].y, r[0].z, r[0].w, r[1].x, r[1].y, r[1].z, r[1].w,
                           r[2].x, r[2].y, r[2].z, r[2].w};
-  RowWalk64 wk(w[0], w[1], row);
+  RowWalk64 wk(w[0], w[1], row, keep < 20 ? (w[11] >> 16) & 63u : 0u);  // x: the last half (keep 17-19)
   if (19 < keep) wk.put(w[11] >> 16);
   if (18 < keep) wk.put(w[11] & 0xffffu);
   if (17 < keep) wk.put(w[10] >> 16);
@@ -625,8 +649,11 @@ __device__ __forceinline__ void sts16_if(bool p, uint32_t addr, uint32_t v) {
 
 template <bool REV>  // REV: the words are bit-reversed
 struct AscWalk64 {
-  uint32_t cur, nxt, rb, rnx;  // rb, rnx: shared addresses of channel 0 of the current and of the next word
-  __device__ __forceinline__ void init(uint32_t first, uint32_t second, uint32_t r_first, uint32_t r_second) {
+  uint32_t cur, nxt, rb, rnx, xl;  // rb, rnx: shared addresses of channel 0 of the current and of the next word
+  // x: the record's store order (RowWalk64); xl folds its low 5 bits into the bit position below.
+  __device__ __forceinline__ void init(uint32_t first, uint32_t second, uint32_t r_first, uint32_t r_second,
+                                       uint32_t x) {
+    xl = REV ? x & 31u : 31u ^ (x & 31u);
     cur = first != 0u ? first : second;
     rb = first != 0u ? r_first : r_second;
     nxt = second;
@@ -636,7 +663,7 @@ struct AscWalk64 {
   template <bool PRED = false>
   __device__ __forceinline__ void put(uint32_t v, bool p = true) {
     const uint32_t nc = cur & (cur - 1u);
-    const uint32_t c = REV ? __clz(cur ^ nc) : 31 - __clz(cur ^ nc);
+    const uint32_t c = __clz(cur ^ nc) ^ xl;  // REV: clz ^ x; else (31 - clz) ^ x = clz ^ (31 ^ x)
     sts16_if(!PRED || p, rb + 2 * c, v);
     const bool z = nc == 0u;
     const uint32_t nn = z ? nxt : nc;
@@ -659,8 +686,10 @@ struct RegDecode64 {
     for (int k = 0; k < 12; ++k) w[k] = ww[k];
     keep = keep_;
     const uint32_t r0 = smem_u32(row);
-    a.init(w[0], w[1], r0, r0 + 64);
-    bw.init(__brev(w[1]), __brev(w[0]), r0 + 64, r0);
+    const uint32_t x = keep < 20 ? (w[11] >> 16) & 63u : 0u;  // the store order (keep 17-19: the last half)
+    const uint32_t s0 = r0 + 64 * (x >> 5), s1 = r0 + 64 - 64 * (x >> 5);  // real words of stored words 0, 1
+    a.init(w[0], w[1], s0, s1, x);
+    bw.init(__brev(w[1]), __brev(w[0]), s1, s0, x);
   }
   __device__ __forceinline__ void part(int ph) {  // ph = 0..3 (compile-time after inlining)
     if (ph == 0) {
@@ -1377,25 +1406,150 @@ __device__ __forceinline__ void copy_row(const __half* __restrict__ src, __half*
   for (int e = 0; e < D / 32; ++e) dst[e * 32 + lane] = src[e * 32 + lane];
 }
 
+// ---------------------------------------------------------------------------------------------
+// Store order of d = 64 records (format: the last half holds x; stored channel c' is channel c' ^ x). The pipelined
+// kernels decode the 16 K records of a 16-token tile (lanes 0-15, tile row = token % 16) and its 16 V records (lanes
+// 16-31) together, one value per lane and store instruction (RegDecode64's order, kStoreSteps); a store takes as many
+// shared-memory wavefronts as its busiest bank has stores. In token order, K then V, each record takes the even x
+// that adds the fewest wavefronts to the tile's records before it (ties: the smaller x). The numpy twin is
+// edgesdk.formats.sparse_kv.schedule_records.
+constexpr int kStoreSteps = 20;
+
+// Banks of the 20 stores of a record (stored bitmap bm, order x) decoded into tile row `row` (-1: no store). Step
+// 2 k stores value 19 - k (the descending walk; only values < keep), step 2 k + 1 value k (the ascending walk).
+__device__ __forceinline__ void store_banks64(uint64_t bm, uint32_t x, int keep, int row, int (&bk)[kStoreSteps]) {
+  uint64_t up = bm, dn = bm;
+#pragma unroll
+  for (int k = 0; k < 10; ++k) {
+    if (19 - k < keep) {
+      const int c = 63 - __clzll(dn);
+      dn ^= 1ull << c;
+      bk[2 * k] = (4 * row + ((c ^ static_cast<int>(x)) >> 1)) & 31;
+    } else {
+      bk[2 * k] = -1;
+    }
+    const int c = __ffsll(up) - 1;
+    up &= up - 1ull;
+    bk[2 * k + 1] = (4 * row + ((c ^ static_cast<int>(x)) >> 1)) & 31;
+  }
+}
+
+// Bit c' of the result = bit c' ^ x of bm (swaps of adjacent 2^k-bit blocks for the set bits k of x).
+__device__ __forceinline__ uint64_t xor_permute64(uint64_t bm, uint32_t x) {
+  constexpr uint64_t kMask[6] = {0x5555555555555555ull, 0x3333333333333333ull, 0x0F0F0F0F0F0F0F0Full,
+                                 0x00FF00FF00FF00FFull, 0x0000FFFF0000FFFFull, 0x00000000FFFFFFFFull};
+#pragma unroll
+  for (int k = 0; k < 6; ++k)
+    if ((x >> k) & 1u) bm = ((bm >> (1 << k)) & kMask[k]) | ((bm & kMask[k]) << (1 << k));
+  return bm;
+}
+
+// One warp: records of tokens [t_lo, t_hi) (plain, x = 0) of the 16-token tile starting at t0 of (b, h) row `bh`
+// get their store order, in place; tokens [t0, t_lo) are scheduled already. cnt: the warp's shared [20][32] stores
+// per (step, bank), peak: [20] the busiest bank's count per step.
+__device__ __noinline__ void schedule_tile(uint8_t* __restrict__ k_rec, uint8_t* __restrict__ v_rec, size_t bh,
+                                           int cap, int t0, int t_lo, int t_hi, int keep_k, int keep_v, int rk,
+                                           int rv, int* cnt, int* peak) {
+  const int lane = threadIdx.x & 31;
+  auto rec_of = [&](int t, int kv) -> uint8_t* {
+    return kv ? v_rec + rec_offset(bh * cap + t, rv) : k_rec + rec_offset(bh * cap + t, rk);
+  };
+  for (int i = lane; i < kStoreSteps * 32; i += 32) cnt[i] = 0;
+  __syncwarp();
+  if (lane < 2 * (t_lo - t0)) {  // the tile's scheduled records: token t0 + lane / 2, K (even lanes) or V
+    const int t = t0 + lane / 2, kv = lane & 1, keep = kv ? keep_v : keep_k;
+    const uint8_t* rec = rec_of(t, kv);
+    int bk[kStoreSteps];
+    store_banks64(*reinterpret_cast<const uint64_t*>(rec), rec_order<64>(rec, keep), keep, t - t0, bk);
+#pragma unroll
+    for (int s = 0; s < kStoreSteps; ++s)
+      if (bk[s] >= 0) atomicAdd(cnt + 32 * s + bk[s], 1);
+  }
+  __syncwarp();
+  if (lane < kStoreSteps) {
+    int m = 0;
+    for (int j = 0; j < 32; ++j) m = max(m, cnt[32 * lane + j]);
+    peak[lane] = m;
+  }
+  __syncwarp();
+  const uint32_t x = 2u * lane;  // this lane's candidate
+  for (int t = t_lo; t < t_hi; ++t) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const int keep = kv ? keep_v : keep_k;
+      uint8_t* rec = rec_of(t, kv);
+      const uint64_t bm = *reinterpret_cast<const uint64_t*>(rec);
+      const uint64_t mine = xor_permute64(bm, x);  // the stored bitmap in this lane's order
+      int bk[kStoreSteps];
+      store_banks64(mine, x, keep, t - t0, bk);
+      int added = 0;
+#pragma unroll
+      for (int s = 0; s < kStoreSteps; ++s) added += bk[s] >= 0 && cnt[32 * s + bk[s]] + 1 > peak[s];
+      const uint32_t best = __reduce_min_sync(0xffffffffu, (static_cast<uint32_t>(added) << 6) | x) & 63u;
+      const uint64_t pbm = __shfl_sync(0xffffffffu, static_cast<unsigned long long>(mine), best >> 1);
+      if (x == best) {
+#pragma unroll
+        for (int s = 0; s < kStoreSteps; ++s)
+          if (bk[s] >= 0) peak[s] = max(peak[s], ++cnt[32 * s + bk[s]]);
+      }
+      if (best != 0u) {  // rewrite the record in order `best`: lane l moves the values of channels l and l + 32
+        const int o0 = 8;  // values start at byte D / 8 = 8
+        auto val = [&](int v) {
+          const int o = o0 + 2 * v;
+          return reinterpret_cast<unsigned short*>(rec + kRecStride * (o >> 3) + (o & 7));
+        };
+        unsigned short vv[2];
+        int dst[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = lane + 32 * e;
+          const bool kept = (bm >> c) & 1ull;
+          dst[e] = kept ? __popcll(pbm & ((1ull << (c ^ best)) - 1ull)) : -1;
+          vv[e] = kept ? *val(__popcll(bm & ((1ull << c) - 1ull))) : 0;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (dst[e] >= 0) *val(dst[e]) = vv[e];
+        if (lane == 0) {
+          *reinterpret_cast<uint64_t*>(rec) = pbm;
+          *val(round_up(keep, 4) - 1) = static_cast<unsigned short>(best);
+        }
+      }
+      __syncwarp();
+    }
+  }
+}
+
 template <int D>
 __device__ __forceinline__ void prefill(
     const __half* __restrict__ k_src, const __half* __restrict__ v_src, int S, const int* __restrict__ lens,
     uint8_t* __restrict__ k_rec, uint8_t* __restrict__ v_rec, __half* __restrict__ k_ring,
-    __half* __restrict__ v_ring, int Hkv, int cap, int C, int W, int A, int keep_k, int keep_v, int rk, int rv) {
-  const int t = blockIdx.x * kCompWarps + (threadIdx.x >> 5), h = blockIdx.y, b = blockIdx.z;
+    __half* __restrict__ v_ring, int Hkv, int cap, int C, int W, int A, int keep_k, int keep_v, int rk, int rv,
+    int sched) {
+  // Block: the 16-token tile blockIdx.x of (b, h); warp w: its token w.
+  __shared__ int s_cnt[kStoreSteps * 32], s_peak[kStoreSteps];
+  const int t0 = blockIdx.x * kCompWarps, t = t0 + (threadIdx.x >> 5), h = blockIdx.y, b = blockIdx.z;
   const int L = min(lens[b], S);
-  if (t >= L) return;
-  const int n_comp = n_compressed(L, W, A);
+  const int n_comp = min(n_compressed(L, W, A), cap);
   const size_t bh = static_cast<size_t>(b) * Hkv + h;
-  const __half* ks = k_src + (bh * S + t) * D;
-  const __half* vs = v_src + (bh * S + t) * D;
-  if (t < n_comp) {
-    if (t >= cap) return;
-    compress_token<D>(ks, k_rec + rec_offset(bh * cap + t, rk), keep_k, (rk - D / 8) / 2);
-    compress_token<D>(vs, v_rec + rec_offset(bh * cap + t, rv), keep_v, (rv - D / 8) / 2);
-  } else {
-    copy_row<D>(ks, k_ring + (bh * C + t % C) * D);
-    copy_row<D>(vs, v_ring + (bh * C + t % C) * D);
+  if (t < L) {
+    const __half* ks = k_src + (bh * S + t) * D;
+    const __half* vs = v_src + (bh * S + t) * D;
+    if (t < n_comp) {
+      compress_token<D>(ks, k_rec + rec_offset(bh * cap + t, rk), keep_k, (rk - D / 8) / 2);
+      compress_token<D>(vs, v_rec + rec_offset(bh * cap + t, rv), keep_v, (rv - D / 8) / 2);
+    } else if (t >= n_compressed(L, W, A)) {
+      copy_row<D>(ks, k_ring + (bh * C + t % C) * D);
+      copy_row<D>(vs, v_ring + (bh * C + t % C) * D);
+    }
+  }
+  if constexpr (D == 64) {
+    if (sched && t0 < n_comp) {  // block-uniform
+      __syncthreads();  // the tile's records written (block scope)
+      if (threadIdx.x < 32)
+        schedule_tile(k_rec, v_rec, bh, cap, t0, t0, min(t0 + kCompWarps, n_comp), keep_k, keep_v, rk, rv, s_cnt,
+                      s_peak);
+    }
   }
 }
 
@@ -1404,29 +1558,40 @@ __device__ __forceinline__ void append(
     const __half* __restrict__ k_new, const __half* __restrict__ v_new, const int* __restrict__ lens,
     uint8_t* __restrict__ k_rec, uint8_t* __restrict__ v_rec, __half* __restrict__ k_ring,
     __half* __restrict__ v_ring, int Hkv, int cap, int C, int W, int A, int keep_k, int keep_v, int rk, int rv,
-    unsigned* __restrict__ counters, int n_counters) {
+    unsigned* __restrict__ counters, int n_counters, int sched) {
   // The node's one-token call (run_node, S = 1) zeroes the fused merge's counters here (TensorRT's scratch holds
   // anything on entry); the attention launched after this on the same stream uses them. n_counters = 0 otherwise.
+  __shared__ int s_cnt[kStoreSteps * 32], s_peak[kStoreSteps];
   if (n_counters > 0 && (blockIdx.x | blockIdx.y | blockIdx.z) == 0)
     for (int t = threadIdx.x; t < n_counters; t += blockDim.x) counters[t] = 0u;
-  const int i = blockIdx.x * kCompWarps + (threadIdx.x >> 5), h = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x >> 5, h = blockIdx.y, b = blockIdx.z;
   const int L = lens[b];
-  if (L <= 0 || i > A) return;
+  if (L <= 0) return;  // block-uniform
   const size_t bh = static_cast<size_t>(b) * Hkv + h;
-  if (i == A) {
+  if (blockIdx.x == 0 && warp == 0) {
     copy_row<D>(k_new + bh * D, k_ring + (bh * C + (L - 1) % C) * D);
     copy_row<D>(v_new + bh * D, v_ring + (bh * C + (L - 1) % C) * D);
-    return;
   }
-  // Compress the oldest A window tokens when this token fills the window to W + A. They are not the
-  // new token's slot (W >= 1), so the warps above run concurrently without a race.
-  if (L < W + A || (L - W) % A != 0) return;
-  const int t = L - W - A + i;
-  if (t >= cap) return;
-  compress_token<D>(k_ring + (bh * C + t % C) * D, k_rec + rec_offset(bh * cap + t, rk), keep_k,
-                    (rk - D / 8) / 2);
-  compress_token<D>(v_ring + (bh * C + t % C) * D, v_rec + rec_offset(bh * cap + t, rv), keep_v,
-                    (rv - D / 8) / 2);
+  // Compress the oldest A window tokens [g0, g0 + A) when this token fills the window to W + A: block i takes those
+  // in the i-th 16-token tile they touch. They are not the new token's slot (W >= 1), so no race with the copy.
+  if (L < W + A || (L - W) % A != 0) return;  // block-uniform
+  const int g0 = L - W - A, g1 = min(L - W, cap);
+  const int t0 = (g0 / kCompWarps + static_cast<int>(blockIdx.x)) * kCompWarps;
+  const int lo = max(g0, t0), hi = min(g1, t0 + kCompWarps);
+  if (lo >= hi) return;  // block-uniform
+  const int t = t0 + warp;
+  if (t >= lo && t < hi) {
+    compress_token<D>(k_ring + (bh * C + t % C) * D, k_rec + rec_offset(bh * cap + t, rk), keep_k,
+                      (rk - D / 8) / 2);
+    compress_token<D>(v_ring + (bh * C + t % C) * D, v_rec + rec_offset(bh * cap + t, rv), keep_v,
+                      (rv - D / 8) / 2);
+  }
+  if constexpr (D == 64) {
+    if (sched) {
+      __syncthreads();
+      if (threadIdx.x < 32) schedule_tile(k_rec, v_rec, bh, cap, t0, lo, hi, keep_k, keep_v, rk, rv, s_cnt, s_peak);
+    }
+  }
 }
 
 }  // namespace
@@ -1553,12 +1718,13 @@ DEF_DENSE2(64, 8, 16, _w16, 1)
     combine<D>(ws, lens, out, Hq, TS, NS);                                                             \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(kCompThreads) sparse_kv_prefill_d##D(                      \
-      const __half* k_src, const __half* v_src, int S, CACHE_ARGS) {                                  \
-    prefill<D>(k_src, v_src, S, CACHE_PASS);                                                           \
+      const __half* k_src, const __half* v_src, int S, CACHE_ARGS, int sched) {                       \
+    prefill<D>(k_src, v_src, S, CACHE_PASS, sched);                                                    \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(kCompThreads) sparse_kv_append_d##D(                       \
-      const __half* k_new, const __half* v_new, CACHE_ARGS, unsigned* counters, int n_counters) {     \
-    append<D>(k_new, v_new, CACHE_PASS, counters, n_counters);                                         \
+      const __half* k_new, const __half* v_new, CACHE_ARGS, unsigned* counters, int n_counters,       \
+      int sched) {                                                                                     \
+    append<D>(k_new, v_new, CACHE_PASS, counters, n_counters, sched);                                  \
   }
 DEF_D(64)
 DEF_D(128)

@@ -272,12 +272,14 @@ def test_merge_many_splits(hq, hkv):
             check_attention(out.cpu().numpy(), dense_expect)
 
 
-@pytest.mark.parametrize("d", [64, 128])
-def test_append_steps_match_host(d):
-    """Decode 150 steps from ragged prompts: bytes after every compression and attention at the end."""
+@pytest.mark.parametrize("d,v_sparsity", [(64, 0.6), (64, 0.72), (128, 0.6)])
+def test_append_steps_match_host(d, v_sparsity):
+    """Decode 150 steps from ragged prompts: bytes after every compression and attention at the end (d = 64 with
+    keeps 19 and 18: scheduled records, groups of 7 that start inside 16-token tiles)."""
     rng = np.random.default_rng(d)
     hq, hkv, B, steps = 6, 2, 3, 150
-    cfg = f.SparseKVConfig(d, hq, hkv, 0.7, 0.6, 400, window=5, group=7)
+    cfg = f.SparseKVConfig(d, hq, hkv, 0.7, v_sparsity, 400, window=5, group=7)
+    assert f.schedules(d, cfg.keep_k, cfg.keep_v) == (v_sparsity == 0.72)
     lens0 = np.array([0, 31, 100], np.int32)
     k, v = make(rng, B, hkv, 100, d)
     host = f.SparseKVCache.prefill(cfg, k, v, lens0)
@@ -386,3 +388,45 @@ def test_sm_count_is_the_current_contexts():
         assert ks.sm_count() == _cuda.context_sm_count() == sms
         assert ks.smem_optin() == _cuda.context_attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN") > 48 * 1024
     assert ks.sm_count() == full
+
+
+@pytest.mark.parametrize("k_sparsity,v_sparsity", [(0.6, 0.8), (0.7, 0.73)])
+def test_any_store_order_decodes(k_sparsity, v_sparsity):
+    """Records in random store orders x (0-63, odd ones too; keeps 26/13 the compressor never schedules, and 19/17)
+    uploaded from the host: every tactic's decoder puts each value at channel c' ^ x (float64 reference)."""
+    rng = np.random.default_rng(int(100 * k_sparsity))
+    cfg = f.SparseKVConfig(64, 8, 2, k_sparsity, v_sparsity, 1200)
+    lens = np.array([1100, 333], np.int32)
+    k, v = make(rng, 2, 2, 1100, 64)
+    host = f.SparseKVCache.prefill(cfg, k, v, lens)
+    for name, keep in (("k_rec", cfg.keep_k), ("v_rec", cfg.keep_v)):
+        log = f.records_to_logical(getattr(host, name))
+        for b, L in enumerate(lens.tolist()):
+            nc = cfg.n_compressed(L)
+            dense = f.decompress(log[b, :, :nc], 64, keep)
+            rec = f.compress(dense, keep)  # plain again (the prefill may have scheduled them)
+            log[b, :, :nc] = f.reorder_records(rec, 64, keep, rng.integers(0, 64, rec.shape[:-1]))
+        setattr(host, name, f.records_to_physical(log))
+    g = GpuCache(cfg, 2)
+    for name in ("k_rec", "v_rec", "k_ring", "v_ring", "lens"):
+        getattr(g, name).copy_(torch.from_numpy(np.ascontiguousarray(getattr(host, name))))
+    q = rng.standard_normal((2, cfg.num_q_heads, 64)).astype(np.float16)
+    expect = ref.cache_attention(host, q)
+    for tactic, tps in splits_for(64):
+        check_attention(gpu_attention(cfg, g, q, int(lens.max()), tps, tactic), expect)
+
+
+def test_schedule_switch_gives_plain_records(monkeypatch):
+    """``SCHEDULE_RECORDS = False``: the prefill writes plain records (x = 0), the bytes of ``compress``."""
+    rng = np.random.default_rng(11)
+    cfg = f.SparseKVConfig(64, 4, 2, 0.7, 0.7, 300)
+    k, v = make(rng, 1, 2, 300, 64)
+    monkeypatch.setattr(ks, "SCHEDULE_RECORDS", False)
+    g = gpu_prefill(cfg, k, v, [300])
+    nc = cfg.n_compressed(300)
+    got = f.records_to_logical(g.k_rec.cpu().numpy())[0, :, :nc]
+    assert np.array_equal(got, f.compress(k[0, :, :nc], cfg.keep_k))
+    monkeypatch.setattr(ks, "SCHEDULE_RECORDS", True)
+    g = gpu_prefill(cfg, k, v, [300])
+    got = f.records_to_logical(g.k_rec.cpu().numpy())[0, :, :nc]
+    assert (f.record_order(got, 64, cfg.keep_k) != 0).any()
