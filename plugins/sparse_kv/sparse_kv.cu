@@ -6,7 +6,7 @@
 //                       uint64 bitmap[D/64] (bit c = channel c kept) | fp16 kept values in channel
 //                       order | zero padding to KP = round_up(keep, 4) values; D = 64 records with padding
 //                       (keep % 4 != 0) hold a store order x (0..63) in their last half: bitmap bit c' and the
-//                       values (ascending c') stand for channel c' ^ x (schedule_tile picks x; x = 0: as above);
+//                       values (ascending c') stand for channel c' ^ x (compress_tile picks x; x = 0: as above);
 //                       stored in groups of 16 tokens, chunk-major: 8-byte unit k of token t's record at byte
 //                       16 R (t / 16) + 128 k + 8 (t % 16) of the (b, h) row (record capacity a multiple of 16),
 //                       so that 16 lanes loading unit k of a tile's 16 records read 128 contiguous bytes
@@ -34,7 +34,7 @@
 //   sparse_kv_combine_d{D}      grid (B * Hq), 256 threads: merges the splits (merge_splits), writes fp16 out.
 //   sparse_kv_prefill_d{D}      grid (ceil(S / 16), Hkv, B), 512 threads: compress tokens [0, n_comp), copy the
 //                               rest into the ring (one warp per token, K then V); then warp 0 gives the block's
-//                               16-token tile of records its store order (schedule_tile; D = 64, `sched`).
+//                               16-token tile of records its store order (compress_tile; D = 64, `sched`).
 //   sparse_kv_append_d{D}       grid (ceil(A / 16) + 1, Hkv, B), 512 threads: write token lens[b]-1 into the ring;
 //                               when the window reaches W + A, compress its oldest A tokens (block i: those in the
 //                               i-th 16-token tile they touch) and schedule them.
@@ -1444,79 +1444,127 @@ __device__ __forceinline__ uint64_t xor_permute64(uint64_t bm, uint32_t x) {
   return bm;
 }
 
-// One warp: records of tokens [t_lo, t_hi) (plain, x = 0) of the 16-token tile starting at t0 of (b, h) row `bh`
-// get their store order, in place; tokens [t0, t_lo) are scheduled already. cnt: the warp's shared [20][32] stores
-// per (step, bank), peak: [20] the busiest bank's count per step.
-__device__ __noinline__ void schedule_tile(uint8_t* __restrict__ k_rec, uint8_t* __restrict__ v_rec, size_t bh,
-                                           int cap, int t0, int t_lo, int t_hi, int keep_k, int keep_v, int rk,
-                                           int rv, int* cnt, int* peak) {
-  const int lane = threadIdx.x & 31;
-  auto rec_of = [&](int t, int kv) -> uint8_t* {
-    return kv ? v_rec + rec_offset(bh * cap + t, rv) : k_rec + rec_offset(bh * cap + t, rk);
-  };
-  for (int i = lane; i < kStoreSteps * 32; i += 32) cnt[i] = 0;
-  __syncwarp();
-  if (lane < 2 * (t_lo - t0)) {  // the tile's scheduled records: token t0 + lane / 2, K (even lanes) or V
-    const int t = t0 + lane / 2, kv = lane & 1, keep = kv ? keep_v : keep_k;
-    const uint8_t* rec = rec_of(t, kv);
+// A 16-token tile's records compressed by one block of kCompWarps warps (warp w: token t0 + w): tokens [lo, hi) of
+// the tile at t0 (a multiple of 16) of (b, h) row `bh`, from the rows kb + r D, vb + r D (r = t, or t % C with a
+// ring of C > 0 slots); tokens [t0, lo) are records already. With `sched` (D = 64, K and V records of 48 bytes) the
+// new records get their store order: compressed into shared memory (the group's chunk-major layout), every warp
+// computes the banks of its two records under each candidate x (lane l: x = 2 l), warp 0 picks the orders in token
+// order (K, then V) against the stores counted so far, then each warp rewrites its records and copies them out.
+// Block-uniform arguments; every thread of the block calls this.
+template <int D>
+__device__ __forceinline__ void compress_tile(const __half* __restrict__ kb, const __half* __restrict__ vb, int C,
+                                              uint8_t* __restrict__ k_rec, uint8_t* __restrict__ v_rec, size_t bh,
+                                              int cap, int t0, int lo, int hi, int keep_k, int keep_v, int rk, int rv,
+                                              bool sched) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = t0 + warp, i = t - t0;
+  const bool mine = t >= lo && t < hi;
+  const size_t row = static_cast<size_t>(C > 0 ? t % C : t) * D;
+  if (D != 64 || !sched) {
+    if (mine) {
+      compress_token<D>(kb + row, k_rec + rec_offset(bh * cap + t, rk), keep_k, (rk - D / 8) / 2);
+      compress_token<D>(vb + row, v_rec + rec_offset(bh * cap + t, rv), keep_v, (rv - D / 8) / 2);
+    }
+    return;
+  }
+  constexpr int R = 48, KP = (R - 8) / 2;
+  __shared__ __align__(16) uint8_t s_grp[2][16 * R];  // this tile's K and V records, chunk-major as in memory
+  __shared__ uint32_t s_bank[2 * 16][32][kStoreSteps / 4];  // record 2 i + kv, candidate lane: 20 banks (int8)
+  __shared__ int s_cnt[kStoreSteps * 32], s_peak[kStoreSteps];
+  __shared__ uint8_t s_x[2 * 16];
+  uint8_t* const grp_k = k_rec + rec_offset(bh * cap + t0, R);  // the tile's group in memory
+  uint8_t* const grp_v = v_rec + rec_offset(bh * cap + t0, R);
+  for (int e = threadIdx.x; e < kStoreSteps * 32; e += blockDim.x) s_cnt[e] = 0;
+  if (mine) {
+    compress_token<64>(kb + row, s_grp[0] + 8 * i, keep_k, KP);
+    compress_token<64>(vb + row, s_grp[1] + 8 * i, keep_v, KP);
+  }
+  __syncthreads();
+  if (t < lo && lane < 2) {  // a record scheduled before: its stores count
+    const uint8_t* rec = (lane ? grp_v : grp_k) + 8 * i;
+    const int keep = lane ? keep_v : keep_k;
     int bk[kStoreSteps];
-    store_banks64(*reinterpret_cast<const uint64_t*>(rec), rec_order<64>(rec, keep), keep, t - t0, bk);
+    store_banks64(*reinterpret_cast<const uint64_t*>(rec), rec_order<64>(rec, keep), keep, i, bk);
 #pragma unroll
     for (int s = 0; s < kStoreSteps; ++s)
-      if (bk[s] >= 0) atomicAdd(cnt + 32 * s + bk[s], 1);
-  }
-  __syncwarp();
-  if (lane < kStoreSteps) {
-    int m = 0;
-    for (int j = 0; j < 32; ++j) m = max(m, cnt[32 * lane + j]);
-    peak[lane] = m;
-  }
-  __syncwarp();
-  const uint32_t x = 2u * lane;  // this lane's candidate
-  for (int t = t_lo; t < t_hi; ++t) {
+      if (bk[s] >= 0) atomicAdd(s_cnt + 32 * s + bk[s], 1);
+  } else if (mine) {
+#pragma unroll
     for (int kv = 0; kv < 2; ++kv) {
-      const int keep = kv ? keep_v : keep_k;
-      uint8_t* rec = rec_of(t, kv);
-      const uint64_t bm = *reinterpret_cast<const uint64_t*>(rec);
-      const uint64_t mine = xor_permute64(bm, x);  // the stored bitmap in this lane's order
+      const uint64_t bm = *reinterpret_cast<const uint64_t*>(s_grp[kv] + 8 * i);
+      const uint32_t x = 2u * lane;
       int bk[kStoreSteps];
-      store_banks64(mine, x, keep, t - t0, bk);
+      store_banks64(xor_permute64(bm, x), x, kv ? keep_v : keep_k, i, bk);
+#pragma unroll
+      for (int j = 0; j < kStoreSteps / 4; ++j)
+        s_bank[2 * i + kv][lane][j] = (bk[4 * j] & 0xff) | (bk[4 * j + 1] & 0xff) << 8 | (bk[4 * j + 2] & 0xff) << 16 |
+                                      static_cast<uint32_t>(bk[4 * j + 3] & 0xff) << 24;
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {  // the greedy choice, record by record
+    if (lane < kStoreSteps) {
+      int m = 0;
+      for (int j = 0; j < 32; ++j) m = max(m, s_cnt[32 * lane + j]);
+      s_peak[lane] = m;
+    }
+    __syncwarp();
+    for (int r = 2 * (lo - t0); r < 2 * (hi - t0); ++r) {
+      int bk[kStoreSteps];
+#pragma unroll
+      for (int j = 0; j < kStoreSteps / 4; ++j) {
+        const uint32_t w = s_bank[r][lane][j];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bk[4 * j + e] = static_cast<int8_t>((w >> (8 * e)) & 0xffu);
+      }
       int added = 0;
 #pragma unroll
-      for (int s = 0; s < kStoreSteps; ++s) added += bk[s] >= 0 && cnt[32 * s + bk[s]] + 1 > peak[s];
-      const uint32_t best = __reduce_min_sync(0xffffffffu, (static_cast<uint32_t>(added) << 6) | x) & 63u;
-      const uint64_t pbm = __shfl_sync(0xffffffffu, static_cast<unsigned long long>(mine), best >> 1);
-      if (x == best) {
+      for (int s = 0; s < kStoreSteps; ++s) added += bk[s] >= 0 && s_cnt[32 * s + bk[s]] + 1 > s_peak[s];
+      const uint32_t best = __reduce_min_sync(0xffffffffu, (static_cast<uint32_t>(added) << 6) | (2u * lane)) & 63u;
+      if (2u * lane == best) {
 #pragma unroll
         for (int s = 0; s < kStoreSteps; ++s)
-          if (bk[s] >= 0) peak[s] = max(peak[s], ++cnt[32 * s + bk[s]]);
-      }
-      if (best != 0u) {  // rewrite the record in order `best`: lane l moves the values of channels l and l + 32
-        const int o0 = 8;  // values start at byte D / 8 = 8
-        auto val = [&](int v) {
-          const int o = o0 + 2 * v;
-          return reinterpret_cast<unsigned short*>(rec + kRecStride * (o >> 3) + (o & 7));
-        };
-        unsigned short vv[2];
-        int dst[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int c = lane + 32 * e;
-          const bool kept = (bm >> c) & 1ull;
-          dst[e] = kept ? __popcll(pbm & ((1ull << (c ^ best)) - 1ull)) : -1;
-          vv[e] = kept ? *val(__popcll(bm & ((1ull << c) - 1ull))) : 0;
-        }
-        __syncwarp();
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if (dst[e] >= 0) *val(dst[e]) = vv[e];
-        if (lane == 0) {
-          *reinterpret_cast<uint64_t*>(rec) = pbm;
-          *val(round_up(keep, 4) - 1) = static_cast<unsigned short>(best);
-        }
+          if (bk[s] >= 0) s_peak[s] = max(s_peak[s], ++s_cnt[32 * s + bk[s]]);
+        s_x[r] = static_cast<uint8_t>(best);
       }
       __syncwarp();
     }
+  }
+  __syncthreads();
+  if (!mine) return;
+#pragma unroll
+  for (int kv = 0; kv < 2; ++kv) {  // the record in order x: lane l moves the values of channels l and l + 32
+    uint8_t* rec = s_grp[kv] + 8 * i;
+    const uint32_t x = s_x[2 * i + kv];
+    auto val = [&](int v) {
+      const int o = 8 + 2 * v;
+      return reinterpret_cast<unsigned short*>(rec + kRecStride * (o >> 3) + (o & 7));
+    };
+    if (x != 0u) {
+      const uint64_t bm = *reinterpret_cast<const uint64_t*>(rec), pbm = xor_permute64(bm, x);
+      unsigned short vv[2];
+      int dst[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = lane + 32 * e;
+        const bool kept = (bm >> c) & 1ull;
+        dst[e] = kept ? __popcll(pbm & ((1ull << (c ^ x)) - 1ull)) : -1;
+        vv[e] = kept ? *val(__popcll(bm & ((1ull << c) - 1ull))) : 0;
+      }
+      __syncwarp();
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (dst[e] >= 0) *val(dst[e]) = vv[e];
+      if (lane == 0) {
+        *reinterpret_cast<uint64_t*>(rec) = pbm;
+        *val(KP - 1) = static_cast<unsigned short>(x);
+      }
+    }
+  }
+  __syncwarp();
+  if (lane < 2 * R / 8) {  // unit u of the K (lanes 0-5) or V (6-11) record out, 8 bytes
+    const int kv = lane / (R / 8), u = lane % (R / 8);
+    *reinterpret_cast<uint2*>((kv ? grp_v : grp_k) + kRecStride * u + 8 * i) =
+        *reinterpret_cast<const uint2*>(s_grp[kv] + kRecStride * u + 8 * i);
   }
 }
 
@@ -1527,30 +1575,17 @@ __device__ __forceinline__ void prefill(
     __half* __restrict__ v_ring, int Hkv, int cap, int C, int W, int A, int keep_k, int keep_v, int rk, int rv,
     int sched) {
   // Block: the 16-token tile blockIdx.x of (b, h); warp w: its token w.
-  __shared__ int s_cnt[kStoreSteps * 32], s_peak[kStoreSteps];
   const int t0 = blockIdx.x * kCompWarps, t = t0 + (threadIdx.x >> 5), h = blockIdx.y, b = blockIdx.z;
   const int L = min(lens[b], S);
   const int n_comp = min(n_compressed(L, W, A), cap);
   const size_t bh = static_cast<size_t>(b) * Hkv + h;
-  if (t < L) {
-    const __half* ks = k_src + (bh * S + t) * D;
-    const __half* vs = v_src + (bh * S + t) * D;
-    if (t < n_comp) {
-      compress_token<D>(ks, k_rec + rec_offset(bh * cap + t, rk), keep_k, (rk - D / 8) / 2);
-      compress_token<D>(vs, v_rec + rec_offset(bh * cap + t, rv), keep_v, (rv - D / 8) / 2);
-    } else if (t >= n_compressed(L, W, A)) {
-      copy_row<D>(ks, k_ring + (bh * C + t % C) * D);
-      copy_row<D>(vs, v_ring + (bh * C + t % C) * D);
-    }
+  if (t < L && t >= n_compressed(L, W, A)) {
+    copy_row<D>(k_src + (bh * S + t) * D, k_ring + (bh * C + t % C) * D);
+    copy_row<D>(v_src + (bh * S + t) * D, v_ring + (bh * C + t % C) * D);
   }
-  if constexpr (D == 64) {
-    if (sched && t0 < n_comp) {  // block-uniform
-      __syncthreads();  // the tile's records written (block scope)
-      if (threadIdx.x < 32)
-        schedule_tile(k_rec, v_rec, bh, cap, t0, t0, min(t0 + kCompWarps, n_comp), keep_k, keep_v, rk, rv, s_cnt,
-                      s_peak);
-    }
-  }
+  if (t0 < n_comp)  // block-uniform
+    compress_tile<D>(k_src + bh * S * D, v_src + bh * S * D, 0, k_rec, v_rec, bh, cap, t0, t0,
+                     min(t0 + kCompWarps, n_comp), keep_k, keep_v, rk, rv, sched != 0);
 }
 
 template <int D>
@@ -1561,37 +1596,25 @@ __device__ __forceinline__ void append(
     unsigned* __restrict__ counters, int n_counters, int sched) {
   // The node's one-token call (run_node, S = 1) zeroes the fused merge's counters here (TensorRT's scratch holds
   // anything on entry); the attention launched after this on the same stream uses them. n_counters = 0 otherwise.
-  __shared__ int s_cnt[kStoreSteps * 32], s_peak[kStoreSteps];
   if (n_counters > 0 && (blockIdx.x | blockIdx.y | blockIdx.z) == 0)
     for (int t = threadIdx.x; t < n_counters; t += blockDim.x) counters[t] = 0u;
-  const int warp = threadIdx.x >> 5, h = blockIdx.y, b = blockIdx.z;
+  const int h = blockIdx.y, b = blockIdx.z;
   const int L = lens[b];
   if (L <= 0) return;  // block-uniform
   const size_t bh = static_cast<size_t>(b) * Hkv + h;
-  if (blockIdx.x == 0 && warp == 0) {
+  if (blockIdx.x == 0 && threadIdx.x < 32) {
     copy_row<D>(k_new + bh * D, k_ring + (bh * C + (L - 1) % C) * D);
     copy_row<D>(v_new + bh * D, v_ring + (bh * C + (L - 1) % C) * D);
   }
   // Compress the oldest A window tokens [g0, g0 + A) when this token fills the window to W + A: block i takes those
   // in the i-th 16-token tile they touch. They are not the new token's slot (W >= 1), so no race with the copy.
   if (L < W + A || (L - W) % A != 0) return;  // block-uniform
-  const int g0 = L - W - A, g1 = min(L - W, cap);
+  const int g0 = L - W - A;
   const int t0 = (g0 / kCompWarps + static_cast<int>(blockIdx.x)) * kCompWarps;
-  const int lo = max(g0, t0), hi = min(g1, t0 + kCompWarps);
+  const int lo = max(g0, t0), hi = min(min(L - W, cap), t0 + kCompWarps);
   if (lo >= hi) return;  // block-uniform
-  const int t = t0 + warp;
-  if (t >= lo && t < hi) {
-    compress_token<D>(k_ring + (bh * C + t % C) * D, k_rec + rec_offset(bh * cap + t, rk), keep_k,
-                      (rk - D / 8) / 2);
-    compress_token<D>(v_ring + (bh * C + t % C) * D, v_rec + rec_offset(bh * cap + t, rv), keep_v,
-                      (rv - D / 8) / 2);
-  }
-  if constexpr (D == 64) {
-    if (sched) {
-      __syncthreads();
-      if (threadIdx.x < 32) schedule_tile(k_rec, v_rec, bh, cap, t0, lo, hi, keep_k, keep_v, rk, rv, s_cnt, s_peak);
-    }
-  }
+  compress_tile<D>(k_ring + bh * C * D, v_ring + bh * C * D, C, k_rec, v_rec, bh, cap, t0, lo, hi, keep_k, keep_v,
+                   rk, rv, sched != 0);
 }
 
 }  // namespace
