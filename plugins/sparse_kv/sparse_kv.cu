@@ -1469,7 +1469,7 @@ __device__ __forceinline__ void compress_tile(const __half* __restrict__ kb, con
   constexpr int R = 48, KP = (R - 8) / 2;
   __shared__ __align__(16) uint8_t s_grp[2][16 * R];  // this tile's K and V records, chunk-major as in memory
   __shared__ uint32_t s_bank[2 * 16][32][kStoreSteps / 4];  // record 2 i + kv, candidate lane: 20 banks (int8)
-  __shared__ int s_cnt[kStoreSteps * 32], s_peak[kStoreSteps];
+  __shared__ int s_cnt[kStoreSteps * 32];
   __shared__ uint8_t s_x[2 * 16];
   uint8_t* const grp_k = k_rec + rec_offset(bh * cap + t0, R);  // the tile's group in memory
   uint8_t* const grp_v = v_rec + rec_offset(bh * cap + t0, R);
@@ -1501,13 +1501,16 @@ __device__ __forceinline__ void compress_tile(const __half* __restrict__ kb, con
     }
   }
   __syncthreads();
-  if (warp == 0) {  // the greedy choice, record by record
-    if (lane < kStoreSteps) {
-      int m = 0;
-      for (int j = 0; j < 32; ++j) m = max(m, s_cnt[32 * lane + j]);
-      s_peak[lane] = m;
+  if (warp == 0) {  // the greedy choice, record by record, all in registers: lane j holds bank j's counts
+    int cnt[kStoreSteps], peak[kStoreSteps];
+#pragma unroll
+    for (int s = 0; s < kStoreSteps; ++s) {
+      cnt[s] = s_cnt[32 * s + lane];
+      int m = cnt[s];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+      peak[s] = m;
     }
-    __syncwarp();
     for (int r = 2 * (lo - t0); r < 2 * (hi - t0); ++r) {
       int bk[kStoreSteps];
 #pragma unroll
@@ -1516,17 +1519,22 @@ __device__ __forceinline__ void compress_tile(const __half* __restrict__ kb, con
 #pragma unroll
         for (int e = 0; e < 4; ++e) bk[4 * j + e] = static_cast<int8_t>((w >> (8 * e)) & 0xffu);
       }
-      int added = 0;
+      int added = 0, hit[kStoreSteps];
 #pragma unroll
-      for (int s = 0; s < kStoreSteps; ++s) added += bk[s] >= 0 && s_cnt[32 * s + bk[s]] + 1 > s_peak[s];
-      const uint32_t best = __reduce_min_sync(0xffffffffu, (static_cast<uint32_t>(added) << 6) | (2u * lane)) & 63u;
-      if (2u * lane == best) {
-#pragma unroll
-        for (int s = 0; s < kStoreSteps; ++s)
-          if (bk[s] >= 0) s_peak[s] = max(s_peak[s], ++s_cnt[32 * s + bk[s]]);
-        s_x[r] = static_cast<uint8_t>(best);
+      for (int s = 0; s < kStoreSteps; ++s) {
+        hit[s] = __shfl_sync(0xffffffffu, cnt[s], bk[s] & 31);  // this candidate's bank's count at step s
+        added += bk[s] >= 0 && hit[s] + 1 > peak[s];
       }
-      __syncwarp();
+      const uint32_t best = __reduce_min_sync(0xffffffffu, (static_cast<uint32_t>(added) << 6) | (2u * lane)) & 63u;
+#pragma unroll
+      for (int s = 0; s < kStoreSteps; ++s) {  // the winner's store at step s: bank (bits 0-5, 63: none), count
+        const int wb = __shfl_sync(0xffffffffu, (bk[s] & 63) | (hit[s] << 6), best >> 1);
+        if ((wb & 63) != 63) {
+          cnt[s] += (wb & 63) == lane;
+          peak[s] = max(peak[s], (wb >> 6) + 1);
+        }
+      }
+      if (lane == 0) s_x[r] = static_cast<uint8_t>(best);
     }
   }
   __syncthreads();
