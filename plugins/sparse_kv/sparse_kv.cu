@@ -1511,28 +1511,34 @@ __device__ __forceinline__ void compress_tile(const __half* __restrict__ kb, con
       for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
       peak[s] = m;
     }
+    // A store adds a wavefront where its bank's count equals the step's peak (counts never exceed it). The winner's
+    // such steps (mask mw) raise the peaks; its banks (from s_bank) the counts.
+    auto unpack = [](const uint32_t* w, int (&bk)[kStoreSteps]) {
+#pragma unroll
+      for (int j = 0; j < kStoreSteps / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bk[4 * j + e] = static_cast<int8_t>((w[j] >> (8 * e)) & 0xffu);
+    };
     for (int r = 2 * (lo - t0); r < 2 * (hi - t0); ++r) {
       int bk[kStoreSteps];
-#pragma unroll
-      for (int j = 0; j < kStoreSteps / 4; ++j) {
-        const uint32_t w = s_bank[r][lane][j];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) bk[4 * j + e] = static_cast<int8_t>((w >> (8 * e)) & 0xffu);
-      }
-      int added = 0, hit[kStoreSteps];
+      unpack(s_bank[r][lane], bk);
+      int added = 0;
+      uint32_t m = 0u;
 #pragma unroll
       for (int s = 0; s < kStoreSteps; ++s) {
-        hit[s] = __shfl_sync(0xffffffffu, cnt[s], bk[s] & 31);  // this candidate's bank's count at step s
-        added += bk[s] >= 0 && hit[s] + 1 > peak[s];
+        const int hit = __shfl_sync(0xffffffffu, cnt[s], bk[s] & 31);  // this candidate's bank's count at step s
+        const bool on = bk[s] >= 0 && hit >= peak[s];
+        added += on;
+        m |= static_cast<uint32_t>(on) << s;
       }
       const uint32_t best = __reduce_min_sync(0xffffffffu, (static_cast<uint32_t>(added) << 6) | (2u * lane)) & 63u;
+      const uint32_t mw = __shfl_sync(0xffffffffu, m, best >> 1);
+      int wb[kStoreSteps];
+      unpack(s_bank[r][best >> 1], wb);
 #pragma unroll
-      for (int s = 0; s < kStoreSteps; ++s) {  // the winner's store at step s: bank (bits 0-5, 63: none), count
-        const int wb = __shfl_sync(0xffffffffu, (bk[s] & 63) | (hit[s] << 6), best >> 1);
-        if ((wb & 63) != 63) {
-          cnt[s] += (wb & 63) == lane;
-          peak[s] = max(peak[s], (wb >> 6) + 1);
-        }
+      for (int s = 0; s < kStoreSteps; ++s) {
+        cnt[s] += wb[s] == lane;
+        peak[s] += (mw >> s) & 1u;
       }
       if (lane == 0) s_x[r] = static_cast<uint8_t>(best);
     }
