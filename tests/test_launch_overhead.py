@@ -25,6 +25,7 @@ from edgesdk.errors import EdgeSDKError  # noqa: E402
 from edgesdk.formats.vitbit_gemm import k_padded  # noqa: E402
 from edgesdk.kernels import _cuda  # noqa: E402
 from edgesdk.formats.sparse_kv import STATE_DTYPES, SparseKVConfig, state_shapes  # noqa: E402
+from edgesdk.formats import sparse_kv as sparse_kv_format  # noqa: E402
 from edgesdk.kernels import bitmap_linear as kbl  # noqa: E402
 from edgesdk.kernels import sparse_kv as ks  # noqa: E402
 from edgesdk.kernels import vitbit_gemm as K  # noqa: E402
@@ -279,6 +280,7 @@ def test_vitbit_split_m_plans_head_and_tail(stub, tactic, tail):
 
 
 KV = SparseKVConfig(64, 32, 8, 0.7, 0.7, 4096)
+SCHED = sparse_kv_format.SCHEDULE_APPEND_FROM  # append's `sched`: schedule groups from this length on
 KV_PTRS = dict(q=0x11000, cache=ks.CachePtrs(0x21000, 0x22000, 0x23000, 0x24000, 0x25000), out=0x31000, ws=0x40000)
 
 
@@ -472,13 +474,13 @@ def test_sparse_kv_node_steps(stub, S):
         for i in range(S):
             if S == 1:
                 app, attn = seen
-                assert app["args"][-3:] == [ws, counters, 1]  # append zeroes the merge counters; schedules (70 %)
+                assert app["args"][-3:] == [ws, counters, SCHED]  # zeroes the merge counters; schedules (70 %)
             else:
                 prep, app, attn = seen[3 * i:3 * i + 3]
                 assert prep["name"] == "sparse_kv_node_step"
                 assert prep["args"] == [lengths, lens, B, ws, counters, q, k, v, out, q_ws, k_ws, v_ws, o_ws, B * 32,
                                         B * 8, d, S, i]
-                assert app["args"][-3:] == [0, 0, 1]
+                assert app["args"][-3:] == [0, 0, SCHED]
             assert app["name"] == "sparse_kv_append_d64" and app["args"][:7] == [ki, vi, li, 0x600000, 0x710000,
                                                                               0x620000, 0x630000]
             # 70 %: 48-byte records, decoded from registers by 16-warp blocks (pipelined from 6 tiles per warp)

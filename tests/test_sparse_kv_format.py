@@ -144,8 +144,10 @@ def test_append_matches_prefill(window, group, seed, v_sparsity):
     k, v = _kv(rng, 3, 2, 80, 64)
     full = f.SparseKVCache.prefill(cfg, k, v, lens)
     step = f.SparseKVCache.prefill(cfg, k, v, np.zeros(3, np.int32))
-    for t in range(80):
-        step.append(k[:, :, t], v[:, :, t])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(f, "SCHEDULE_APPEND_FROM", 1)  # appends schedule from the first group on
+        for t in range(80):
+            step.append(k[:, :, t], v[:, :, t])
     for b, L in enumerate(lens):
         nc = cfg.n_compressed(int(L))
         for a_, b_ in ((full.k_rec, step.k_rec), (full.v_rec, step.v_rec)):
@@ -281,3 +283,21 @@ def test_schedule_spreads_the_scatter_over_the_banks():
     assert sched.mean() < 0.75 * plain.mean(), (sched.mean(), plain.mean())
     assert (sched <= plain).all()
     assert not f.schedules(64, 19, 26) and not f.schedules(128, 38, 38)
+
+
+def test_appends_schedule_from_the_threshold():
+    """Below SCHEDULE_APPEND_FROM tokens an append writes plain records (x = 0); from it on, scheduled ones."""
+    rng = np.random.default_rng(2)
+    cfg = f.SparseKVConfig(64, 4, 2, 0.7, 0.7, 200, window=8, group=16)
+    k, v = _kv(rng, 1, 2, 200, 64)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(f, "SCHEDULE_APPEND_FROM", 120)
+        c = f.SparseKVCache.prefill(cfg, k, v, np.zeros(1, np.int32))
+        for t in range(200):
+            c.append(k[:, :, t], v[:, :, t])
+    x = f.record_order(f.records_to_logical(c.k_rec)[0], 64, cfg.keep_k)  # [H, slots]
+    # a group is compressed at L = 24, 40, ..., 200 (tokens L - 24 .. L - 9): those of L < 120 (tokens < 96) plain
+    assert (x[:, :96] == 0).all() and (x[:, 96:cfg.n_compressed(200)] != 0).mean() > 0.5
+    kd, _ = c.dense()
+    nc = cfg.n_compressed(200)
+    assert np.array_equal(kd[0, :, :nc], f.prune(k[0, :, :nc], cfg.keep_k))

@@ -75,6 +75,11 @@ STORE_STEPS = (19, 0, 18, 1, 17, 2, 16, 3, 15, 4, 14, 5, 13, 6, 12, 7, 11, 8, 10
 ROW_BANK_STEP = 4
 #: Permutations the compressor tries (even ones: x and x ^ 1 hit the same banks).
 SCHEDULE_CANDIDATES = tuple(range(0, 64, 2))
+#: A prefill schedules every record; an append schedules its group only once the sequence holds this many tokens.
+#: Scheduling a 32-token group costs ≈ 15 µs more than compressing it (the choice is sequential over the tile's 32
+#: records; H200, session 33), which is > 8 % of a dense decode step when spread over the group's 32 steps at short
+#: context; from 16k on it is ≤ 6.3 % on issue 7's shapes, and there the pipelined kernels that gain from it run.
+SCHEDULE_APPEND_FROM = 16384
 
 
 def keep_count(head_dim: int, sparsity: float) -> int:
@@ -266,7 +271,8 @@ def schedule_records(k_log: np.ndarray, v_log: np.ndarray, keep_k: int, keep_v: 
     wavefronts as its busiest bank has stores. In token order, K then V, each record takes the ``x`` of
     :data:`SCHEDULE_CANDIDATES` that adds the fewest wavefronts to the tile's records before it (counted from
     :func:`store_banks`); ties go to the smaller ``x``. Greedy and causal, so appending a group gives the bytes a
-    prefill of the same tokens gives. ``sparse_kv_prefill`` / ``sparse_kv_append`` do the same on the GPU.
+    prefill of the same tokens gives (where appends schedule: :data:`SCHEDULE_APPEND_FROM`).
+    ``sparse_kv_prefill`` / ``sparse_kv_append`` do the same on the GPU.
     """
     if t_hi <= t_lo:
         return
@@ -490,7 +496,7 @@ class SparseKVCache:
                 for t in range(t_lo, t_hi):
                     _put_record(self.k_rec, b, t, compress(self.k_ring[b, :, t % c.ring], c.keep_k))
                     _put_record(self.v_rec, b, t, compress(self.v_ring[b, :, t % c.ring], c.keep_v))
-                if schedules(c.head_dim, c.keep_k, c.keep_v) and t_hi > t_lo:
+                if schedules(c.head_dim, c.keep_k, c.keep_v) and t_hi > t_lo and L >= SCHEDULE_APPEND_FROM:
                     k_log, v_log = records_to_logical(self.k_rec[b]), records_to_logical(self.v_rec[b])
                     schedule_records(k_log, v_log, c.keep_k, c.keep_v, t_lo, t_hi)
                     self.k_rec[b] = records_to_physical(k_log)

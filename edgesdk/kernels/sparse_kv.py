@@ -35,6 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from edgesdk.errors import EdgeSDKError
+from edgesdk.formats import sparse_kv as _fmt
 from edgesdk.formats.sparse_kv import STATE_DTYPES, SparseKVConfig, schedules, state_shapes
 from edgesdk.kernels import _cuda
 
@@ -431,8 +432,12 @@ def _cache_args(cfg: SparseKVConfig, c: CachePtrs) -> list:
             _i(cfg.keep_v), _i(cfg.rk), _i(cfg.rv)]
 
 
-def _schedule_arg(cfg: SparseKVConfig) -> ctypes.c_int:
-    return _i(1 if SCHEDULE_RECORDS and schedules(cfg.head_dim, cfg.keep_k, cfg.keep_v) else 0)
+def _schedule_arg(cfg: SparseKVConfig, append: bool = False) -> ctypes.c_int:
+    """The kernels' ``sched``: 0 = plain records; prefill: schedule; append: schedule from this sequence length on
+    (:data:`edgesdk.formats.sparse_kv.SCHEDULE_APPEND_FROM`, read when the launch is planned)."""
+    if not (SCHEDULE_RECORDS and schedules(cfg.head_dim, cfg.keep_k, cfg.keep_v)):
+        return _i(0)
+    return _i(max(1, _fmt.SCHEDULE_APPEND_FROM) if append else 1)
 
 
 def prefill(cfg: SparseKVConfig, batch: int, src_tokens: int, k_src: int, v_src: int, cache: CachePtrs,
@@ -471,7 +476,7 @@ def _append_launch(cfg: SparseKVConfig, batch: int, slot: dict, n_counters: int 
     ``slot["counters"]`` (the node's one-token call)."""
     k = _kernel(f"sparse_kv_append_d{cfg.head_dim}")
     args = [slot[n] for n in _APPEND_PTRS] + [_i(v) for v in (cfg.num_kv_heads, *_geometry(cfg))]
-    args += [slot["counters"] if n_counters else ctypes.c_void_p(0), _i(n_counters), _schedule_arg(cfg)]
+    args += [slot["counters"] if n_counters else ctypes.c_void_p(0), _i(n_counters), _schedule_arg(cfg, append=True)]
     # block i: the group's tokens in the i-th 16-token tile they touch (one more tile than whole ones when unaligned)
     return k.plan((math.ceil(cfg.group / COMP_WARPS) + 1, cfg.num_kv_heads, batch), (COMP_THREADS,),
                   _cuda.ArgBlock(args))

@@ -37,7 +37,7 @@
 //                               16-token tile of records its store order (compress_tile; D = 64, `sched`).
 //   sparse_kv_append_d{D}       grid (ceil(A / 16) + 1, Hkv, B), 512 threads: write token lens[b]-1 into the ring;
 //                               when the window reaches W + A, compress its oldest A tokens (block i: those in the
-//                               i-th 16-token tile they touch) and schedule them.
+//                               i-th 16-token tile they touch) and schedule them once lens[b] >= `sched` (> 0).
 // Top-k per token: a warp-wide radix select on the 15-bit magnitude |x| (fp16 bits & 0x7fff) with
 // __reduce_add_sync, then ballots give bitmap, tie ranks and value positions.
 #include <cuda_fp16.h>
@@ -1628,7 +1628,7 @@ __device__ __forceinline__ void append(
   const int lo = max(g0, t0), hi = min(min(L - W, cap), t0 + kCompWarps);
   if (lo >= hi) return;  // block-uniform
   compress_tile<D>(k_ring + bh * C * D, v_ring + bh * C * D, C, k_rec, v_rec, bh, cap, t0, lo, hi, keep_k, keep_v,
-                   rk, rv, sched != 0);
+                   rk, rv, sched > 0 && L >= sched);  // sched: schedule from this length on (0: never)
 }
 
 }  // namespace

@@ -273,9 +273,11 @@ def test_merge_many_splits(hq, hkv):
 
 
 @pytest.mark.parametrize("d,v_sparsity", [(64, 0.6), (64, 0.72), (128, 0.6)])
-def test_append_steps_match_host(d, v_sparsity):
+def test_append_steps_match_host(d, v_sparsity, monkeypatch):
     """Decode 150 steps from ragged prompts: bytes after every compression and attention at the end (d = 64 with
-    keeps 19 and 18: scheduled records, groups of 7 that start inside 16-token tiles)."""
+    keeps 19 and 18: scheduled records, appends scheduling from 130 tokens on, groups of 7 that start inside
+    16-token tiles)."""
+    monkeypatch.setattr(f, "SCHEDULE_APPEND_FROM", 130)
     rng = np.random.default_rng(d)
     hq, hkv, B, steps = 6, 2, 3, 150
     cfg = f.SparseKVConfig(d, hq, hkv, 0.7, v_sparsity, 400, window=5, group=7)
