@@ -76,9 +76,9 @@ ROW_BANK_STEP = 4
 #: Permutations the compressor tries (even ones: x and x ^ 1 hit the same banks).
 SCHEDULE_CANDIDATES = tuple(range(0, 64, 2))
 #: A prefill schedules every record; an append schedules its group only once the sequence holds this many tokens.
-#: Scheduling a 32-token group costs ≈ 15 µs more than compressing it (the choice is sequential over the tile's 32
+#: Scheduling a 32-token group costs ≈ 16 µs more than compressing it (the choice is sequential over the tile's 32
 #: records; H200, session 33), which is > 8 % of a dense decode step when spread over the group's 32 steps at short
-#: context; from 16k on it is ≤ 6.3 % on issue 7's shapes, and there the pipelined kernels that gain from it run.
+#: context; from 16k on it was ≤ 7.2 % on issue 7's shapes (H200), and there the pipelined kernels that gain run.
 SCHEDULE_APPEND_FROM = 16384
 
 
