@@ -251,6 +251,19 @@ def test_store_banks_hand_checked():
         -1, 1, 8, 1, 8, 0, 9, 0, 6, 3, 6, 3, 7, 2, 7, 2, 4, 5, 4, 5]
 
 
+@pytest.mark.parametrize("keep", [17, 18, 19])
+def test_candidate_banks_are_store_banks_of_the_reordered_records(keep):
+    """The schedule's shortcut (banks of every candidate order from the plain record) = store_banks of the record
+    actually reordered, for every candidate and row."""
+    rng = np.random.default_rng(keep)
+    rec = f.compress(rng.standard_normal((3, 5, 64)).astype(np.float16), keep)
+    xs = np.asarray(f.SCHEDULE_CANDIDATES)
+    for row in (0, 5, 15):
+        got = f._candidate_banks(rec, keep, row, xs)
+        for i, x in enumerate(xs):
+            assert np.array_equal(got[..., i, :], f.store_banks(f.reorder_records(rec, 64, keep, x), keep, row))
+
+
 def _tile_wavefronts(k_log, v_log, keep_k, keep_v):
     """Modelled wavefronts of each full 16-token tile: the busiest bank's stores, summed over the 20 steps."""
     H, n = k_log.shape[0], k_log.shape[1] // 16 * 16

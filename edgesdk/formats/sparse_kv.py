@@ -257,6 +257,19 @@ def _bank_counts(banks: np.ndarray) -> np.ndarray:
     return oh.sum(axis=-3)
 
 
+def _candidate_banks(records: np.ndarray, keep: int, row: int, xs: np.ndarray) -> np.ndarray:
+    """:func:`store_banks` of plain d = 64 records ``uint8 [..., R]`` in tile row ``row`` as if stored in each order of
+    ``xs``: ``[..., len(xs), steps]``, without building the reordered records."""
+    lead = records.shape[:-1]
+    bits = np.unpackbits(records[..., :8], axis=-1, bitorder="little").astype(bool)
+    ch = np.nonzero(bits.reshape(-1, TILE))[1].reshape(*lead, 1, keep)  # kept channels, ascending
+    real = np.sort(ch ^ xs[:, None], axis=-1) ^ xs[:, None]  # the channel of stored value i, per order
+    on = [v < keep for v in STORE_STEPS]
+    banks = np.full((*lead, len(xs), len(STORE_STEPS)), -1, np.int64)
+    banks[..., on] = (ROW_BANK_STEP * row + (real[..., [v for v in STORE_STEPS if v < keep]] >> 1)) % 32
+    return banks
+
+
 def schedules(head_dim: int, keep_k: int, keep_v: int) -> bool:
     """Whether the compressor schedules these records' store order (:func:`schedule_records`)."""
     return head_dim == TILE and keep_k in SCHEDULED_KEEPS and keep_v in SCHEDULED_KEEPS
@@ -278,24 +291,28 @@ def schedule_records(k_log: np.ndarray, v_log: np.ndarray, keep_k: int, keep_v: 
         return
     H = k_log.shape[0]
     xs = np.asarray(SCHEDULE_CANDIDATES, np.int64)
-    counts = None
-    for t in range(t_lo, t_hi):
-        r = t % GROUP_TOKENS
-        if counts is None or r == 0:
-            t0 = t - r
-            counts = np.zeros((H, len(STORE_STEPS), 32), np.int64)
-            if t > t0:
-                counts += _bank_counts(store_banks(k_log[:, t0:t], keep_k, np.arange(r)))
-                counts += _bank_counts(store_banks(v_log[:, t0:t], keep_v, np.arange(r)))
+    j0 = t_lo // GROUP_TOKENS
+    tiles = np.arange(j0, (t_hi - 1) // GROUP_TOKENS + 1)  # tiles are independent: all of them at once
+    counts = np.zeros((H, len(tiles), len(STORE_STEPS), 32), np.int64)
+    r0 = t_lo - GROUP_TOKENS * j0  # the first tile's records before t_lo count
+    for log, keep in ((k_log, keep_k), (v_log, keep_v)):
+        if r0:
+            counts[:, 0] += _bank_counts(store_banks(log[:, t_lo - r0:t_lo], keep, np.arange(r0)))
+    for r in range(GROUP_TOKENS):  # token r of every tile, in token order, K then V
+        ts = GROUP_TOKENS * tiles + r
+        sel = np.nonzero((ts >= t_lo) & (ts < t_hi))[0]
+        if not sel.size:
+            continue
+        tt = ts[sel]
         for log, keep in ((k_log, keep_k), (v_log, keep_v)):
-            cand = reorder_records(np.repeat(log[:, t, None], len(xs), 1), TILE, keep, xs[None, :])  # [H, 32, R]
-            banks = store_banks(cand, keep, r)  # [H, 32, steps]
-            peak = counts.max(-1)  # [H, steps]
-            hit = np.take_along_axis(counts[:, None], np.maximum(banks, 0)[..., None], -1)[..., 0]
-            cost = ((banks >= 0) & (hit + 1 > peak[:, None])).sum(-1)  # added wavefronts [H, 32]
+            rec = log[:, tt]  # plain records [H, n, R]
+            banks = _candidate_banks(rec, keep, r, xs)  # [H, n, 32, steps]
+            c = counts[:, sel]  # [H, n, steps, 32]
+            hit = np.take_along_axis(c[:, :, None], np.maximum(banks, 0)[..., None], -1)[..., 0]
+            cost = ((banks >= 0) & (hit + 1 > c.max(-1)[:, :, None])).sum(-1)  # added wavefronts [H, n, 32]
             best = cost.argmin(-1)  # first minimum: the smallest x
-            log[:, t] = cand[np.arange(H), best]
-            counts += _bank_counts(banks[np.arange(H), best][:, None])
+            log[:, tt] = reorder_records(rec, TILE, keep, xs[best])
+            counts[:, sel] += _bank_counts(np.take_along_axis(banks, best[..., None, None], 2))
 
 
 @dataclass(frozen=True)
