@@ -46,6 +46,8 @@ def main() -> None:
     from edgesdk.kernels import sparse_kv as ks
 
     kinds = ("sched", "plain") + (("prev",) if args.prev else ())
+    torch.cuda.init()
+    _cuda.init()
     timers = [Timer(False)] + ([Timer(True)] if args.green else [])
     rows = []
     for model, (hq, hkv, d) in MODELS.items():
