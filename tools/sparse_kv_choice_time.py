@@ -95,7 +95,8 @@ def main() -> None:
                     for a, b, what in zip(out["sched"], out[kind], ("k_rec", "v_rec", "k_ring", "v_ring")):
                         if kind == "plain" and what.endswith("rec"):
                             continue
-                        assert torch.equal(a, b), f"{model} B={B} {ctx}: {kind} {what} differs from sched"
+                        # as bytes: ring slots beyond the sequences hold whatever torch.empty gave (NaN patterns too)
+                        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"{model} B={B} {ctx}: {kind} {what} differs from sched"
                 g0 = (L - cfg.window - cfg.group)  # the group's first token
                 kr = out["sched"][0][:, :, g0:g0 + cfg.group]
                 assert not torch.equal(kr, out["plain"][0][:, :, g0:g0 + cfg.group]), "no record was scheduled"
