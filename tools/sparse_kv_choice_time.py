@@ -17,7 +17,12 @@ compared byte for byte (``sched`` = ``prev``: the same choices), as are the ring
 With ``--prev-any`` the prev source may write other records (an ablation that skips part of the choice): only the
 rings are compared then.
 
+``--profile`` only launches the scheduled append three times on the first shape, for Nsight Compute, e.g.
+``ncu --kernel-name regex:append_d64 --launch-skip 2 --launch-count 1 --section SourceCounters --page source
+--print-source sass --csv python tools/sparse_kv_choice_time.py --profile``.
+
 Usage: python tools/sparse_kv_choice_time.py [--prev FILE [--prev-any]] [--green] [--contexts 1024,...] [--out NAME]
+       [--profile]
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ def main() -> None:
     ap.add_argument("--green", action="store_true", help="also on the 16-SM green context")
     ap.add_argument("--contexts", default="1024,16384")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", action="store_true",
+                    help="for ncu: only launch the sched kind's append 3 times (Llama-like B = 1, first context)")
     args = ap.parse_args()
 
     from bench._common import meta, print_table, write_results
@@ -88,6 +95,11 @@ def main() -> None:
                     p.set(kn.data_ptr(), kn.data_ptr(), c.lens, c.k_rec, c.v_rec, c.k_ring, c.v_ring)
                     _cuda.launch_all(p.launches, stream)
 
+                if args.profile:
+                    for _ in range(3):
+                        run("sched", cp[0], torch.cuda.current_stream().cuda_stream)
+                    torch.cuda.synchronize()
+                    return
                 # Once per kind on its own copy of cache 0: the scheduled kinds' bytes must agree.
                 out = {}
                 for kind in kinds:
