@@ -1469,13 +1469,11 @@ __device__ __forceinline__ void compress_tile(const __half* __restrict__ kb, con
   constexpr int R = 48, KP = (R - 8) / 2;
   __shared__ __align__(16) uint8_t s_grp[2][16 * R];  // this tile's K and V records, chunk-major as in memory
   __shared__ uint32_t s_bank[2 * 16][32][kStoreSteps / 4];  // record 2 i + kv, candidate lane: 20 banks (int8)
-  constexpr int kCntRow = 33;  // s_cnt[kCntRow s + bank]: step s's count of stores per bank (rows padded)
-  __shared__ int s_cnt[kStoreSteps * kCntRow];
-  __shared__ __align__(16) uint32_t s_pk[kStoreSteps];
+  __shared__ int s_cnt[kStoreSteps * 32];
   __shared__ uint8_t s_x[2 * 16];
   uint8_t* const grp_k = k_rec + rec_offset(bh * cap + t0, R);  // the tile's group in memory
   uint8_t* const grp_v = v_rec + rec_offset(bh * cap + t0, R);
-  for (int e = threadIdx.x; e < kStoreSteps * kCntRow; e += blockDim.x) s_cnt[e] = 0;
+  for (int e = threadIdx.x; e < kStoreSteps * 32; e += blockDim.x) s_cnt[e] = 0;
   if (mine) {
     compress_token<64>(kb + row, s_grp[0] + 8 * i, keep_k, KP);
     compress_token<64>(vb + row, s_grp[1] + 8 * i, keep_v, KP);
@@ -1488,7 +1486,7 @@ __device__ __forceinline__ void compress_tile(const __half* __restrict__ kb, con
     store_banks64(*reinterpret_cast<const uint64_t*>(rec), rec_order<64>(rec, keep), keep, i, bk);
 #pragma unroll
     for (int s = 0; s < kStoreSteps; ++s)
-      if (bk[s] >= 0) atomicAdd(s_cnt + kCntRow * s + bk[s], 1);
+      if (bk[s] >= 0) atomicAdd(s_cnt + 32 * s + bk[s], 1);
   } else if (mine) {
 #pragma unroll
     for (int kv = 0; kv < 2; ++kv) {
@@ -1503,54 +1501,46 @@ __device__ __forceinline__ void compress_tile(const __half* __restrict__ kb, con
     }
   }
   __syncthreads();
-  if (warp == 0) {  // the greedy choice, record by record
-    // Lane s < kStoreSteps keeps step s: its peak (the busiest bank's count), the mask of the banks at the peak
-    // (published in s_pk for the candidates) and the counts (s_cnt). A store adds a wavefront iff its bank is at the
-    // peak (counts never exceed it). Lane l scores candidate x = 2 l of record r.
-    int peak = 0;
-    uint32_t atpk = 0u;
-    if (lane < kStoreSteps) {
-#pragma unroll 4
-      for (int b = 0; b < 32; ++b) peak = max(peak, s_cnt[kCntRow * lane + b]);
-#pragma unroll 4
-      for (int b = 0; b < 32; ++b) atpk |= static_cast<uint32_t>(s_cnt[kCntRow * lane + b] == peak) << b;
-      s_pk[lane] = atpk;
+  if (warp == 0) {  // the greedy choice, record by record, all in registers: lane j holds bank j's counts
+    int cnt[kStoreSteps], peak[kStoreSteps];
+#pragma unroll
+    for (int s = 0; s < kStoreSteps; ++s) {
+      cnt[s] = s_cnt[32 * s + lane];
+      int m = cnt[s];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+      peak[s] = m;
     }
-    __syncwarp();
-    const uint8_t* const sb = reinterpret_cast<const uint8_t*>(&s_bank[0][0][0]);
+    // A store adds a wavefront where its bank's count equals the step's peak (counts never exceed it). The winner's
+    // such steps (mask mw) raise the peaks; its banks (from s_bank) the counts.
+    auto unpack = [](const uint32_t* w, int (&bk)[kStoreSteps]) {
+#pragma unroll
+      for (int j = 0; j < kStoreSteps / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bk[4 * j + e] = static_cast<int8_t>((w[j] >> (8 * e)) & 0xffu);
+    };
     for (int r = 2 * (lo - t0); r < 2 * (hi - t0); ++r) {
-      uint32_t w[kStoreSteps / 4], pk[kStoreSteps];
-#pragma unroll
-      for (int j = 0; j < kStoreSteps / 4; ++j) w[j] = s_bank[r][lane][j];
-#pragma unroll
-      for (int j = 0; j < kStoreSteps / 4; ++j) {
-        const uint4 q = *reinterpret_cast<const uint4*>(s_pk + 4 * j);
-        pk[4 * j] = q.x, pk[4 * j + 1] = q.y, pk[4 * j + 2] = q.z, pk[4 * j + 3] = q.w;
-      }
-      // Bit 0 of t: candidate's store at step s is at the peak (bank byte 0xff = no store: the clamped shift gives 0).
-      // Two accumulators take the bits in at the top, so popc counts them.
-      uint32_t ma = 0u, mb = 0u;
+      int bk[kStoreSteps];
+      unpack(s_bank[r][lane], bk);
+      int added = 0;
+      uint32_t m = 0u;
 #pragma unroll
       for (int s = 0; s < kStoreSteps; ++s) {
-        const uint32_t t = __funnelshift_rc(pk[s], 0u, __byte_perm(w[s >> 2], 0u, 0x4440u | (s & 3)));
-        if (s & 1) mb = __funnelshift_r(mb, t, 1);
-        else ma = __funnelshift_r(ma, t, 1);
+        const int hit = __shfl_sync(0xffffffffu, cnt[s], bk[s] & 31);  // this candidate's bank's count at step s
+        const bool on = bk[s] >= 0 && hit >= peak[s];
+        added += on;
+        m |= static_cast<uint32_t>(on) << s;
       }
-      const uint32_t added = __popc(ma) + __popc(mb);
-      const uint32_t best = __reduce_min_sync(0xffffffffu, (added << 6) | (2u * lane)) & 63u;
-      if (lane < kStoreSteps) {  // the winner's store at step `lane`
-        const uint32_t wb = sb[(32 * r + (best >> 1)) * kStoreSteps + lane];
-        if (wb < 32u) {
-          int* const c = s_cnt + kCntRow * lane + wb;
-          const int n = *c;
-          *c = n + 1;
-          if (n == peak) ++peak, atpk = 1u << wb;
-          else if (n + 1 == peak) atpk |= 1u << wb;
-          s_pk[lane] = atpk;
-        }
+      const uint32_t best = __reduce_min_sync(0xffffffffu, (static_cast<uint32_t>(added) << 6) | (2u * lane)) & 63u;
+      const uint32_t mw = __shfl_sync(0xffffffffu, m, best >> 1);
+      int wb[kStoreSteps];
+      unpack(s_bank[r][best >> 1], wb);
+#pragma unroll
+      for (int s = 0; s < kStoreSteps; ++s) {
+        cnt[s] += wb[s] == lane;
+        peak[s] += (mw >> s) & 1u;
       }
       if (lane == 0) s_x[r] = static_cast<uint8_t>(best);
-      __syncwarp();
     }
   }
   __syncthreads();
