@@ -3,13 +3,16 @@
 
 Session 33's compressor picks each d = 64 record's store order (``compress_tile`` in ``plugins/sparse_kv/
 sparse_kv.cu``): warp 0 of a tile's block scores 32 candidate orders per record, record after record. That serial loop
-made a scheduled group cost ≈ 16 µs more than a plain one, so appends schedule only from
-``SCHEDULE_APPEND_FROM`` tokens on. This tool times the append kernel on the benchmark's caches (``bench/
-bench_sparse_kv.py``: prefill, copies rotated beyond L2, CUDA graphs, medians) in three kinds:
+makes a scheduled group cost ≈ 16 µs more than a plain one (B = 1), so appends schedule only from ``SCHEDULE_APPEND_FROM``
+tokens on. This tool times the append kernel on the benchmark's caches (``bench/bench_sparse_kv.py``: prefill, copies
+rotated beyond L2, CUDA graphs, medians) in three kinds:
 
 * ``sched``: the shipped kernel, every group scheduled (``SCHEDULE_APPEND_FROM`` = 1 when the launch is planned);
 * ``plain``: the shipped kernel, plain records (``ks.SCHEDULE_RECORDS = False``);
-* ``prev`` (with ``--prev FILE``, an earlier ``sparse_kv.cu``): that source's kernel, every group scheduled.
+* ``prev`` (with ``--prev FILE``, another ``sparse_kv.cu``): that source's kernel, every group scheduled.
+
+Session 34 measured rewrites of the loop with it (``bench/results/sparse_kv_choice_*``; docs/sparse_kv.md, "Session
+34"); none was adopted.
 
 Before timing, each kind's append runs once on its own copy of the same cache, and the scheduled kinds' records are
 compared byte for byte (``sched`` = ``prev``: the same choices), as are the rings of all three.
