@@ -116,8 +116,9 @@ def main() -> None:
                         if (kind == "plain" or (kind == "prev" and args.prev_any)) and what.endswith("rec"):
                             continue
                         # as bytes: ring slots beyond the sequences hold whatever torch.empty gave (NaN patterns too)
-                        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f"{model} B={B} {ctx}: {kind} {what} differs from sched"
-                g0 = (L - cfg.window - cfg.group)  # the group's first token
+                        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), \
+                            f"{model} B={B} {ctx}: {kind} {what} differs from sched"
+                g0 = L - cfg.window - cfg.group  # the group's first token
                 kr = out["sched"][0][:, :, g0:g0 + cfg.group]
                 assert not torch.equal(kr, out["plain"][0][:, :, g0:g0 + cfg.group]), "no record was scheduled"
                 row = dict(model=model, batch=B, context=ctx, group=cfg.group)
