@@ -4,8 +4,8 @@
 Session 33's compressor picks each d = 64 record's store order (``compress_tile`` in ``plugins/sparse_kv/
 sparse_kv.cu``): warp 0 of a tile's block scores 32 candidate orders per record, record after record. That serial
 loop makes a scheduled group cost ≈ 16 µs more than a plain one (B = 1), so appends schedule only from
-``SCHEDULE_APPEND_FROM`` tokens on. This tool times the append kernel on the benchmark's caches (``bench/bench_sparse_kv.py``: prefill, copies
-rotated beyond L2, CUDA graphs, medians) in three kinds:
+``SCHEDULE_APPEND_FROM`` tokens on. This tool times the append kernel on the benchmark's caches
+(``bench/bench_sparse_kv.py``: prefill, copies rotated beyond L2, CUDA graphs, medians) in three kinds:
 
 * ``sched``: the shipped kernel, every group scheduled (``SCHEDULE_APPEND_FROM`` = 1 when the launch is planned);
 * ``plain``: the shipped kernel, plain records (``ks.SCHEDULE_RECORDS = False``);
