@@ -1012,7 +1012,7 @@ __device__ __forceinline__ void attn2_split(
   // the decode of the next tile's record (ra) into `next_row` runs in four parts between the phases (the source order
   // is the issue order of the shared-memory operations). Not a generic lambda: NVRTC compiles those as host code.
   RegDecode64 dec;
-  auto compute_tile = [&](int tb, const __half* tiles, bool splice, __half* next_row) {
+  auto compute_tile = [&](int tb, const __half* tiles, bool splice, __half* next_row, const uint4 (&rec)[3]) {
     // S^T[16 tokens x 8 heads] = K Q^T: s[0..1] token tb + g_row, s[2..3] token tb + g_row + 8; heads 2 q4 + {0, 1}.
     float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -1022,7 +1022,7 @@ __device__ __forceinline__ void attn2_split(
       mma16816(s, ak, qb[kc][0], qb[kc][1]);
     }
     if (splice) {
-      dec.init(ra, dkeep, next_row);
+      dec.init(rec, dkeep, next_row);
       dec.part(0);
     }
     const bool ok0 = tb + g_row < t_end, ok1 = tb + g_row + 8 < t_end;
@@ -1106,21 +1106,32 @@ __device__ __forceinline__ void attn2_split(
     };
     if (cnt > 0) {
       if (decode_tile(0, ra, 0)) { cp_async_commit(); cp_async_wait<0>(); }
-      SKV_STAMP(8);  // warp 0: first tile decoded (its records arrived), before the buffers move
-#pragma unroll
-      for (int e = 0; e < 3; ++e) ra[e] = rb2[e];
+      SKV_STAMP(8);  // warp 0: first tile decoded (its records arrived)
       __syncwarp();
       SKV_STAMP(1);  // warp 0: first tile's records arrived and decoded
+      // Tile 0, peeled (session 34): tile 1's record stays in rb2 and tile 2's loads into ra, so tile 0's multiply
+      // starts without waiting for tile 1's record (a move ra = rb2 here would); the loop below then finds tile 2's
+      // record in ra as it expects.
+      rnext(ra);
+      bool window = false;
+      if (cnt > 1 && t_begin + (warp + NW) * 16 + 16 <= ncomp_end) {  // warp-uniform: all compressed
+        compute_tile(t_begin + warp * 16, kt, true, drow + KB, rb2);
+      } else {
+        if (cnt > 1) window = decode_tile(1, rb2, KB);
+        compute_tile(t_begin + warp * 16, kt, false, nullptr, rb2);
+      }
+      if (window) { cp_async_commit(); cp_async_wait<0>(); }
+      __syncwarp();
     }
-    for (int i = 0; i < cnt; ++i) {  // tile i is in pair i % 2; ra holds tile i + 1's record
+    for (int i = 1; i < cnt; ++i) {  // tile i is in pair i % 2; ra holds tile i + 1's record
       rnext(rb2);  // tile i + 2's
       const int bcur = (i & 1) * KB;
       bool window = false;
       if (i + 1 < cnt && t_begin + (warp + (i + 1) * NW) * 16 + 16 <= ncomp_end) {  // warp-uniform: all compressed
-        compute_tile(t_begin + (warp + i * NW) * 16, kt + bcur, true, drow + KB - bcur);
+        compute_tile(t_begin + (warp + i * NW) * 16, kt + bcur, true, drow + KB - bcur, ra);
       } else {
         if (i + 1 < cnt) window = decode_tile(i + 1, ra, KB - bcur);
-        compute_tile(t_begin + (warp + i * NW) * 16, kt + bcur, false, nullptr);
+        compute_tile(t_begin + (warp + i * NW) * 16, kt + bcur, false, nullptr, ra);
       }
       if (window) { cp_async_commit(); cp_async_wait<0>(); }
 #pragma unroll
