@@ -1104,14 +1104,23 @@ __device__ __forceinline__ void attn2_split(
       rp += rstep;
       trow += NW * 16;
     };
-    if (cnt > 0) {
+    // Tile 0 peeled (session 34; GP >= 2: the g1 kernels measured 0.97-0.99x with it, so they keep the move): tile 1's
+    // record stays in rb2 and tile 2's loads into ra, so tile 0's multiply starts without waiting for tile 1's record
+    // (the move ra = rb2 does); the loop then finds tile 2's record in ra as it expects.
+    constexpr bool kPeel = GP >= 2;
+    if (cnt > 0 && !kPeel) {
+      if (decode_tile(0, ra, 0)) { cp_async_commit(); cp_async_wait<0>(); }
+      SKV_STAMP(8);  // warp 0: first tile decoded (its records arrived), before the buffers move
+#pragma unroll
+      for (int e = 0; e < 3; ++e) ra[e] = rb2[e];
+      __syncwarp();
+      SKV_STAMP(1);  // warp 0: first tile's records arrived and decoded
+    }
+    if (cnt > 0 && kPeel) {
       if (decode_tile(0, ra, 0)) { cp_async_commit(); cp_async_wait<0>(); }
       SKV_STAMP(8);  // warp 0: first tile decoded (its records arrived)
       __syncwarp();
       SKV_STAMP(1);  // warp 0: first tile's records arrived and decoded
-      // Tile 0, peeled (session 34): tile 1's record stays in rb2 and tile 2's loads into ra, so tile 0's multiply
-      // starts without waiting for tile 1's record (a move ra = rb2 here would); the loop below then finds tile 2's
-      // record in ra as it expects.
       rnext(ra);
       bool window = false;
       if (cnt > 1 && t_begin + (warp + NW) * 16 + 16 <= ncomp_end) {  // warp-uniform: all compressed
@@ -1123,7 +1132,7 @@ __device__ __forceinline__ void attn2_split(
       if (window) { cp_async_commit(); cp_async_wait<0>(); }
       __syncwarp();
     }
-    for (int i = 1; i < cnt; ++i) {  // tile i is in pair i % 2; ra holds tile i + 1's record
+    for (int i = kPeel ? 1 : 0; i < cnt; ++i) {  // tile i is in pair i % 2; ra holds tile i + 1's record
       rnext(rb2);  // tile i + 2's
       const int bcur = (i & 1) * KB;
       bool window = false;
