@@ -1009,8 +1009,8 @@ __device__ __forceinline__ void attn2_split(
   const uint8_t* st_dec = stages + doff;  // this lane's record in the slot of tile i
   const __half* kslot = DENSE ? reinterpret_cast<const __half*>(stages) : nullptr;  // DENSE: the slot of tile i
   // PIPE: multiply the tile of tokens tb.. whose K, V tiles start at `tiles`; with `splice` (a constant at each call),
-  // the decode of the next tile's record (`rec`) into `next_row` runs in four parts between the phases (the source order
-  // is the issue order of the shared-memory operations). Not a generic lambda: NVRTC compiles those as host code.
+  // the decode of the next tile's record (`rec`) into `next_row` runs in four parts between the phases (the source
+  // order is the issue order of the shared-memory operations). Not a generic lambda: NVRTC compiles those as host code.
   RegDecode64 dec;
   auto compute_tile = [&](int tb, const __half* tiles, bool splice, __half* next_row, const uint4 (&rec)[3]) {
     // S^T[16 tokens x 8 heads] = K Q^T: s[0..1] token tb + g_row, s[2..3] token tb + g_row + 8; heads 2 q4 + {0, 1}.
