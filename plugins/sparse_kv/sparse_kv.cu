@@ -845,7 +845,7 @@ __device__ __forceinline__ void merge_last1(const float* __restrict__ part0, int
 // plain cache (k_ring/v_ring = [B, Hkv, C, D], token t in row t, nothing compressed). A tile's 16 K and V rows go
 // by cp.async straight into the stage slot, laid out as the [16][D + 8] tiles that ldmatrix reads (rows past the
 // split zero-filled), kStages deep like the records; there is no decode and no separate tile area.
-template <int D, int GP, int NW, bool DENSE = false, bool REG = false, bool PIPE = false>
+template <int D, int GP, int NW, bool DENSE = false, bool REG = false, bool PIPE = false, bool PEEL = false>
 __device__ __forceinline__ void attn2_split(
     const __half* __restrict__ q, float* __restrict__ ws, const int* __restrict__ lens,
     const uint8_t* __restrict__ k_rec, const uint8_t* __restrict__ v_rec,
@@ -1104,10 +1104,10 @@ __device__ __forceinline__ void attn2_split(
       rp += rstep;
       trow += NW * 16;
     };
-    // Tile 0 peeled (session 34; GP >= 2: the g1 kernels measured 0.97-0.99x with it, so they keep the move): tile 1's
-    // record stays in rb2 and tile 2's loads into ra, so tile 0's multiply starts without waiting for tile 1's record
-    // (the move ra = rb2 does); the loop then finds tile 2's record in ra as it expects.
-    constexpr bool kPeel = GP >= 2;
+    // PEEL (session 34: GP >= 2 and not stream-K; the g1 kernels measured 0.97-0.99x with it, so they keep the move):
+    // tile 0 peeled, tile 1's record stays in rb2 and tile 2's loads into ra, so tile 0's multiply starts without
+    // waiting for tile 1's record (the move ra = rb2 does); the loop then finds tile 2's record in ra as it expects.
+    constexpr bool kPeel = PEEL;
     if (cnt > 0 && !kPeel) {
       if (decode_tile(0, ra, 0)) { cp_async_commit(); cp_async_wait<0>(); }
       SKV_STAMP(8);  // warp 0: first tile decoded (its records arrived), before the buffers move
@@ -1323,9 +1323,10 @@ __device__ __forceinline__ void attn2_entry(
   if constexpr (!SK) {
     const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int L = lens[b];
-    attn2_split<D, GP, NW, DENSE, REG, PIPE>(q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, cap, C, W, A, keep_k,
-                                             keep_v, rk, rv, NS, scale_log2, out, fuse, split, h, b, L, split * TS,
-                                             split * TS + TS, min(NS, (L + TS - 1) / TS), gridDim.z);
+    attn2_split<D, GP, NW, DENSE, REG, PIPE, PIPE && GP >= 2>(q, ws, lens, k_rec, v_rec, k_ring, v_ring, Hkv, G, cap,
+                                                              C, W, A, keep_k, keep_v, rk, rv, NS, scale_log2, out,
+                                                              fuse, split, h, b, L, split * TS, split * TS + TS,
+                                                              min(NS, (L + TS - 1) / TS), gridDim.z);
   } else {
     const long long tpp = -TS, T = static_cast<long long>(sk) * Hkv * tpp, nb = gridDim.x, blk = blockIdx.x;
     const long long g1 = (blk + 1) * T / nb;
