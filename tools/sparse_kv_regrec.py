@@ -63,6 +63,16 @@ RULE_VALIDATION = [("llama3.2-1b", 2, 8192), ("llama3.2-1b", 1, 10000), ("smollm
                    ("gqa2-16", 3, 4096), ("smollm2-135m", 2, 12000), ("llama3.2-1b", 3, 3000), ("tinyllama", 2, 6000)]
 
 
+def issue7_shapes(models) -> list[tuple[str, int, int]]:
+    """Issue 7's benchmark shapes at >= 4k: every model of ``models`` x batch 1, 4, 16 x 4k, 16k, 32k."""
+    return [(m, b, c) for m in models for b in (1, 4, 16) for c in (4096, 16384, 32768)]
+
+
+def parse_shapes(spec: str) -> list[tuple[str, int, int]]:
+    """``model:B:ctx,...`` (the tools' ``--shapes``) as (model, B, ctx) tuples."""
+    return [(m, int(b), int(c)) for m, b, c in (x.split(":") for x in spec.split(","))]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -98,7 +108,7 @@ def main() -> None:
     raw = stream.cuda_stream
     rows = []
     out_name = args.out or f"sparse_kv_regrec_{meta()['commit']}"
-    shapes = [(m, b, c) for m in MODELS for b in (1, 4, 16) for c in (4096, 16384, 32768)]
+    shapes = issue7_shapes(MODELS)
     if args.quick:
         shapes = [("llama3.2-1b", 16, 32768), ("smollm2-135m", 1, 4096)]
     if args.validation:
@@ -106,7 +116,7 @@ def main() -> None:
     if args.rule_validation:
         shapes, args.all_tactics = RULE_VALIDATION, True
     if args.shapes:
-        shapes = [(m, int(b), int(c)) for m, b, c in (x.split(":") for x in args.shapes.split(","))]
+        shapes = parse_shapes(args.shapes)
     models = dict(MODELS, **VALIDATION_MODELS)
     for model, B, ctx in shapes:
         hq, hkv, d = models[model]

@@ -67,18 +67,16 @@ def main() -> None:
     from bench._common import meta, print_table, time_graph, write_results
     from bench.bench_sparse_kv import MODELS, dense_inputs, sparse_caches, split_sizes
     from edgesdk.kernels import sparse_kv as ks
-    from tools.sparse_kv_regrec import VALIDATION, VALIDATION_MODELS
+    from tools.sparse_kv_regrec import VALIDATION, VALIDATION_MODELS, issue7_shapes, parse_shapes
 
     kinds = ("sched", "plain") + (("prev",) if args.prev else ())
     stream = torch.cuda.Stream()
     raw = stream.cuda_stream
     rows = []
     out_name = args.out or f"sparse_kv_schedule_{meta()['commit']}"
-    shapes = [(m, b, c) for m in MODELS for b in (1, 4, 16) for c in (4096, 16384, 32768)]
-    if args.validation:
-        shapes = VALIDATION
+    shapes = VALIDATION if args.validation else issue7_shapes(MODELS)
     if args.shapes:
-        shapes = [(m, int(b), int(c)) for m, b, c in (x.split(":") for x in args.shapes.split(","))]
+        shapes = parse_shapes(args.shapes)
     models = dict(MODELS, **VALIDATION_MODELS)
     for model, B, ctx in shapes:
         hq, hkv, d = models[model]
