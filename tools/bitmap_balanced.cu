@@ -1,0 +1,191 @@
+// Exploration (session 35, issue 4): the bitmap linear's decode done the way the sparse KV kernels do it
+// (plugins/sparse_kv/sparse_kv.cu, RegDecode64), on *balanced* records: every 8 x 8 tile of W keeps exactly KEEP of
+// its 64 weights, so a tile is a fixed-size record (8-byte bitmap, bit 8 r + c <=> W[8 s + r, 8 t + c] kept, then
+// the KEEP values in bit order as fp16, zero-padded to a multiple of 4) that one lane loads into registers and
+// scatters into a dense 8 x 8 tile in shared memory (zero fill, then one 16-bit store per kept value by two bit
+// walks, one from each end), which ldmatrix hands to mma.sync as the A operand (swap AB, as tactic 1: m16 = a
+// strip pair, n8 = up to 8 rows of X). Not the shipped format: tools/bitmap_balanced_explore.py packs, checks and
+// times it beside tactic 1 and cuBLAS on the same weights.
+//
+// Records of a layer: record r = (p * KT + t) * 2 + s for strip pair p, k-tile t (8 input channels; KT = K / 8),
+// strip s of the pair; stored chunk-major in groups of 16 (unit u = bytes 8u..8u+7 of record r at byte
+// (r / 16) * 16 R + 128 u + 8 (r % 16)), so 16 lanes loading unit u read 128 contiguous bytes.
+// Limits of the prototype: fp16 X and values (scale 1, no bias), M <= 8, K % 128 == 0, N % 16 == 0.
+// Ampere instructions only (ld.global.nc, st.shared, ldmatrix, mma.sync).
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kTileStride = 144;  // bytes per 8 x 8 tile slot: 128 + 16 (tile bases 4 banks apart)
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ uint2 ldg_nc8(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ void sts16(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(static_cast<unsigned short>(v)) : "memory");
+}
+
+__device__ __forceinline__ void sts128_zero(uint32_t addr) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One walk over a tile's two bitmap words (REV: bit-reversed words, i.e. from the top bit down). put() stores v at
+// the next set bit; the walk moves to the second word when the first runs out (never read past the last bit: the
+// two walks together make exactly KEEP puts).
+template <bool REV>
+struct Walk {
+  uint32_t cur, nxt, rb, rnx;
+  __device__ __forceinline__ void init(uint32_t first, uint32_t second, uint32_t r_first, uint32_t r_second) {
+    cur = first != 0u ? first : second;
+    rb = first != 0u ? r_first : r_second;
+    nxt = second;
+    rnx = r_second;
+  }
+  __device__ __forceinline__ void put(uint32_t v) {
+    const uint32_t nc = cur & (cur - 1u);
+    const uint32_t c = __clz(cur ^ nc) ^ (REV ? 0u : 31u);  // bit position in the (unreversed) word
+    sts16(rb + 2u * c, v);
+    const bool z = nc == 0u;
+    cur = z ? nxt : nc;
+    rb = z ? rnx : rb;
+  }
+};
+
+template <int KEEP>
+struct Rec {
+  static constexpr int KP = (KEEP + 3) & ~3;
+  static constexpr int R = 8 + 2 * KP;  // bytes
+  static constexpr int U = R / 8;       // 8-byte units
+  static constexpr int NW = 2 * U;      // 32-bit words
+};
+
+// Zero the lane's tile, then scatter its KEEP values (value j = half j % 2 of word 2 + j / 2).
+template <int KEEP>
+__device__ __forceinline__ void decode_tile(const uint32_t (&w)[Rec<KEEP>::NW], uint32_t tile) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sts128_zero(tile + 16 * i);
+  Walk<false> a;
+  Walk<true> d;
+  a.init(w[0], w[1], tile, tile + 64);
+  d.init(__brev(w[1]), __brev(w[0]), tile + 64, tile);
+  constexpr int A = KEEP / 2;  // values 0 .. A-1 ascending, KEEP-1 .. A descending
+#pragma unroll
+  for (int k = 0; k < KEEP - A; ++k) {
+    const int jd = KEEP - 1 - k;
+    d.put(jd & 1 ? w[2 + jd / 2] >> 16 : w[2 + jd / 2] & 0xffffu);
+    if (k < A) a.put(k & 1 ? w[2 + k / 2] >> 16 : w[2 + k / 2] & 0xffffu);
+  }
+}
+
+template <int KEEP, int KS>
+__device__ __forceinline__ void bal_gemv(const __half* __restrict__ X, const uint8_t* __restrict__ rec,
+                                         __half* __restrict__ Y, int M, int K, int N) {
+  using RC = Rec<KEEP>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int p = blockIdx.x;  // strip pair: output channels 16 p .. 16 p + 15
+  const int KT = K >> 3, steps = KT >> 4;  // a step: 16 k-tiles (128 input channels) of both strips = 32 records
+  const int s0 = warp * steps / KS, s1 = (warp + 1) * steps / KS;
+  const uint32_t tiles = smem_u32(smem + warp * 2 * 32 * kTileStride);  // two buffers of 32 tile slots
+  float* red = reinterpret_cast<float*>(smem + KS * 2 * 32 * kTileStride);
+
+  // this lane's record of step i: r = (p KT + 16 i) * 2 + lane -> group (p KT) / 8 + 2 i + lane / 16
+  const uint8_t* rp = rec + static_cast<size_t>((p * KT) / 8 + (lane >> 4)) * 16 * RC::R + 8 * (lane & 15);
+  const int xn = lane >> 2, xk = 2 * (lane & 3);
+  const bool xv = xn < M;
+  const __half* xrow = X + static_cast<size_t>(xv ? xn : 0) * K + xk;
+  auto load = [&](int i, uint32_t (&w)[RC::NW], uint32_t (&xb)[16]) {
+    const uint8_t* src = rp + static_cast<size_t>(i) * 32 * RC::R;
+#pragma unroll
+    for (int u = 0; u < RC::U; ++u) {
+      const uint2 t = ldg_nc8(src + 128 * u);
+      w[2 * u] = t.x;
+      w[2 * u + 1] = t.y;
+    }
+    const __half* xs = xrow + 128 * i;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      xb[2 * q] = xv ? *reinterpret_cast<const uint32_t*>(xs + 16 * q) : 0u;
+      xb[2 * q + 1] = xv ? *reinterpret_cast<const uint32_t*>(xs + 16 * q + 8) : 0u;
+    }
+  };
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  const uint32_t lm = (lane >> 3) * kTileStride + 16 * (lane & 7);  // ldmatrix: slot 4 q + lane / 8, row lane % 8
+  auto step = [&](int i, const uint32_t (&w)[RC::NW], const uint32_t (&xb)[16]) {
+    const uint32_t buf = tiles + (i & 1) * 32 * kTileStride;
+    decode_tile<KEEP>(w, buf + lane * kTileStride);
+    __syncwarp();
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {  // k16 step q: tiles 2q, 2q + 1 of both strips = slots 4q .. 4q + 3
+      uint32_t a[4];
+      ldsm_x4(a, buf + 4 * q * kTileStride + lm);
+      mma16816(acc, a, xb[2 * q], xb[2 * q + 1]);
+    }
+  };
+  uint32_t wa[RC::NW], wb[RC::NW], xa[16], xb2[16];
+  if (s0 < s1) load(s0, wa, xa);
+  for (int i = s0; i < s1; i += 2) {
+    if (i + 1 < s1) load(i + 1, wb, xb2);
+    step(i, wa, xa);
+    if (i + 1 >= s1) break;
+    if (i + 2 < s1) load(i + 2, wa, xa);
+    step(i + 1, wb, xb2);
+  }
+  // D: acc[0..1] = rows lane / 4, X rows 2 (lane % 4) + {0, 1}; acc[2..3] = rows lane / 4 + 8
+  const int g = lane >> 2, c2 = 2 * (lane & 3);
+  float* rw = red + warp * 128;  // [16 rows][8 X rows]
+  rw[g * 8 + c2] = acc[0];
+  rw[g * 8 + c2 + 1] = acc[1];
+  rw[(g + 8) * 8 + c2] = acc[2];
+  rw[(g + 8) * 8 + c2 + 1] = acc[3];
+  __syncthreads();
+  const int t = threadIdx.x;
+  if (t < 16 * M) {
+    const int row = t & 15, n = t >> 4;
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < KS; ++k) s += red[k * 128 + row * 8 + n];
+    Y[static_cast<size_t>(n) * N + 16 * p + row] = __float2half_rn(s);
+  }
+}
+
+}  // namespace
+
+#define BAL(KEEP, KS)                                                                                      \
+  extern "C" __global__ void __launch_bounds__(KS * 32) bal_k##KEEP##_w##KS(                              \
+      const __half* __restrict__ X, const uint8_t* __restrict__ rec, __half* __restrict__ Y, int M, int K, \
+      int N) {                                                                                             \
+    bal_gemv<KEEP, KS>(X, rec, Y, M, K, N);                                                                \
+  }
+
+BAL(19, 4)
+BAL(19, 8)
+BAL(19, 16)
+BAL(32, 4)
+BAL(32, 8)
+BAL(32, 16)
+BAL(45, 4)
+BAL(45, 8)
+BAL(45, 16)

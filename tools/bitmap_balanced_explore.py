@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Exploration (session 35, issue 4): is the sparse KV kernels' decode faster on the bitmap linear's weights?
+
+Issue 4's kernel (tactic 1) decodes per *position*: each lane expands two bit positions of every 8 x 8 tile into
+an mma fragment (~21 warp-instructions per tile at any sparsity; docs/bitmap_linear.md, rounds 4-13). The sparse
+KV kernels decode per *kept value*: a lane scatters one fixed-size record (bitmap + values) into a dense tile in
+shared memory, and ldmatrix feeds mma. Their records have a fixed size because every token keeps the same count.
+This tool measures that decode on linear weights pruned the same way, *balanced*: every 8 x 8 tile keeps exactly
+``keep`` of its 64 weights (its largest magnitudes), the records of ``tools/bitmap_balanced.cu``.
+
+Per layer of issue 4's benchmark with K % 128 == 0, balanced sparsity 0.30 / 0.50 / 0.70 (keep 45 / 32 / 19) and
+M 1 / 4 / 8, on the same pruned W: cuBLAS fp16 dense (torch.mm), tactic 1 on W packed in format v1 (the shipped
+kernel), and the prototype at 4, 8 and 16 warps per block (K split among them). Every output is first checked
+against a float64 reference (Y poisoned with NaN before each checked call); timings are CUDA-graph replays over
+weight copies rotated beyond 2 x L2, medians (bench/_common.time_graph).
+
+Usage: python tools/bitmap_balanced_explore.py [--quick] [--out NAME]
+Writes bench/results/NAME.json (default bitmap_balanced_explore_<commit>.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SRC = ROOT / "tools" / "bitmap_balanced.cu"
+KEEPS = {0.3: 45, 0.5: 32, 0.7: 19}  # sparsity -> kept weights per 64 (1 - keep / 64 = 0.297, 0.5, 0.703)
+WARPS = (4, 8, 16)
+MS = (1, 4, 8)
+TILE_STRIDE = 144  # bytes per tile slot in the kernel (kTileStride)
+
+
+def record_bytes(keep: int) -> int:
+    return 8 + 2 * ((keep + 3) & ~3)
+
+
+def balanced(k: int, n: int, keep: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random normal fp16 W [n, k] with every 8 x 8 tile pruned to its ``keep`` largest magnitudes; returns
+    (W pruned, dense fp16) and the records in the kernel's chunk-major order (uint8)."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((n, k), dtype=np.float32).astype(np.float16)
+    s_, kt = n // 8, k // 8
+    t = w.reshape(s_, 8, kt, 8).transpose(0, 2, 1, 3).reshape(s_, kt, 64)  # [strip, k-tile, bit 8 r + c]
+    idx = np.argpartition(-np.abs(t.astype(np.float32)), keep - 1, axis=2)[..., :keep]
+    pos = np.sort(idx, axis=2)  # kept bit positions, ascending = the values' order
+    mask = np.zeros(t.shape, dtype=bool)
+    np.put_along_axis(mask, pos, True, axis=2)
+    bits = np.bitwise_or.reduce(np.left_shift(np.uint64(1), pos.astype(np.uint64)), axis=2)
+    vals = np.take_along_axis(t, pos, axis=2)
+    r = record_bytes(keep)
+    rec = np.zeros((s_, kt, r), dtype=np.uint8)
+    rec[..., :8] = bits.astype("<u8").view(np.uint8).reshape(s_, kt, 8)
+    rec[..., 8:8 + 2 * keep] = vals.astype("<f2").view(np.uint8).reshape(s_, kt, 2 * keep)
+    # record (p KT + t) * 2 + s, then chunk-major in groups of 16 records
+    rec = rec.reshape(s_ // 2, 2, kt, r).transpose(0, 2, 1, 3).reshape(-1, 16, r // 8, 8)
+    rec = np.ascontiguousarray(rec.transpose(0, 2, 1, 3)).reshape(-1)
+    wp = (t * mask).reshape(s_, kt, 8, 8).transpose(0, 2, 1, 3).reshape(n, k)
+    return wp, rec
+
+
+def _job(job):
+    from edgesdk.formats import bitmap_linear as fmt
+
+    k, n, s, seed = job
+    wp, rec = balanced(k, n, KEEPS[s], seed)
+    p = fmt.BitmapLinearWeights.pack(wp.astype(np.float32), "float16")
+    return job, wp, rec, p.node_attributes(), p.to_tensors(), p.nbytes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="4096 x 4096 and 4096 x 11008 only")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    import torch
+
+    import bench.bench_bitmap_linear as bbl
+    from bench._common import git_commit, meta, print_table, time_graph, write_results
+    from edgesdk.kernels import _cuda
+    from edgesdk.kernels import bitmap_linear as kbl
+
+    shapes = [(k, n) for (k, n) in bbl.SHAPES if k % 128 == 0 and n % 16 == 0]
+    if args.quick:
+        shapes = shapes[:2]
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    stream = torch.cuda.current_stream().cuda_stream
+    kern = {(keep, nw): _cuda.get_kernel(SRC, f"bal_k{keep}_w{nw}") for keep in KEEPS.values() for nw in WARPS}
+    t0 = time.time()
+    jobs = [(k, n, s, 1000 * i + int(10 * s)) for i, (k, n) in enumerate(shapes) for s in KEEPS]
+    rows, bad = [], 0
+    with ProcessPoolExecutor(8) as ex:
+        for (k, n, s, _), wp, rec, attrs, tens, nb_v1 in ex.map(_job, jobs):
+            keep = KEEPS[s]
+            nb = rec.nbytes
+            nrec = bbl._copies(nb, l2)
+            recs = [torch.from_numpy(rec).cuda()]
+            recs += [recs[0].clone() for _ in range(nrec - 1)]
+            base = [torch.from_numpy(v).cuda() for v in tens.values()]
+            nv1 = bbl._copies(nb_v1, l2)
+            v1 = [base] + [[t.clone() for t in base] for _ in range(nv1 - 1)]
+            wd = torch.from_numpy(wp).cuda()
+            nd = bbl._copies(wd.numel() * 2, l2)
+            wds = [wd] + [wd.clone() for _ in range(nd - 1)]
+            w64 = wp.astype(np.float64)
+            for m in MS:
+                xh = np.random.default_rng(k + m).uniform(-1, 1, (m, k)).astype(np.float16)
+                ref = xh.astype(np.float64) @ w64.T
+                x = torch.from_numpy(xh).cuda()
+                y = torch.empty(m, n, device="cuda", dtype=torch.float16)
+                tol = 2e-3 * np.abs(ref) + 2e-3 * np.abs(ref).max()
+
+                def ok(label):
+                    torch.cuda.synchronize()
+                    got = y.cpu().numpy().astype(np.float64)
+                    good = bool(np.all(np.abs(got - ref) <= tol))
+                    if not good:
+                        print(f"BAD {label} {k}x{n} s={s} M={m}: max err {np.nanmax(np.abs(got - ref)):.3g}",
+                              flush=True)
+                    return good
+
+                row = {"K": k, "N": n, "M": m, "sparsity": s, "keep": keep, "record_bytes": record_bytes(keep),
+                       "bytes_balanced": nb, "bytes_v1": nb_v1, "bytes_dense": 2 * n * k}
+                it = [0]
+
+                def dense():
+                    torch.mm(x, wds[it[0] % nd].t(), out=y)
+                    it[0] += 1
+
+                y.fill_(float("nan"))
+                dense()
+                row["ok_cublas"] = ok("cublas")
+                row["cublas_us"] = time_graph(dense, inner=nd, reps=10)
+                j = [0]
+
+                def t1():
+                    kbl.launch(attrs, "float16", m, [x.data_ptr(), *[t.data_ptr() for t in v1[j[0] % nv1]]],
+                               [y.data_ptr()], torch.cuda.current_stream().cuda_stream, 1)
+                    j[0] += 1
+
+                y.fill_(float("nan"))
+                t1()
+                row["ok_t1"] = ok("t1")
+                row["t1_us"] = time_graph(t1, inner=nv1, reps=10)
+                for nw in WARPS:
+                    kk = kern[(keep, nw)]
+                    smem = nw * 2 * 32 * TILE_STRIDE + nw * 512
+                    c = [0]
+
+                    def bal(kk=kk, smem=smem, nw=nw):
+                        kk.launch((n // 16,), (32 * nw,),
+                                  [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(recs[c[0] % nrec].data_ptr()),
+                                   ctypes.c_void_p(y.data_ptr()), ctypes.c_int(m), ctypes.c_int(k), ctypes.c_int(n)],
+                                  torch.cuda.current_stream().cuda_stream, smem)
+                        c[0] += 1
+
+                    y.fill_(float("nan"))
+                    bal()
+                    row[f"ok_bal_w{nw}"] = ok(f"bal_w{nw}")
+                    bad += not row[f"ok_bal_w{nw}"]
+                    row[f"bal_w{nw}_us"] = time_graph(bal, inner=nrec, reps=10)
+                best = min(WARPS, key=lambda nw: row[f"bal_w{nw}_us"])
+                row["bal_us"], row["bal_warps"] = row[f"bal_w{best}_us"], best
+                row["t1_speedup"] = row["cublas_us"] / row["t1_us"]
+                row["bal_speedup"] = row["cublas_us"] / row["bal_us"]
+                row["bal_vs_t1"] = row["t1_us"] / row["bal_us"]
+                row["bal_GBps"] = (nb + 2 * m * (k + n)) / row["bal_us"] / 1e3
+                row["t1_GBps"] = (nb_v1 + 2 * m * (k + n)) / row["t1_us"] / 1e3
+                rows.append(row)
+                print(f"{k}x{n} s={s} M={m}: cuBLAS {row['cublas_us']:.1f} t1 {row['t1_us']:.1f} "
+                      f"bal {row['bal_us']:.1f} (w{best}) us", flush=True)
+            recs = v1 = wds = None
+            torch.cuda.empty_cache()
+    cols = ["K", "N", "M", "sparsity", "cublas_us", "t1_us", "bal_us", "bal_warps", "t1_speedup", "bal_speedup",
+            "bal_vs_t1"]
+    print_table(rows, cols)
+    summary = []
+    for s in KEEPS:
+        sel = [r for r in rows if r["sparsity"] == s and r["K"] * r["N"] >= 4 * 1024 * 1024]
+        if sel:
+            summary.append({"sparsity": s, "rows": len(sel),
+                            "median_t1_speedup": statistics.median(r["t1_speedup"] for r in sel),
+                            "median_bal_speedup": statistics.median(r["bal_speedup"] for r in sel),
+                            "min_bal_speedup": min(r["bal_speedup"] for r in sel),
+                            "median_bal_vs_t1": statistics.median(r["bal_vs_t1"] for r in sel)})
+            print(summary[-1])
+    print(f"outputs not matching the reference: {bad}; {time.time() - t0:.0f} s")
+    name = args.out or f"bitmap_balanced_explore_{git_commit()}"
+    print("wrote", write_results(name, rows, meta({"summary": summary, "bad_outputs": bad,
+                                                    "note": "balanced pruning (exactly keep of every 8 x 8 tile); "
+                                                            "tools/bitmap_balanced.cu vs tactic 1 (format v1 of the "
+                                                            "same W) vs cuBLAS fp16 (the same W dense); "
+                                                            "speedup = cuBLAS time / ours"})))
+
+
+if __name__ == "__main__":
+    main()
