@@ -99,7 +99,7 @@ __device__ __forceinline__ void decode_tile(const uint32_t (&w)[Rec<KEEP>::NW], 
   }
 }
 
-template <int KEEP, int KS>
+template <int KEEP, int KS, int DEPTH>
 __device__ __forceinline__ void bal_gemv(const __half* __restrict__ X, const uint8_t* __restrict__ rec,
                                          __half* __restrict__ Y, int M, int K, int N) {
   using RC = Rec<KEEP>;
@@ -113,9 +113,12 @@ __device__ __forceinline__ void bal_gemv(const __half* __restrict__ X, const uin
 
   // this lane's record of step i: r = (p KT + 16 i) * 2 + lane -> group (p KT) / 8 + 2 i + lane / 16
   const uint8_t* rp = rec + static_cast<size_t>((p * KT) / 8 + (lane >> 4)) * 16 * RC::R + 8 * (lane & 15);
-  const int xn = lane >> 2, xk = 2 * (lane & 3);
+  // X (B operand): lane = (row n = lane / 4, quarter j = lane % 4) loads columns 128 i + 32 j .. + 31 of row n as
+  // four 16-byte loads: word 2 q + h = columns 32 j + 4 q + 2 h + {0, 1}, the B pair of k16 step q, half h. The
+  // packer gives tile 2 q + h of a step exactly those columns (column 2 j + e of the tile = 32 j + 4 q + 2 h + e).
+  const int xn = lane >> 2, xj = lane & 3;
   const bool xv = xn < M;
-  const __half* xrow = X + static_cast<size_t>(xv ? xn : 0) * K + xk;
+  const uint4* xrow = reinterpret_cast<const uint4*>(X + static_cast<size_t>(xv ? xn : 0) * K + 32 * xj);
   auto load = [&](int i, uint32_t (&w)[RC::NW], uint32_t (&xb)[16]) {
     const uint8_t* src = rp + static_cast<size_t>(i) * 32 * RC::R;
 #pragma unroll
@@ -124,14 +127,16 @@ __device__ __forceinline__ void bal_gemv(const __half* __restrict__ X, const uin
       w[2 * u] = t.x;
       w[2 * u + 1] = t.y;
     }
-    const __half* xs = xrow + 128 * i;
 #pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      xb[2 * q] = xv ? *reinterpret_cast<const uint32_t*>(xs + 16 * q) : 0u;
-      xb[2 * q + 1] = xv ? *reinterpret_cast<const uint32_t*>(xs + 16 * q + 8) : 0u;
+    for (int c = 0; c < 4; ++c) {
+      const uint4 v = xv ? xrow[16 * i + c] : make_uint4(0u, 0u, 0u, 0u);
+      xb[4 * c] = v.x;
+      xb[4 * c + 1] = v.y;
+      xb[4 * c + 2] = v.z;
+      xb[4 * c + 3] = v.w;
     }
   };
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // even and odd k16 steps: two mma chains
   const uint32_t lm = (lane >> 3) * kTileStride + 16 * (lane & 7);  // ldmatrix: slot 4 q + lane / 8, row lane % 8
   auto step = [&](int i, const uint32_t (&w)[RC::NW], const uint32_t (&xb)[16]) {
     const uint32_t buf = tiles + (i & 1) * 32 * kTileStride;
@@ -141,25 +146,30 @@ __device__ __forceinline__ void bal_gemv(const __half* __restrict__ X, const uin
     for (int q = 0; q < 8; ++q) {  // k16 step q: tiles 2q, 2q + 1 of both strips = slots 4q .. 4q + 3
       uint32_t a[4];
       ldsm_x4(a, buf + 4 * q * kTileStride + lm);
-      mma16816(acc, a, xb[2 * q], xb[2 * q + 1]);
+      mma16816(acc[q & 1], a, xb[2 * q], xb[2 * q + 1]);
     }
   };
-  uint32_t wa[RC::NW], wb[RC::NW], xa[16], xb2[16];
-  if (s0 < s1) load(s0, wa, xa);
-  for (int i = s0; i < s1; i += 2) {
-    if (i + 1 < s1) load(i + 1, wb, xb2);
-    step(i, wa, xa);
-    if (i + 1 >= s1) break;
-    if (i + 2 < s1) load(i + 2, wa, xa);
-    step(i + 1, wb, xb2);
+  // records (and X) DEPTH - 1 steps ahead, in a ring of DEPTH register buffers (static names after unrolling)
+  uint32_t w[DEPTH][RC::NW], xq[DEPTH][16];
+#pragma unroll
+  for (int d = 0; d < DEPTH - 1; ++d)
+    if (s0 + d < s1) load(s0 + d, w[d], xq[d]);
+  for (int i = s0; i < s1; i += DEPTH) {
+#pragma unroll
+    for (int d = 0; d < DEPTH; ++d) {
+      if (i + d < s1) {
+        if (i + d + DEPTH - 1 < s1) load(i + d + DEPTH - 1, w[(d + DEPTH - 1) % DEPTH], xq[(d + DEPTH - 1) % DEPTH]);
+        step(i + d, w[d], xq[d]);
+      }
+    }
   }
-  // D: acc[0..1] = rows lane / 4, X rows 2 (lane % 4) + {0, 1}; acc[2..3] = rows lane / 4 + 8
+  // D: acc[.][0..1] = rows lane / 4, X rows 2 (lane % 4) + {0, 1}; acc[.][2..3] = rows lane / 4 + 8
   const int g = lane >> 2, c2 = 2 * (lane & 3);
   float* rw = red + warp * 128;  // [16 rows][8 X rows]
-  rw[g * 8 + c2] = acc[0];
-  rw[g * 8 + c2 + 1] = acc[1];
-  rw[(g + 8) * 8 + c2] = acc[2];
-  rw[(g + 8) * 8 + c2 + 1] = acc[3];
+  rw[g * 8 + c2] = acc[0][0] + acc[1][0];
+  rw[g * 8 + c2 + 1] = acc[0][1] + acc[1][1];
+  rw[(g + 8) * 8 + c2] = acc[0][2] + acc[1][2];
+  rw[(g + 8) * 8 + c2 + 1] = acc[0][3] + acc[1][3];
   __syncthreads();
   const int t = threadIdx.x;
   if (t < 16 * M) {
@@ -173,19 +183,23 @@ __device__ __forceinline__ void bal_gemv(const __half* __restrict__ X, const uin
 
 }  // namespace
 
-#define BAL(KEEP, KS)                                                                                      \
-  extern "C" __global__ void __launch_bounds__(KS * 32) bal_k##KEEP##_w##KS(                              \
+#define BAL(KEEP, KS, D)                                                                                   \
+  extern "C" __global__ void __launch_bounds__(KS * 32) bal_k##KEEP##_w##KS##_d##D(                       \
       const __half* __restrict__ X, const uint8_t* __restrict__ rec, __half* __restrict__ Y, int M, int K, \
       int N) {                                                                                             \
-    bal_gemv<KEEP, KS>(X, rec, Y, M, K, N);                                                                \
+    bal_gemv<KEEP, KS, D>(X, rec, Y, M, K, N);                                                             \
   }
 
-BAL(19, 4)
-BAL(19, 8)
-BAL(19, 16)
-BAL(32, 4)
-BAL(32, 8)
-BAL(32, 16)
-BAL(45, 4)
-BAL(45, 8)
-BAL(45, 16)
+BAL(19, 4, 3)
+BAL(19, 8, 2)
+BAL(19, 8, 3)
+BAL(19, 8, 4)
+BAL(19, 16, 3)
+BAL(32, 4, 3)
+BAL(32, 8, 2)
+BAL(32, 8, 3)
+BAL(32, 16, 3)
+BAL(45, 4, 2)
+BAL(45, 8, 2)
+BAL(45, 8, 3)
+BAL(45, 16, 2)

@@ -10,7 +10,7 @@ This tool measures that decode on linear weights pruned the same way, *balanced*
 
 Per layer of issue 4's benchmark with K % 128 == 0, balanced sparsity 0.30 / 0.50 / 0.70 (keep 45 / 32 / 19) and
 M 1 / 4 / 8, on the same pruned W: cuBLAS fp16 dense (torch.mm), tactic 1 on W packed in format v1 (the shipped
-kernel), and the prototype at 4, 8 and 16 warps per block (K split among them). Every output is first checked
+kernel), and the prototype at 4, 8 and 16 warps per block (K split among them) and 2-4 steps of records in flight. Every output is first checked
 against a float64 reference (Y poisoned with NaN before each checked call); timings are CUDA-graph replays over
 weight copies rotated beyond 2 x L2, medians (bench/_common.time_graph).
 
@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 SRC = ROOT / "tools" / "bitmap_balanced.cu"
 KEEPS = {0.3: 45, 0.5: 32, 0.7: 19}  # sparsity -> kept weights per 64 (1 - keep / 64 = 0.297, 0.5, 0.703)
-WARPS = (4, 8, 16)
+CONFIGS = {19: [(4, 3), (8, 2), (8, 3), (8, 4), (16, 3)], 32: [(4, 3), (8, 2), (8, 3), (16, 3)],
+           45: [(4, 2), (8, 2), (8, 3), (16, 2)]}  # keep -> (warps per block, record ring depth)
 MS = (1, 4, 8)
 TILE_STRIDE = 144  # bytes per tile slot in the kernel (kTileStride)
 
@@ -49,6 +50,8 @@ def balanced(k: int, n: int, keep: int, seed: int) -> tuple[np.ndarray, np.ndarr
     (W pruned, dense fp16) and the records in the kernel's chunk-major order (uint8)."""
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((n, k), dtype=np.float32).astype(np.float16)
+    perm = tile_columns(k)
+    w = w[:, perm]  # tile t's columns 8 t .. 8 t + 7 in the kernel's order
     s_, kt = n // 8, k // 8
     t = w.reshape(s_, 8, kt, 8).transpose(0, 2, 1, 3).reshape(s_, kt, 64)  # [strip, k-tile, bit 8 r + c]
     idx = np.argpartition(-np.abs(t.astype(np.float32)), keep - 1, axis=2)[..., :keep]
@@ -64,8 +67,20 @@ def balanced(k: int, n: int, keep: int, seed: int) -> tuple[np.ndarray, np.ndarr
     # record (p KT + t) * 2 + s, then chunk-major in groups of 16 records
     rec = rec.reshape(s_ // 2, 2, kt, r).transpose(0, 2, 1, 3).reshape(-1, 16, r // 8, 8)
     rec = np.ascontiguousarray(rec.transpose(0, 2, 1, 3)).reshape(-1)
-    wp = (t * mask).reshape(s_, kt, 8, 8).transpose(0, 2, 1, 3).reshape(n, k)
+    wpv = (t * mask).reshape(s_, kt, 8, 8).transpose(0, 2, 1, 3).reshape(n, k)
+    wp = np.empty_like(wpv)
+    wp[:, perm] = wpv
     return wp, rec
+
+
+def tile_columns(k: int) -> np.ndarray:
+    """The input channel of column c of k-tile t: t = 16 i + 2 q + h (step i, k16 step q, half h), c = 2 j + e ->
+    128 i + 32 j + 4 q + 2 h + e, so that the lane of X quarter j finds its B pairs in 32 contiguous columns."""
+    t = np.arange(k // 8)[:, None]
+    c = np.arange(8)[None, :]
+    i, q, h = t // 16, (t % 16) // 2, t % 2
+    j, e = c // 2, c % 2
+    return (128 * i + 32 * j + 4 * q + 2 * h + e).reshape(-1)
 
 
 def _job(job):
@@ -95,7 +110,8 @@ def main() -> None:
         shapes = shapes[:2]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     stream = torch.cuda.current_stream().cuda_stream
-    kern = {(keep, nw): _cuda.get_kernel(SRC, f"bal_k{keep}_w{nw}") for keep in KEEPS.values() for nw in WARPS}
+    kern = {(keep, nw, dp): _cuda.get_kernel(SRC, f"bal_k{keep}_w{nw}_d{dp}") for keep, cf in CONFIGS.items()
+            for nw, dp in cf}
     t0 = time.time()
     jobs = [(k, n, s, 1000 * i + int(10 * s)) for i, (k, n) in enumerate(shapes) for s in KEEPS]
     rows, bad = [], 0
@@ -152,8 +168,9 @@ def main() -> None:
                 t1()
                 row["ok_t1"] = ok("t1")
                 row["t1_us"] = time_graph(t1, inner=nv1, reps=10)
-                for nw in WARPS:
-                    kk = kern[(keep, nw)]
+                for nw, dp in CONFIGS[keep]:
+                    kk = kern[(keep, nw, dp)]
+                    lab = f"w{nw}_d{dp}"
                     smem = nw * 2 * 32 * TILE_STRIDE + nw * 512
                     c = [0]
 
@@ -166,11 +183,11 @@ def main() -> None:
 
                     y.fill_(float("nan"))
                     bal()
-                    row[f"ok_bal_w{nw}"] = ok(f"bal_w{nw}")
-                    bad += not row[f"ok_bal_w{nw}"]
-                    row[f"bal_w{nw}_us"] = time_graph(bal, inner=nrec, reps=10)
-                best = min(WARPS, key=lambda nw: row[f"bal_w{nw}_us"])
-                row["bal_us"], row["bal_warps"] = row[f"bal_w{best}_us"], best
+                    row[f"ok_bal_{lab}"] = ok(f"bal_{lab}")
+                    bad += not row[f"ok_bal_{lab}"]
+                    row[f"bal_{lab}_us"] = time_graph(bal, inner=nrec, reps=10)
+                best = min((f"w{nw}_d{dp}" for nw, dp in CONFIGS[keep]), key=lambda lab: row[f"bal_{lab}_us"])
+                row["bal_us"], row["bal_config"] = row[f"bal_{best}_us"], best
                 row["t1_speedup"] = row["cublas_us"] / row["t1_us"]
                 row["bal_speedup"] = row["cublas_us"] / row["bal_us"]
                 row["bal_vs_t1"] = row["t1_us"] / row["bal_us"]
@@ -178,10 +195,10 @@ def main() -> None:
                 row["t1_GBps"] = (nb_v1 + 2 * m * (k + n)) / row["t1_us"] / 1e3
                 rows.append(row)
                 print(f"{k}x{n} s={s} M={m}: cuBLAS {row['cublas_us']:.1f} t1 {row['t1_us']:.1f} "
-                      f"bal {row['bal_us']:.1f} (w{best}) us", flush=True)
+                      f"bal {row['bal_us']:.1f} ({best}) us", flush=True)
             recs = v1 = wds = None
             torch.cuda.empty_cache()
-    cols = ["K", "N", "M", "sparsity", "cublas_us", "t1_us", "bal_us", "bal_warps", "t1_speedup", "bal_speedup",
+    cols = ["K", "N", "M", "sparsity", "cublas_us", "t1_us", "bal_us", "bal_config", "t1_speedup", "bal_speedup",
             "bal_vs_t1"]
     print_table(rows, cols)
     summary = []
