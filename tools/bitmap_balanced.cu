@@ -10,7 +10,7 @@
 // Records of a layer: record r = (p * KT + t) * 2 + s for strip pair p, k-tile t (8 input channels; KT = K / 8),
 // strip s of the pair; stored chunk-major in groups of 16 (unit u = bytes 8u..8u+7 of record r at byte
 // (r / 16) * 16 R + 128 u + 8 (r % 16)), so 16 lanes loading unit u read 128 contiguous bytes.
-// Limits of the prototype: fp16 X and values (scale 1, no bias), M <= 8, K % 128 == 0, N % 16 == 0.
+// Limits of the prototype: fp16 X and values (scale 1, no bias), M <= 16, K % 128 == 0, N % 16 == 0.
 // Ampere instructions only (ld.global.nc, st.shared, ldmatrix, mma.sync).
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -99,107 +99,122 @@ __device__ __forceinline__ void decode_tile(const uint32_t (&w)[Rec<KEEP>::NW], 
   }
 }
 
-template <int KEEP, int KS, int DEPTH>
+template <int KEEP, int KS, int DEPTH, int MB>
 __device__ __forceinline__ void bal_gemv(const __half* __restrict__ X, const uint8_t* __restrict__ rec,
                                          __half* __restrict__ Y, int M, int K, int N) {
   using RC = Rec<KEEP>;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int p = blockIdx.x;  // strip pair: output channels 16 p .. 16 p + 15
   const int KT = K >> 3, steps = KT >> 4;  // a step: 16 k-tiles (128 input channels) of both strips = 32 records
   const int s0 = warp * steps / KS, s1 = (warp + 1) * steps / KS;
   const uint32_t tiles = smem_u32(smem + warp * 2 * 32 * kTileStride);  // two buffers of 32 tile slots
   float* red = reinterpret_cast<float*>(smem + KS * 2 * 32 * kTileStride);
-
-  // this lane's record of step i: r = (p KT + 16 i) * 2 + lane -> group (p KT) / 8 + 2 i + lane / 16
-  const uint8_t* rp = rec + static_cast<size_t>((p * KT) / 8 + (lane >> 4)) * 16 * RC::R + 8 * (lane & 15);
-  // X (B operand): lane = (row n = lane / 4, quarter j = lane % 4) loads columns 128 i + 32 j .. + 31 of row n as
-  // four 16-byte loads: word 2 q + h = columns 32 j + 4 q + 2 h + {0, 1}, the B pair of k16 step q, half h. The
-  // packer gives tile 2 q + h of a step exactly those columns (column 2 j + e of the tile = 32 j + 4 q + 2 h + e).
+  // X (B operand): lane = (row n = lane / 4 (+ 8 for the second n8 block), quarter j = lane % 4) loads columns
+  // 128 i + 32 j .. + 31 of row n as four 16-byte loads: word 2 q + h = columns 32 j + 4 q + 2 h + {0, 1}, the B
+  // pair of k16 step q, half h. The packer gives tile 2 q + h of a step exactly those columns (column 2 j + e of
+  // the tile = 32 j + 4 q + 2 h + e).
   const int xn = lane >> 2, xj = lane & 3;
-  const bool xv = xn < M;
-  const uint4* xrow = reinterpret_cast<const uint4*>(X + static_cast<size_t>(xv ? xn : 0) * K + 32 * xj);
-  auto load = [&](int i, uint32_t (&w)[RC::NW], uint32_t (&xb)[16]) {
-    const uint8_t* src = rp + static_cast<size_t>(i) * 32 * RC::R;
+  const uint4* xrow[MB];
+  bool xv[MB];
 #pragma unroll
-    for (int u = 0; u < RC::U; ++u) {
-      const uint2 t = ldg_nc8(src + 128 * u);
-      w[2 * u] = t.x;
-      w[2 * u + 1] = t.y;
-    }
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const uint4 v = xv ? xrow[16 * i + c] : make_uint4(0u, 0u, 0u, 0u);
-      xb[4 * c] = v.x;
-      xb[4 * c + 1] = v.y;
-      xb[4 * c + 2] = v.z;
-      xb[4 * c + 3] = v.w;
-    }
-  };
-  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // even and odd k16 steps: two mma chains
+  for (int mb = 0; mb < MB; ++mb) {
+    xv[mb] = xn + 8 * mb < M;
+    xrow[mb] = reinterpret_cast<const uint4*>(X + static_cast<size_t>(xv[mb] ? xn + 8 * mb : 0) * K + 32 * xj);
+  }
   const uint32_t lm = (lane >> 3) * kTileStride + 16 * (lane & 7);  // ldmatrix: slot 4 q + lane / 8, row lane % 8
-  auto step = [&](int i, const uint32_t (&w)[RC::NW], const uint32_t (&xb)[16]) {
-    const uint32_t buf = tiles + (i & 1) * 32 * kTileStride;
-    decode_tile<KEEP>(w, buf + lane * kTileStride);
-    __syncwarp();
+  const int NP = N >> 4;
+  for (int p = blockIdx.x; p < NP; p += gridDim.x) {  // strip pair: output channels 16 p .. 16 p + 15
+    // this lane's record of step i: r = (p KT + 16 i) * 2 + lane -> group (p KT) / 8 + 2 i + lane / 16
+    const uint8_t* rp = rec + static_cast<size_t>((p * KT) / 8 + (lane >> 4)) * 16 * RC::R + 8 * (lane & 15);
+    auto load = [&](int i, uint32_t (&w)[RC::NW], uint32_t (&xb)[MB][16]) {
+      const uint8_t* src = rp + static_cast<size_t>(i) * 32 * RC::R;
 #pragma unroll
-    for (int q = 0; q < 8; ++q) {  // k16 step q: tiles 2q, 2q + 1 of both strips = slots 4q .. 4q + 3
-      uint32_t a[4];
-      ldsm_x4(a, buf + 4 * q * kTileStride + lm);
-      mma16816(acc[q & 1], a, xb[2 * q], xb[2 * q + 1]);
-    }
-  };
-  // records (and X) DEPTH - 1 steps ahead, in a ring of DEPTH register buffers (static names after unrolling)
-  uint32_t w[DEPTH][RC::NW], xq[DEPTH][16];
+      for (int u = 0; u < RC::U; ++u) {
+        const uint2 t = ldg_nc8(src + 128 * u);
+        w[2 * u] = t.x;
+        w[2 * u + 1] = t.y;
+      }
 #pragma unroll
-  for (int d = 0; d < DEPTH - 1; ++d)
-    if (s0 + d < s1) load(s0 + d, w[d], xq[d]);
-  for (int i = s0; i < s1; i += DEPTH) {
+      for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-    for (int d = 0; d < DEPTH; ++d) {
-      if (i + d < s1) {
-        if (i + d + DEPTH - 1 < s1) load(i + d + DEPTH - 1, w[(d + DEPTH - 1) % DEPTH], xq[(d + DEPTH - 1) % DEPTH]);
-        step(i + d, w[d], xq[d]);
+        for (int c = 0; c < 4; ++c) {
+          const uint4 v = xv[mb] ? xrow[mb][16 * i + c] : make_uint4(0u, 0u, 0u, 0u);
+          xb[mb][4 * c] = v.x;
+          xb[mb][4 * c + 1] = v.y;
+          xb[mb][4 * c + 2] = v.z;
+          xb[mb][4 * c + 3] = v.w;
+        }
+    };
+    float acc[MB][2][4];  // per n8 block, even and odd k16 steps: two mma chains
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[mb][e >> 2][e & 3] = 0.f;
+    auto step = [&](int i, const uint32_t (&w)[RC::NW], const uint32_t (&xb)[MB][16]) {
+      const uint32_t buf = tiles + (i & 1) * 32 * kTileStride;
+      decode_tile<KEEP>(w, buf + lane * kTileStride);
+      __syncwarp();
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {  // k16 step q: tiles 2q, 2q + 1 of both strips = slots 4q .. 4q + 3
+        uint32_t a[4];
+        ldsm_x4(a, buf + 4 * q * kTileStride + lm);
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) mma16816(acc[mb][q & 1], a, xb[mb][2 * q], xb[mb][2 * q + 1]);
+      }
+    };
+    // records (and X) DEPTH - 1 steps ahead, in a ring of DEPTH register buffers (static names after unrolling)
+    uint32_t w[DEPTH][RC::NW], xq[DEPTH][MB][16];
+#pragma unroll
+    for (int d = 0; d < DEPTH - 1; ++d)
+      if (s0 + d < s1) load(s0 + d, w[d], xq[d]);
+    for (int i = s0; i < s1; i += DEPTH) {
+#pragma unroll
+      for (int d = 0; d < DEPTH; ++d) {
+        if (i + d < s1) {
+          if (i + d + DEPTH - 1 < s1) load(i + d + DEPTH - 1, w[(d + DEPTH - 1) % DEPTH], xq[(d + DEPTH - 1) % DEPTH]);
+          step(i + d, w[d], xq[d]);
+        }
       }
     }
-  }
-  // D: acc[.][0..1] = rows lane / 4, X rows 2 (lane % 4) + {0, 1}; acc[.][2..3] = rows lane / 4 + 8
-  const int g = lane >> 2, c2 = 2 * (lane & 3);
-  float* rw = red + warp * 128;  // [16 rows][8 X rows]
-  rw[g * 8 + c2] = acc[0][0] + acc[1][0];
-  rw[g * 8 + c2 + 1] = acc[0][1] + acc[1][1];
-  rw[(g + 8) * 8 + c2] = acc[0][2] + acc[1][2];
-  rw[(g + 8) * 8 + c2 + 1] = acc[0][3] + acc[1][3];
-  __syncthreads();
-  const int t = threadIdx.x;
-  if (t < 16 * M) {
-    const int row = t & 15, n = t >> 4;
-    float s = 0.f;
+    // D: acc[mb][.][0..1] = rows lane / 4, X rows 8 mb + 2 (lane % 4) + {0, 1}; acc[mb][.][2..3] = rows lane / 4 + 8
+    const int g = lane >> 2, c2 = 2 * (lane & 3);
+    float* rw = red + warp * 256;  // [16 rows][16 X rows]
 #pragma unroll
-    for (int k = 0; k < KS; ++k) s += red[k * 128 + row * 8 + n];
-    Y[static_cast<size_t>(n) * N + 16 * p + row] = __float2half_rn(s);
+    for (int mb = 0; mb < MB; ++mb) {
+      rw[g * 16 + 8 * mb + c2] = acc[mb][0][0] + acc[mb][1][0];
+      rw[g * 16 + 8 * mb + c2 + 1] = acc[mb][0][1] + acc[mb][1][1];
+      rw[(g + 8) * 16 + 8 * mb + c2] = acc[mb][0][2] + acc[mb][1][2];
+      rw[(g + 8) * 16 + 8 * mb + c2 + 1] = acc[mb][0][3] + acc[mb][1][3];
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < 16 * M; t += KS * 32) {
+      const int row = t & 15, n = t >> 4;
+      float s = 0.f;
+#pragma unroll
+      for (int k = 0; k < KS; ++k) s += red[k * 256 + row * 16 + n];
+      Y[static_cast<size_t>(n) * N + 16 * p + row] = __float2half_rn(s);
+    }
+    __syncthreads();  // red is rewritten for the next pair
   }
 }
 
 }  // namespace
 
-#define BAL(KEEP, KS, D)                                                                                   \
-  extern "C" __global__ void __launch_bounds__(KS * 32) bal_k##KEEP##_w##KS##_d##D(                       \
-      const __half* __restrict__ X, const uint8_t* __restrict__ rec, __half* __restrict__ Y, int M, int K, \
-      int N) {                                                                                             \
-    bal_gemv<KEEP, KS, D>(X, rec, Y, M, K, N);                                                             \
+#define BAL(KEEP, KS, D, MB)                                                                                 \
+  extern "C" __global__ void __launch_bounds__(KS * 32) bal_k##KEEP##_w##KS##_d##D##_m##MB(                    \
+      const __half* __restrict__ X, const uint8_t* __restrict__ rec, __half* __restrict__ Y, int M, int K,      \
+      int N) {                                                                                                  \
+    bal_gemv<KEEP, KS, D, MB>(X, rec, Y, M, K, N);                                                              \
   }
+#define BAL2(KEEP, KS, D) BAL(KEEP, KS, D, 1) BAL(KEEP, KS, D, 2)
 
-BAL(19, 4, 3)
-BAL(19, 8, 2)
-BAL(19, 8, 3)
-BAL(19, 8, 4)
-BAL(19, 16, 3)
-BAL(32, 4, 3)
-BAL(32, 8, 2)
-BAL(32, 8, 3)
-BAL(32, 16, 3)
-BAL(45, 4, 2)
-BAL(45, 8, 2)
-BAL(45, 8, 3)
-BAL(45, 16, 2)
+BAL2(19, 4, 3)
+BAL2(19, 8, 2)
+BAL2(19, 8, 3)
+BAL2(19, 16, 2)
+BAL2(32, 4, 2)
+BAL2(32, 8, 2)
+BAL2(32, 16, 2)
+BAL2(45, 4, 2)
+BAL2(45, 8, 2)
+BAL2(45, 16, 2)
