@@ -109,7 +109,6 @@ def main() -> None:
     if args.quick:
         shapes = shapes[:2]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    stream = torch.cuda.current_stream().cuda_stream
     kern = {(keep, nw, dp, mb): _cuda.get_kernel(SRC, f"bal_k{keep}_w{nw}_d{dp}_m{mb}")
             for keep, cf in CONFIGS.items() for nw, dp in cf for mb in (1, 2) if mb == 1 or nw < 16}
     cu = _cuda._driver()
