@@ -17,7 +17,14 @@
 
 namespace {
 
-constexpr int kTileStride = 144;  // bytes per 8 x 8 tile slot: 128 + 16 (tile bases 4 banks apart)
+constexpr int kTileStride = 144;
+
+// Timing ablations (tools/bitmap_balanced_explore.py --ablate; wrong results by design): bit 1 no zero fill; 2 no
+// scatter stores (the walk and its addresses kept live); 4 the scatter's stores conflict-free (each lane to its own
+// bank); 8 no record loads (a fixed 19-bit pattern); 16 no ldmatrix / mma (the tiles kept live).
+#ifndef BAL_ABL
+#define BAL_ABL 0
+#endif  // bytes per 8 x 8 tile slot: 128 + 16 (tile bases 4 banks apart)
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -56,7 +63,7 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
 // two walks together make exactly KEEP puts).
 template <bool REV>
 struct Walk {
-  uint32_t cur, nxt, rb, rnx;
+  uint32_t cur, nxt, rb, rnx, cfa;
   __device__ __forceinline__ void init(uint32_t first, uint32_t second, uint32_t r_first, uint32_t r_second) {
     cur = first != 0u ? first : second;
     rb = first != 0u ? r_first : r_second;
@@ -66,7 +73,14 @@ struct Walk {
   __device__ __forceinline__ void put(uint32_t v) {
     const uint32_t nc = cur & (cur - 1u);
     const uint32_t c = __clz(cur ^ nc) ^ (REV ? 0u : 31u);  // bit position in the (unreversed) word
+#if BAL_ABL & 2
+    asm volatile("" ::"r"(rb + 2u * c), "r"(v));
+#elif BAL_ABL & 4
+    asm volatile("" ::"r"(rb + 2u * c));
+    sts16(cfa, v);
+#else
     sts16(rb + 2u * c, v);
+#endif
     const bool z = nc == 0u;
     cur = z ? nxt : nc;
     rb = z ? rnx : rb;
@@ -84,12 +98,16 @@ struct Rec {
 // Zero the lane's tile, then scatter its KEEP values (value j = half j % 2 of word 2 + j / 2).
 template <int KEEP>
 __device__ __forceinline__ void decode_tile(const uint32_t (&w)[Rec<KEEP>::NW], uint32_t tile) {
+#if !(BAL_ABL & 1)
 #pragma unroll
   for (int i = 0; i < 8; ++i) sts128_zero(tile + 16 * i);
+#endif
   Walk<false> a;
   Walk<true> d;
   a.init(w[0], w[1], tile, tile + 64);
   d.init(__brev(w[1]), __brev(w[0]), tile + 64, tile);
+  a.cfa = tile - (threadIdx.x & 31) * (kTileStride - 4);  // buffer + 4 lane: bank = lane
+  d.cfa = a.cfa;
   constexpr int A = KEEP / 2;  // values 0 .. A-1 ascending, KEEP-1 .. A descending
 #pragma unroll
   for (int k = 0; k < KEEP - A; ++k) {
@@ -156,10 +174,14 @@ __device__ __forceinline__ void bal_gemv(const __half* __restrict__ X, const uin
       __syncwarp();
 #pragma unroll
       for (int q = 0; q < 8; ++q) {  // k16 step q: tiles 2q, 2q + 1 of both strips = slots 4q .. 4q + 3
+#if BAL_ABL & 16
+        asm volatile("" ::"r"(xb[0][2 * q]), "r"(xb[0][2 * q + 1]), "r"(buf) : "memory");
+#else
         uint32_t a[4];
         ldsm_x4(a, buf + 4 * q * kTileStride + lm);
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) mma16816(acc[mb][q & 1], a, xb[mb][2 * q], xb[mb][2 * q + 1]);
+#endif
       }
     };
     // records (and X) DEPTH - 1 steps ahead, in a ring of DEPTH register buffers (static names after unrolling)

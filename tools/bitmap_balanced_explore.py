@@ -14,7 +14,10 @@ kernel), and the prototype at 4, 8 and 16 warps per block (K split among them) a
 against a float64 reference (Y poisoned with NaN before each checked call); timings are CUDA-graph replays over
 weight copies rotated beyond 2 x L2, medians (bench/_common.time_graph).
 
-Usage: python tools/bitmap_balanced_explore.py [--quick] [--out NAME]
+``--ablate``: instead, timing-only builds of one configuration (``BAL_ABL`` in the .cu: no zero fill, no scatter
+stores, conflict-free stores, no record loads, no ldmatrix / mma) beside the full kernel, at 70 %, M = 1 and 8.
+
+Usage: python tools/bitmap_balanced_explore.py [--quick] [--ablate] [--out NAME]
 Writes bench/results/NAME.json (default bitmap_balanced_explore_<commit>.json).
 """
 
@@ -95,8 +98,11 @@ def _job(job):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="4096 x 4096 and 4096 x 11008 only")
+    ap.add_argument("--ablate", action="store_true", help="timing ablations of one configuration (see above)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.ablate:
+        return ablate(args)
 
     import torch
 
@@ -231,6 +237,55 @@ def main() -> None:
                                                             "tools/bitmap_balanced.cu vs tactic 1 (format v1 of the "
                                                             "same W) vs cuBLAS fp16 (the same W dense); "
                                                             "speedup = cuBLAS time / ours; " + rows_note})))
+
+
+ABLATIONS = {"full": 0, "no_zero_fill": 1, "no_scatter": 2, "conflict_free": 4, "no_record_loads": 8,
+             "no_mma": 16, "cf_no_zero_fill": 5, "no_stores": 3}
+
+
+def ablate(args) -> None:
+    import torch
+
+    from bench._common import git_commit, meta, print_table, time_graph, write_results
+    from edgesdk.kernels import _cuda
+
+    import bench.bench_bitmap_linear as bbl
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    keep, nw, dp = 19, 8, 2
+    rows = []
+    for k, n in [(4096, 4096), (11008, 4096), (4096, 11008)]:
+        _, rec = balanced(k, n, keep, 7)
+        nrec = bbl._copies(rec.nbytes, l2)
+        recs = [torch.from_numpy(rec).cuda()]
+        recs += [recs[0].clone() for _ in range(nrec - 1)]
+        for m in (1, 8):
+            x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+            y = torch.empty(m, n, device="cuda", dtype=torch.float16)
+            row = {"K": k, "N": n, "M": m, "sparsity": 0.7, "config": f"k{keep}_w{nw}_d{dp}_m1"}
+            for lab, a in ABLATIONS.items():
+                kk = _cuda.get_kernel(SRC, f"bal_k{keep}_w{nw}_d{dp}_m1", (f"-DBAL_ABL={a}",))
+                smem = nw * 2 * 32 * TILE_STRIDE + nw * 1024
+                c = [0]
+
+                def bal(kk=kk, smem=smem):
+                    kk.launch((n // 16,), (32 * nw,),
+                              [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(recs[c[0] % nrec].data_ptr()),
+                               ctypes.c_void_p(y.data_ptr()), ctypes.c_int(m), ctypes.c_int(k), ctypes.c_int(n)],
+                              torch.cuda.current_stream().cuda_stream, smem)
+                    c[0] += 1
+
+                row[f"{lab}_us"] = statistics.median(time_graph(bal, inner=nrec, reps=10) for _ in range(3))
+            for lab in ABLATIONS:
+                row[f"{lab}_speedup"] = row["full_us"] / row[f"{lab}_us"]
+            rows.append(row)
+            print(row, flush=True)
+        recs = None
+        torch.cuda.empty_cache()
+    print_table(rows, ["K", "N", "M"] + [f"{lab}_us" for lab in ABLATIONS])
+    name = args.out or f"bitmap_balanced_ablate_{git_commit()}"
+    print("wrote", write_results(name, rows, meta({"note": "timing-only builds (BAL_ABL) of one configuration, "
+                                                            "one block per strip pair; speedup = full / variant"})))
 
 
 if __name__ == "__main__":
