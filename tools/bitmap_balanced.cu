@@ -3,7 +3,7 @@
 // its 64 weights, so a tile is a fixed-size record (8-byte bitmap, bit 8 r + c <=> W[8 s + r, 8 t + c] kept, then
 // the KEEP values in bit order as fp16, zero-padded to a multiple of 4) that one lane loads into registers and
 // scatters into a dense 8 x 8 tile in shared memory (zero fill, then one 16-bit store per kept value by two bit
-// walks, one from each end), which ldmatrix hands to mma.sync as the A operand (swap AB, as tactic 1: m16 = a
+// walks, one from each end, in the record's store order x), which ldmatrix hands to mma.sync as the A operand (swap AB, as tactic 1: m16 = a
 // strip pair, n8 = up to 8 rows of X). Not the shipped format: tools/bitmap_balanced_explore.py packs, checks and
 // times it beside tactic 1 and cuBLAS on the same weights.
 //
@@ -58,13 +58,17 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// One walk over a tile's two bitmap words (REV: bit-reversed words, i.e. from the top bit down). put() stores v at
+// One walk over a tile's two stored bitmap words (REV: bit-reversed words, i.e. from the top bit down). put() stores v at
 // the next set bit; the walk moves to the second word when the first runs out (never read past the last bit: the
 // two walks together make exactly KEEP puts).
 template <bool REV>
 struct Walk {
-  uint32_t cur, nxt, rb, rnx, cfa;
-  __device__ __forceinline__ void init(uint32_t first, uint32_t second, uint32_t r_first, uint32_t r_second) {
+  uint32_t cur, nxt, rb, rnx, xl, cfa;
+  // x: the record's store order (bit c' of the stored bitmap = position c' ^ x; docs/sparse_kv.md, session 33):
+  // stored word k holds the positions of tile word k ^ (x >> 5), which the caller's r_first / r_second say.
+  __device__ __forceinline__ void init(uint32_t first, uint32_t second, uint32_t r_first, uint32_t r_second,
+                                       uint32_t x) {
+    xl = REV ? x & 31u : 31u ^ (x & 31u);
     cur = first != 0u ? first : second;
     rb = first != 0u ? r_first : r_second;
     nxt = second;
@@ -72,7 +76,7 @@ struct Walk {
   }
   __device__ __forceinline__ void put(uint32_t v) {
     const uint32_t nc = cur & (cur - 1u);
-    const uint32_t c = __clz(cur ^ nc) ^ (REV ? 0u : 31u);  // bit position in the (unreversed) word
+    const uint32_t c = __clz(cur ^ nc) ^ xl;  // position in the tile word: (31 - clz) ^ x, or clz ^ x (REV)
 #if BAL_ABL & 2
     asm volatile("" ::"r"(rb + 2u * c), "r"(v));
 #elif BAL_ABL & 4
@@ -104,8 +108,11 @@ __device__ __forceinline__ void decode_tile(const uint32_t (&w)[Rec<KEEP>::NW], 
 #endif
   Walk<false> a;
   Walk<true> d;
-  a.init(w[0], w[1], tile, tile + 64);
-  d.init(__brev(w[1]), __brev(w[0]), tile + 64, tile);
+  // the store order x in the last padding half (records with keep % 4 != 0; 0 = positions in ascending order)
+  const uint32_t x = Rec<KEEP>::KP > KEEP ? (w[Rec<KEEP>::NW - 1] >> 16) & 63u : 0u;
+  const uint32_t t0 = tile + 64 * (x >> 5), t1 = tile + 64 - 64 * (x >> 5);  // tile words of stored words 0, 1
+  a.init(w[0], w[1], t0, t1, x);
+  d.init(__brev(w[1]), __brev(w[0]), t1, t0, x);
   a.cfa = tile - (threadIdx.x & 31) * (kTileStride - 4);  // buffer + 4 lane: bank = lane
   d.cfa = a.cfa;
   constexpr int A = KEEP / 2;  // values 0 .. A-1 ascending, KEEP-1 .. A descending

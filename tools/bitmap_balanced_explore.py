@@ -48,9 +48,62 @@ def record_bytes(keep: int) -> int:
     return 8 + 2 * ((keep + 3) & ~3)
 
 
-def balanced(k: int, n: int, keep: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def store_banks(pos: np.ndarray, x: np.ndarray, keep: int, slot: np.ndarray) -> np.ndarray:
+    """Banks of the kernel's scatter stores, in issue order, for records of kept positions ``pos`` [..., keep]
+    (ascending) stored in order ``x`` [...] (broadcast) into tile slot ``slot``: the values follow ascending c' =
+    position ^ x; the ascending walk takes the keep // 2 lowest c', the descending one the others from the top, and
+    the kernel interleaves them (descending first). Bank of position b in slot s: (36 s + b // 2) % 32."""
+    a = keep // 2
+    cs = np.sort(pos ^ x[..., None], axis=-1)
+    order = []
+    for k in range(keep - a):
+        order.append(keep - 1 - k)
+        if k < a:
+            order.append(k)
+    true = cs[..., order] ^ x[..., None]
+    return (36 * slot[..., None] + (true >> 1)) % 32
+
+
+def wavefronts(banks: np.ndarray) -> np.ndarray:
+    """Shared-memory wavefronts of each step's scatter: ``banks`` [steps, 32 lanes, stores] -> the sum over store
+    instructions of the busiest bank's count (the lanes' tiles never share a word)."""
+    steps, _, keep = banks.shape
+    cnt = np.zeros((steps, keep, 32), dtype=np.int16)
+    np.add.at(cnt, (np.arange(steps)[:, None, None], np.arange(keep)[None, None, :], banks), 1)
+    return cnt.max(axis=2).sum(axis=1)
+
+
+def schedule(pos: np.ndarray, keep: int, passes: int = 2) -> np.ndarray:
+    """Store order x (even, 0..62) per record of ``pos`` [steps, 32 lanes, keep] that keeps the scatter's bank
+    conflicts low: lanes in turn (then ``passes`` more rounds) take the x that adds the fewest wavefronts
+    (sum over store instructions of the busiest bank's count) to the other lanes' stores of the same step."""
+    steps = pos.shape[0]
+    cands = np.arange(0, 64, 2)
+    tables = [store_banks(pos[:, lane][:, None, :], np.broadcast_to(cands, (steps, cands.size)), keep,
+                          np.full((steps, cands.size), lane)) for lane in range(32)]  # [steps, cand, keep]
+    cnt = np.zeros((steps, keep * 32), dtype=np.int16)  # [step, store j * 32 + bank]
+    chosen = np.full((steps, 32), -1)
+    rows = np.arange(steps)[:, None]
+    flat = [np.arange(keep) * 32 + tb for tb in tables]  # [steps, cand, keep]
+    for _ in range(1 + passes):
+        for lane in range(32):
+            fl = flat[lane]
+            if chosen[0, lane] >= 0:  # a lane's stores hit one bank per j: plain indexing adds each once
+                cnt[rows, fl[np.arange(steps), chosen[:, lane]]] -= 1
+            cur = cnt.reshape(steps, keep, 32).max(axis=2)  # [steps, keep]
+            hit = cnt[np.arange(steps)[:, None, None], fl]  # [steps, cand, keep]
+            cost = np.maximum(cur[:, None, :], hit + 1).sum(axis=2)  # [steps, cand]
+            c = cost.argmin(axis=1)
+            chosen[:, lane] = c
+            cnt[rows, fl[np.arange(steps), c]] += 1
+    return cands[chosen], cnt.reshape(steps, keep, 32).max(axis=2).sum(axis=1)
+
+
+def balanced(k: int, n: int, keep: int, seed: int, sched: bool = False):
     """Random normal fp16 W [n, k] with every 8 x 8 tile pruned to its ``keep`` largest magnitudes; returns
-    (W pruned, dense fp16) and the records in the kernel's chunk-major order (uint8)."""
+    (W pruned, dense fp16), the records in the kernel's chunk-major order (uint8) and the modelled scatter
+    wavefronts per step (mean). ``sched``: each record in the store order ``schedule`` picks (its x in the last
+    padding half; needs keep % 4 != 0)."""
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((n, k), dtype=np.float32).astype(np.float16)
     perm = tile_columns(k)
@@ -61,19 +114,35 @@ def balanced(k: int, n: int, keep: int, seed: int) -> tuple[np.ndarray, np.ndarr
     pos = np.sort(idx, axis=2)  # kept bit positions, ascending = the values' order
     mask = np.zeros(t.shape, dtype=bool)
     np.put_along_axis(mask, pos, True, axis=2)
-    bits = np.bitwise_or.reduce(np.left_shift(np.uint64(1), pos.astype(np.uint64)), axis=2)
-    vals = np.take_along_axis(t, pos, axis=2)
+    # steps: [pair, step i, lane = 2 (t % 16) + s]
+    by_step = pos.reshape(s_ // 2, 2, kt // 16, 16, keep).transpose(0, 2, 3, 1, 4).reshape(-1, 32, keep)
+    if sched:
+        assert keep % 4, "no padding half for the store order"
+        xs, wf = schedule(by_step.astype(np.int64), keep)
+    else:
+        xs = np.zeros(by_step.shape[:2], dtype=np.int64)
+        wf = None
+    if wf is None:
+        wf = wavefronts(store_banks(by_step.astype(np.int64), xs, keep, np.broadcast_to(np.arange(32), xs.shape)))
+    wf_mean = float(wf.mean())
+    x = xs.reshape(s_ // 2, kt // 16, 16, 2).transpose(0, 3, 1, 2).reshape(s_, kt)  # back to [strip, k-tile]
+    stored = pos ^ x[..., None]
+    so = np.argsort(stored, axis=2)
+    bits = np.bitwise_or.reduce(np.left_shift(np.uint64(1), stored.astype(np.uint64)), axis=2)
+    vals = np.take_along_axis(np.take_along_axis(t, pos, axis=2), so, axis=2)  # ascending stored position
     r = record_bytes(keep)
     rec = np.zeros((s_, kt, r), dtype=np.uint8)
     rec[..., :8] = bits.astype("<u8").view(np.uint8).reshape(s_, kt, 8)
     rec[..., 8:8 + 2 * keep] = vals.astype("<f2").view(np.uint8).reshape(s_, kt, 2 * keep)
+    if sched:
+        rec[..., r - 2:] = x.astype("<u2").view(np.uint8).reshape(s_, kt, 2)
     # record (p KT + t) * 2 + s, then chunk-major in groups of 16 records
     rec = rec.reshape(s_ // 2, 2, kt, r).transpose(0, 2, 1, 3).reshape(-1, 16, r // 8, 8)
     rec = np.ascontiguousarray(rec.transpose(0, 2, 1, 3)).reshape(-1)
     wpv = (t * mask).reshape(s_, kt, 8, 8).transpose(0, 2, 1, 3).reshape(n, k)
     wp = np.empty_like(wpv)
     wp[:, perm] = wpv
-    return wp, rec
+    return wp, rec, wf_mean
 
 
 def tile_columns(k: int) -> np.ndarray:
@@ -90,9 +159,15 @@ def _job(job):
     from edgesdk.formats import bitmap_linear as fmt
 
     k, n, s, seed = job
-    wp, rec = balanced(k, n, KEEPS[s], seed)
+    keep = KEEPS[s]
+    wp, rec, wf = balanced(k, n, keep, seed)
+    sets = {"bal": (rec, wf)}
+    if keep % 4:  # a padding half for the store order
+        wp2, rec2, wf2 = balanced(k, n, keep, seed, sched=True)
+        assert np.array_equal(wp, wp2)
+        sets["bals"] = (rec2, wf2)
     p = fmt.BitmapLinearWeights.pack(wp.astype(np.float32), "float16")
-    return job, wp, rec, p.node_attributes(), p.to_tensors(), p.nbytes
+    return job, wp, sets, p.node_attributes(), p.to_tensors(), p.nbytes
 
 
 def main() -> None:
@@ -124,12 +199,14 @@ def main() -> None:
     rows, bad = [], 0
     rows_note = "grid: one block per strip pair, or (_pers) as many as fit the GPU at once, each looping over pairs"
     with ProcessPoolExecutor(8) as ex:
-        for (k, n, s, _), wp, rec, attrs, tens, nb_v1 in ex.map(_job, jobs):
+        for (k, n, s, _), wp, sets, attrs, tens, nb_v1 in ex.map(_job, jobs):
             keep = KEEPS[s]
-            nb = rec.nbytes
+            nb = sets["bal"][0].nbytes
             nrec = bbl._copies(nb, l2)
-            recs = [torch.from_numpy(rec).cuda()]
-            recs += [recs[0].clone() for _ in range(nrec - 1)]
+            dsets = {}
+            for var, (rec, _) in sets.items():
+                d0 = torch.from_numpy(rec).cuda()
+                dsets[var] = [d0] + [d0.clone() for _ in range(nrec - 1)]
             base = [torch.from_numpy(v).cuda() for v in tens.values()]
             nv1 = bbl._copies(nb_v1, l2)
             v1 = [base] + [[t.clone() for t in base] for _ in range(nv1 - 1)]
@@ -154,7 +231,8 @@ def main() -> None:
                     return good
 
                 row = {"K": k, "N": n, "M": m, "sparsity": s, "keep": keep, "record_bytes": record_bytes(keep),
-                       "bytes_balanced": nb, "bytes_v1": nb_v1, "bytes_dense": 2 * n * k}
+                       "bytes_balanced": nb, "bytes_v1": nb_v1, "bytes_dense": 2 * n * k,
+                       **{f"{var}_model_wavefronts": wf for var, (_, wf) in sets.items()}}
                 it = [0]
 
                 def dense():
@@ -177,58 +255,68 @@ def main() -> None:
                 row["ok_t1"] = ok("t1")
                 row["t1_us"] = time_graph(t1, inner=nv1, reps=10)
                 mb = 1 if m <= 8 else 2
-                for nw, dp in CONFIGS[keep]:
-                    if (keep, nw, dp, mb) not in kern:
-                        continue
-                    kk = kern[(keep, nw, dp, mb)]
-                    smem = nw * 2 * 32 * TILE_STRIDE + nw * 1024
-                    kk.set_max_dynamic_smem(smem)
-                    per_sm = int(_cuda.check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kk.function, 32 * nw,
-                                                                                            smem)))
-                    grids = sorted({n // 16, min(n // 16, per_sm * sms)})
-                    for grid in grids:
-                        lab = f"w{nw}_d{dp}" + ("_pers" if grid < n // 16 else "")
-                        c = [0]
+                for var, recs in dsets.items():
+                    for nw, dp in CONFIGS[keep]:
+                        if (keep, nw, dp, mb) not in kern:
+                            continue
+                        kk = kern[(keep, nw, dp, mb)]
+                        smem = nw * 2 * 32 * TILE_STRIDE + nw * 1024
+                        kk.set_max_dynamic_smem(smem)
+                        per_sm = int(_cuda.check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                            kk.function, 32 * nw, smem)))
+                        for grid in sorted({n // 16, min(n // 16, per_sm * sms)}):
+                            lab = f"{var}_w{nw}_d{dp}" + ("_pers" if grid < n // 16 else "")
+                            c = [0]
 
-                        def bal(kk=kk, smem=smem, grid=grid):
-                            kk.launch((grid,), (32 * nw,),
-                                      [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(recs[c[0] % nrec].data_ptr()),
-                                       ctypes.c_void_p(y.data_ptr()), ctypes.c_int(m), ctypes.c_int(k),
-                                       ctypes.c_int(n)],
-                                      torch.cuda.current_stream().cuda_stream, smem)
-                            c[0] += 1
+                            def bal(kk=kk, smem=smem, grid=grid, recs=recs):
+                                kk.launch((grid,), (32 * nw,),
+                                          [ctypes.c_void_p(x.data_ptr()),
+                                           ctypes.c_void_p(recs[c[0] % nrec].data_ptr()),
+                                           ctypes.c_void_p(y.data_ptr()), ctypes.c_int(m), ctypes.c_int(k),
+                                           ctypes.c_int(n)],
+                                          torch.cuda.current_stream().cuda_stream, smem)
+                                c[0] += 1
 
-                        y.fill_(float("nan"))
-                        bal()
-                        row[f"ok_bal_{lab}"] = ok(f"bal_{lab}")
-                        bad += not row[f"ok_bal_{lab}"]
-                        row[f"bal_{lab}_us"] = time_graph(bal, inner=nrec, reps=10)
-                        row[f"bal_{lab}_grid"] = grid
-                best = min((k_[4:-3] for k_ in row if k_.startswith("bal_w") and k_.endswith("_us")),
-                           key=lambda lab: row[f"bal_{lab}_us"])
-                row["bal_us"], row["bal_config"] = row[f"bal_{best}_us"], best
+                            y.fill_(float("nan"))
+                            bal()
+                            row[f"ok_{lab}"] = ok(lab)
+                            bad += not row[f"ok_{lab}"]
+                            row[f"{lab}_us"] = time_graph(bal, inner=nrec, reps=10)
+                            row[f"{lab}_grid"] = grid
+                    best = min((k_[:-3] for k_ in row if k_.startswith(f"{var}_w") and k_.endswith("_us")),
+                               key=lambda lab: row[f"{lab}_us"])
+                    row[f"{var}_us"], row[f"{var}_config"] = row[f"{best}_us"], best
+                row["bal_best_us"] = min(row.get("bals_us", 1e9), row["bal_us"])
                 row["t1_speedup"] = row["cublas_us"] / row["t1_us"]
                 row["bal_speedup"] = row["cublas_us"] / row["bal_us"]
+                row["bal_best_speedup"] = row["cublas_us"] / row["bal_best_us"]
+                if "bals_us" in row:
+                    row["bals_speedup"] = row["cublas_us"] / row["bals_us"]
+                    row["sched_gain"] = row["bal_us"] / row["bals_us"]
                 row["bal_vs_t1"] = row["t1_us"] / row["bal_us"]
-                row["bal_GBps"] = (nb + 2 * m * (k + n)) / row["bal_us"] / 1e3
+                row["bal_best_vs_t1"] = row["t1_us"] / row["bal_best_us"]
+                row["bal_GBps"] = (nb + 2 * m * (k + n)) / row["bal_best_us"] / 1e3
                 row["t1_GBps"] = (nb_v1 + 2 * m * (k + n)) / row["t1_us"] / 1e3
                 rows.append(row)
                 print(f"{k}x{n} s={s} M={m}: cuBLAS {row['cublas_us']:.1f} t1 {row['t1_us']:.1f} "
-                      f"bal {row['bal_us']:.1f} ({best}) us", flush=True)
-            recs = v1 = wds = None
+                      f"bal {row['bal_us']:.1f} sched {row.get('bals_us', float('nan')):.1f} us", flush=True)
+            dsets = v1 = wds = None
             torch.cuda.empty_cache()
-    cols = ["K", "N", "M", "sparsity", "cublas_us", "t1_us", "bal_us", "bal_config", "t1_speedup", "bal_speedup",
-            "bal_vs_t1"]
+    cols = ["K", "N", "M", "sparsity", "cublas_us", "t1_us", "bal_us", "bals_us", "t1_speedup", "bal_best_speedup",
+            "bal_best_vs_t1"]
     print_table(rows, cols)
     summary = []
     for s in KEEPS:
         sel = [r for r in rows if r["sparsity"] == s and r["K"] * r["N"] >= 4 * 1024 * 1024]
         if sel:
+            med = lambda key, rs=sel: statistics.median(r[key] for r in rs if key in r) if any(key in r for r in rs) else None  # noqa: E731
             summary.append({"sparsity": s, "rows": len(sel),
-                            "median_t1_speedup": statistics.median(r["t1_speedup"] for r in sel),
-                            "median_bal_speedup": statistics.median(r["bal_speedup"] for r in sel),
-                            "min_bal_speedup": min(r["bal_speedup"] for r in sel),
-                            "median_bal_vs_t1": statistics.median(r["bal_vs_t1"] for r in sel)})
+                            "median_t1_speedup": med("t1_speedup"),
+                            "median_bal_speedup": med("bal_speedup"), "median_bals_speedup": med("bals_speedup"),
+                            "median_best_speedup": med("bal_best_speedup"),
+                            "min_best_speedup": min(r["bal_best_speedup"] for r in sel),
+                            "median_best_vs_t1": med("bal_best_vs_t1"), "median_sched_gain": med("sched_gain"),
+                            "M<=8 median_best_speedup": med("bal_best_speedup", [r for r in sel if r["M"] <= 8])})
             print(summary[-1])
     print(f"outputs not matching the reference: {bad}; {time.time() - t0:.0f} s")
     name = args.out or f"bitmap_balanced_explore_{git_commit()}"
@@ -255,7 +343,7 @@ def ablate(args) -> None:
     keep, nw, dp = 19, 8, 2
     rows = []
     for k, n in [(4096, 4096), (11008, 4096), (4096, 11008)]:
-        _, rec = balanced(k, n, keep, 7)
+        _, rec, _ = balanced(k, n, keep, 7)
         nrec = bbl._copies(rec.nbytes, l2)
         recs = [torch.from_numpy(rec).cuda()]
         recs += [recs[0].clone() for _ in range(nrec - 1)]
