@@ -21,7 +21,9 @@ constexpr int kTileStride = 144;
 
 // Timing ablations (tools/bitmap_balanced_explore.py --ablate; wrong results by design): bit 1 no zero fill; 2 no
 // scatter stores (the walk and its addresses kept live); 4 the scatter's stores conflict-free (each lane to its own
-// bank); 8 no record loads (a fixed 19-bit pattern); 16 no ldmatrix / mma (the tiles kept live).
+// bank); 8 no record loads (a fixed 19-bit pattern); 16 no ldmatrix / mma (the tiles kept live); 32 conflict-free
+// stores whose address still waits for the walk (an opaque and-with-zero of it); 64 stores at fixed positions of the
+// lane's tile (put k of a lane at position (5 k + 3 lane) % 64: bank conflicts like random data's, no wait for the walk).
 #ifndef BAL_ABL
 #define BAL_ABL 0
 #endif  // bytes per 8 x 8 tile slot: 128 + 16 (tile bases 4 banks apart)
@@ -63,7 +65,7 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
 // two walks together make exactly KEEP puts).
 template <bool REV>
 struct Walk {
-  uint32_t cur, nxt, rb, rnx, xl, cfa;
+  uint32_t cur, nxt, rb, rnx, xl, cfa, fixed;
   // x: the record's store order (bit c' of the stored bitmap = position c' ^ x; docs/sparse_kv.md, session 33):
   // stored word k holds the positions of tile word k ^ (x >> 5), which the caller's r_first / r_second say.
   __device__ __forceinline__ void init(uint32_t first, uint32_t second, uint32_t r_first, uint32_t r_second,
@@ -82,6 +84,14 @@ struct Walk {
 #elif BAL_ABL & 4
     asm volatile("" ::"r"(rb + 2u * c));
     sts16(cfa, v);
+#elif BAL_ABL & 32
+    uint32_t zero;
+    asm volatile("and.b32 %0, %1, 0;" : "=r"(zero) : "r"(rb + 2u * c));
+    sts16(cfa + zero, v);
+#elif BAL_ABL & 64
+    asm volatile("" ::"r"(rb + 2u * c));
+    sts16(cfa + fixed, v);
+    fixed = (fixed + 10u) & 127u;
 #else
     sts16(rb + 2u * c, v);
 #endif
@@ -115,6 +125,11 @@ __device__ __forceinline__ void decode_tile(const uint32_t (&w)[Rec<KEEP>::NW], 
   d.init(__brev(w[1]), __brev(w[0]), t1, t0, x);
   a.cfa = tile - (threadIdx.x & 31) * (kTileStride - 4);  // buffer + 4 lane: bank = lane
   d.cfa = a.cfa;
+#if BAL_ABL & 64
+  a.cfa = d.cfa = tile;
+  a.fixed = (6u * (threadIdx.x & 31)) & 127u;
+  d.fixed = (a.fixed + 64u) & 127u;
+#endif
   constexpr int A = KEEP / 2;  // values 0 .. A-1 ascending, KEEP-1 .. A descending
 #pragma unroll
   for (int k = 0; k < KEEP - A; ++k) {

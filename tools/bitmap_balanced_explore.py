@@ -328,7 +328,7 @@ def main() -> None:
 
 
 ABLATIONS = {"full": 0, "no_zero_fill": 1, "no_scatter": 2, "conflict_free": 4, "no_record_loads": 8,
-             "no_mma": 16, "cf_no_zero_fill": 5, "no_stores": 3}
+             "no_mma": 16, "cf_no_zero_fill": 5, "no_stores": 3, "cf_dependent": 32, "fixed_positions": 64}
 
 
 def ablate(args) -> None:
@@ -344,19 +344,23 @@ def ablate(args) -> None:
     rows = []
     for k, n in [(4096, 4096), (11008, 4096), (4096, 11008)]:
         _, rec, _ = balanced(k, n, keep, 7)
+        _, rec_s, _ = balanced(k, n, keep, 7, sched=True)
         nrec = bbl._copies(rec.nbytes, l2)
-        recs = [torch.from_numpy(rec).cuda()]
-        recs += [recs[0].clone() for _ in range(nrec - 1)]
+        plain = [torch.from_numpy(rec).cuda()]
+        plain += [plain[0].clone() for _ in range(nrec - 1)]
+        sched = [torch.from_numpy(rec_s).cuda()]
+        sched += [sched[0].clone() for _ in range(nrec - 1)]
         for m in (1, 8):
             x = torch.randn(m, k, device="cuda", dtype=torch.float16)
             y = torch.empty(m, n, device="cuda", dtype=torch.float16)
             row = {"K": k, "N": n, "M": m, "sparsity": 0.7, "config": f"k{keep}_w{nw}_d{dp}_m1"}
-            for lab, a in ABLATIONS.items():
+            for lab, a in [*ABLATIONS.items(), ("scheduled", 0)]:
                 kk = _cuda.get_kernel(SRC, f"bal_k{keep}_w{nw}_d{dp}_m1", (f"-DBAL_ABL={a}",))
                 smem = nw * 2 * 32 * TILE_STRIDE + nw * 1024
                 c = [0]
+                recs = sched if lab == "scheduled" else plain
 
-                def bal(kk=kk, smem=smem):
+                def bal(kk=kk, smem=smem, recs=recs):
                     kk.launch((n // 16,), (32 * nw,),
                               [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(recs[c[0] % nrec].data_ptr()),
                                ctypes.c_void_p(y.data_ptr()), ctypes.c_int(m), ctypes.c_int(k), ctypes.c_int(n)],
@@ -364,16 +368,18 @@ def ablate(args) -> None:
                     c[0] += 1
 
                 row[f"{lab}_us"] = statistics.median(time_graph(bal, inner=nrec, reps=10) for _ in range(3))
-            for lab in ABLATIONS:
+            for lab in [*ABLATIONS, "scheduled"]:
                 row[f"{lab}_speedup"] = row["full_us"] / row[f"{lab}_us"]
             rows.append(row)
             print(row, flush=True)
-        recs = None
+        plain = sched = None
         torch.cuda.empty_cache()
-    print_table(rows, ["K", "N", "M"] + [f"{lab}_us" for lab in ABLATIONS])
+    print_table(rows, ["K", "N", "M"] + [f"{lab}_us" for lab in [*ABLATIONS, "scheduled"]])
     name = args.out or f"bitmap_balanced_ablate_{git_commit()}"
     print("wrote", write_results(name, rows, meta({"note": "timing-only builds (BAL_ABL) of one configuration, "
-                                                            "one block per strip pair; speedup = full / variant"})))
+                                                            "one block per strip pair; speedup = full / variant; "
+                                                            "full = plain records, scheduled = the full kernel on "
+                                                            "records in a scheduled store order"})))
 
 
 if __name__ == "__main__":
