@@ -7,6 +7,11 @@
         token windows calibrates Wanda, the rest is evaluated. Then one evaluation window runs
         through the rewritten graph with ``EdgeBitmapLinear`` nodes (every linear but lm_head).
 
+        ``--mask tile8``: instead of per output row, every 8 x 8 tile of W (8 rows x 8 consecutive input
+        channels) keeps exactly its ``round((1 - sparsity) * 64)`` highest scores ("balanced" pruning, the records of
+        ``tools/bitmap_balanced.cu``; layers whose N or K is not a multiple of 8 stay per row). Not an SDK option:
+        it measures what that constraint costs against per-row pruning.
+
     python tools/eval_pruning.py rewrite MODEL.onnx [--sparsity 0.5] [--kernels bitmap]
         Rewrites a model (e.g. ViT-B/16 from ``models.recipes``) and reports per-layer kernels,
         bytes, time and peak memory, plus one ORT run of the rewritten graph vs the original.
@@ -52,7 +57,23 @@ def nll(sess, windows) -> tuple[float, int]:
     return total, count
 
 
-def smollm2(path: Path, sparsity: float, window: int) -> dict:
+def tile8_mask(score: np.ndarray, sparsity: float) -> np.ndarray:
+    """Keep-mask ``[N, K]`` with exactly ``round((1 - sparsity) * 64)`` kept per 8 x 8 tile (highest scores; ties to
+    the lower index, as ``row_mask``); per row where N or K is not a multiple of 8."""
+    from edgesdk.sparsify import row_mask
+
+    n, k = score.shape
+    if n % 8 or k % 8:
+        return row_mask(score, sparsity)
+    keep = int(round((1.0 - sparsity) * 64))
+    t = score.reshape(n // 8, 8, k // 8, 8).transpose(0, 2, 1, 3).reshape(n // 8, k // 8, 64)
+    order = np.argsort(-t, axis=2, kind="stable")[..., :keep]
+    m = np.zeros(t.shape, dtype=bool)
+    np.put_along_axis(m, order, True, axis=2)
+    return m.reshape(n // 8, k // 8, 8, 8).transpose(0, 2, 1, 3).reshape(n, k)
+
+
+def smollm2(path: Path, sparsity: float, window: int, mask: str = "row", ppl_only: bool = False) -> dict:
     from transformers import AutoTokenizer
 
     from models.recipes import english_text, smollm2_gguf
@@ -68,7 +89,11 @@ def smollm2(path: Path, sparsity: float, window: int) -> dict:
     evals = windows[n_cal:]
     model = onnx.load(str(path))
     out = {"model": path.name, "tokens": int(len(ids)), "window": window, "calibration_windows": n_cal,
-           "eval_windows": len(evals), "sparsity": sparsity, "text": "models.recipes.english_text()"}
+           "eval_windows": len(evals), "sparsity": sparsity, "mask": mask, "text": "models.recipes.english_text()"}
+    if mask == "tile8":
+        import edgesdk.sparsify as sp
+
+        sp.row_mask = tile8_mask  # prune() looks it up in its module at call time
     dense_sess = make_session(model)
     s, c = nll(dense_sess, evals)
     out["ppl_dense"] = float(np.exp(s / c))
@@ -80,6 +105,9 @@ def smollm2(path: Path, sparsity: float, window: int) -> dict:
         s, c = nll(make_session(pruned), evals)
         out[f"ppl_{method}"] = float(np.exp(s / c))
         out[f"layers_pruned_{method}"] = sum(r["sparsity"] > 0 for r in report)
+    if ppl_only:
+        out["peak_rss_mb"] = round(_peak_mb())
+        return out
     # the same pruning through plugin nodes: every linear but lm_head becomes EdgeBitmapLinear
     bitmap, report = rewrite_model(model, BuildConfig(sparsity=sparsity, prune="wanda", kernels="bitmap"),
                                    calib, PROFILES["orin"])
@@ -126,8 +154,12 @@ def main() -> None:
     ap.add_argument("--sparsity", type=float, default=0.5)
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--kernels", default="bitmap")
+    ap.add_argument("--mask", choices=["row", "tile8"], default="row",
+                    help="smollm2: prune per output row (the SDK's) or per 8 x 8 tile (see above)")
+    ap.add_argument("--ppl-only", action="store_true", help="smollm2: perplexities only (no plugin-node run)")
     a = ap.parse_args()
-    res = smollm2(a.model, a.sparsity, a.window) if a.what == "smollm2" else rewrite(a.model, a.sparsity, a.kernels)
+    res = (smollm2(a.model, a.sparsity, a.window, a.mask, a.ppl_only) if a.what == "smollm2"
+           else rewrite(a.model, a.sparsity, a.kernels))
     print(json.dumps(res, indent=1))
 
 
