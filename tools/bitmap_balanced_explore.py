@@ -12,7 +12,9 @@ Per layer of issue 4's benchmark with K % 128 == 0, balanced sparsity 0.30 / 0.5
 M 1 / 4 / 8, on the same pruned W: cuBLAS fp16 dense (torch.mm), tactic 1 on W packed in format v1 (the shipped
 kernel), and the prototype at 4, 8 and 16 warps per block (K split among them) and 2-4 steps of records in flight. Every output is first checked
 against a float64 reference (Y poisoned with NaN before each checked call); timings are CUDA-graph replays over
-weight copies rotated beyond 2 x L2, medians (bench/_common.time_graph).
+weight copies rotated beyond 4 x L2 (``--rotate``: at 2 x L2, the benchmarks' rule, an H100 still served part of a
+34 MB layer's records from L2; an ablation without shared-memory stores read them at 4.1 TB/s), medians
+(bench/_common.time_graph).
 
 ``--ablate``: instead, timing-only builds of one configuration (``BAL_ABL`` in the .cu: no zero fill, no scatter
 stores, conflict-free stores, no record loads, no ldmatrix / mma) beside the full kernel, at 70 %, M = 1 and 8.
@@ -42,6 +44,11 @@ CONFIGS = {19: [(4, 3), (8, 2), (8, 3), (16, 2)], 32: [(4, 2), (8, 2), (16, 2)],
            45: [(4, 2), (8, 2), (16, 2)]}  # keep -> (warps per block, record ring depth); 16 warps only for M <= 8
 MS = (1, 4, 8, 16)
 TILE_STRIDE = 144  # bytes per tile slot in the kernel (kTileStride)
+
+
+def copies(nbytes: int, l2: int, rotate: float) -> int:
+    """Copies of an operand that a timing loop cycles through: together at least ``rotate`` x L2 (at least 2)."""
+    return int(min(512, max(2, -(-int(rotate * l2) // max(nbytes, 1)))))
 
 
 def record_bytes(keep: int) -> int:
@@ -174,6 +181,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="4096 x 4096 and 4096 x 11008 only")
     ap.add_argument("--ablate", action="store_true", help="timing ablations of one configuration (see above)")
+    ap.add_argument("--rotate", type=float, default=4.0,
+                    help="weight copies cycled through per timing, together this many times L2 (default 4)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.ablate:
@@ -202,16 +211,16 @@ def main() -> None:
         for (k, n, s, _), wp, sets, attrs, tens, nb_v1 in ex.map(_job, jobs):
             keep = KEEPS[s]
             nb = sets["bal"][0].nbytes
-            nrec = bbl._copies(nb, l2)
+            nrec = copies(nb, l2, args.rotate)
             dsets = {}
             for var, (rec, _) in sets.items():
                 d0 = torch.from_numpy(rec).cuda()
                 dsets[var] = [d0] + [d0.clone() for _ in range(nrec - 1)]
             base = [torch.from_numpy(v).cuda() for v in tens.values()]
-            nv1 = bbl._copies(nb_v1, l2)
+            nv1 = copies(nb_v1, l2, args.rotate)
             v1 = [base] + [[t.clone() for t in base] for _ in range(nv1 - 1)]
             wd = torch.from_numpy(wp).cuda()
-            nd = bbl._copies(wd.numel() * 2, l2)
+            nd = copies(wd.numel() * 2, l2, args.rotate)
             wds = [wd] + [wd.clone() for _ in range(nd - 1)]
             w64 = wp.astype(np.float64)
             for m in MS:
@@ -320,7 +329,7 @@ def main() -> None:
             print(summary[-1])
     print(f"outputs not matching the reference: {bad}; {time.time() - t0:.0f} s")
     name = args.out or f"bitmap_balanced_explore_{git_commit()}"
-    print("wrote", write_results(name, rows, meta({"summary": summary, "bad_outputs": bad,
+    print("wrote", write_results(name, rows, meta({"summary": summary, "bad_outputs": bad, "rotate_l2": args.rotate,
                                                     "note": "balanced pruning (exactly keep of every 8 x 8 tile); "
                                                             "tools/bitmap_balanced.cu vs tactic 1 (format v1 of the "
                                                             "same W) vs cuBLAS fp16 (the same W dense); "
@@ -337,15 +346,13 @@ def ablate(args) -> None:
     from bench._common import git_commit, meta, print_table, time_graph, write_results
     from edgesdk.kernels import _cuda
 
-    import bench.bench_bitmap_linear as bbl
-
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     keep, nw, dp = 19, 8, 2
     rows = []
     for k, n in [(4096, 4096), (11008, 4096), (4096, 11008)]:
         _, rec, _ = balanced(k, n, keep, 7)
         _, rec_s, _ = balanced(k, n, keep, 7, sched=True)
-        nrec = bbl._copies(rec.nbytes, l2)
+        nrec = copies(rec.nbytes, l2, args.rotate)
         plain = [torch.from_numpy(rec).cuda()]
         plain += [plain[0].clone() for _ in range(nrec - 1)]
         sched = [torch.from_numpy(rec_s).cuda()]
@@ -376,7 +383,7 @@ def ablate(args) -> None:
         torch.cuda.empty_cache()
     print_table(rows, ["K", "N", "M"] + [f"{lab}_us" for lab in [*ABLATIONS, "scheduled"]])
     name = args.out or f"bitmap_balanced_ablate_{git_commit()}"
-    print("wrote", write_results(name, rows, meta({"note": "timing-only builds (BAL_ABL) of one configuration, "
+    print("wrote", write_results(name, rows, meta({"rotate_l2": args.rotate, "note": "timing-only builds (BAL_ABL) of one configuration, "
                                                             "one block per strip pair; speedup = full / variant; "
                                                             "full = plain records, scheduled = the full kernel on "
                                                             "records in a scheduled store order"})))
