@@ -1,15 +1,17 @@
 // Exploration (session 35, issue 4): the bitmap linear's decode done the way the sparse KV kernels do it
 // (plugins/sparse_kv/sparse_kv.cu, RegDecode64), on *balanced* records: every 8 x 8 tile of W keeps exactly KEEP of
-// its 64 weights, so a tile is a fixed-size record (8-byte bitmap, bit 8 r + c <=> W[8 s + r, 8 t + c] kept, then
-// the KEEP values in bit order as fp16, zero-padded to a multiple of 4) that one lane loads into registers and
-// scatters into a dense 8 x 8 tile in shared memory (zero fill, then one 16-bit store per kept value by two bit
-// walks, one from each end, in the record's store order x), which ldmatrix hands to mma.sync as the A operand (swap AB, as tactic 1: m16 = a
-// strip pair, n8 = up to 8 rows of X). Not the shipped format: tools/bitmap_balanced_explore.py packs, checks and
-// times it beside tactic 1 and cuBLAS on the same weights.
+// its 64 weights, so a tile is a fixed-size record (8-byte bitmap, bit c' <=> tile position c' ^ x kept, position
+// 8 r + c = row r, column c; then the KEEP values in ascending c' as fp16, zero-padded to a multiple of 4; x, the
+// store order, in the last padding half where there is one, else 0) that one lane loads into registers and scatters
+// into a dense 8 x 8 tile in shared memory (zero fill, then one 16-bit store per kept value by two bit walks, one
+// from each end), which ldmatrix hands to mma.sync as the A operand (swap AB, as tactic 1: m16 = a strip pair,
+// n8 = 8 rows of X, two n8 blocks for M up to 16). Not the shipped format: tools/bitmap_balanced_explore.py packs,
+// checks and times it beside tactic 1 and cuBLAS on the same weights (docs/bitmap_linear.md, round 14).
 //
-// Records of a layer: record r = (p * KT + t) * 2 + s for strip pair p, k-tile t (8 input channels; KT = K / 8),
-// strip s of the pair; stored chunk-major in groups of 16 (unit u = bytes 8u..8u+7 of record r at byte
-// (r / 16) * 16 R + 128 u + 8 (r % 16)), so 16 lanes loading unit u read 128 contiguous bytes.
+// Records of a layer: record r = (p * KT + t) * 2 + s for strip pair p, k-tile t (KT = K / 8), strip s of the pair;
+// stored chunk-major in groups of 16 (unit u = bytes 8u..8u+7 of record r at byte (r / 16) * 16 R + 128 u +
+// 8 (r % 16)), so 16 lanes loading unit u read 128 contiguous bytes. Column c = 2 j + e of k-tile t = 16 i + 2 q + h
+// is input channel 128 i + 32 j + 4 q + 2 h + e (the packer's permutation), so that a lane's X pairs are contiguous.
 // Limits of the prototype: fp16 X and values (scale 1, no bias), M <= 16, K % 128 == 0, N % 16 == 0.
 // Ampere instructions only (ld.global.nc, st.shared, ldmatrix, mma.sync).
 #include <cuda_fp16.h>

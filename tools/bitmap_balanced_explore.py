@@ -9,15 +9,20 @@ This tool measures that decode on linear weights pruned the same way, *balanced*
 ``keep`` of its 64 weights (its largest magnitudes), the records of ``tools/bitmap_balanced.cu``.
 
 Per layer of issue 4's benchmark with K % 128 == 0, balanced sparsity 0.30 / 0.50 / 0.70 (keep 45 / 32 / 19) and
-M 1 / 4 / 8, on the same pruned W: cuBLAS fp16 dense (torch.mm), tactic 1 on W packed in format v1 (the shipped
-kernel), and the prototype at 4, 8 and 16 warps per block (K split among them) and 2-4 steps of records in flight. Every output is first checked
-against a float64 reference (Y poisoned with NaN before each checked call); timings are CUDA-graph replays over
-weight copies rotated beyond 4 x L2 (``--rotate``: at 2 x L2, the benchmarks' rule, an H100 still served part of a
-34 MB layer's records from L2; an ablation without shared-memory stores read them at 4.1 TB/s), medians
-(bench/_common.time_graph).
+M 1 / 4 / 8 / 16, on the same pruned W: cuBLAS fp16 dense (torch.mm), tactic 1 on W packed in format v1 (the shipped
+kernel), and the prototype (configurations: 4, 8 or 16 warps per block splitting K, records 1-2 steps ahead, one
+block per strip pair or a persistent grid) on two packings of the records: ``bal``, positions stored in ascending
+order, and ``bals`` (keep 19 and 45, which have a padding half), each record's store order ``x`` chosen offline by
+:func:`schedule` against the scatter's bank conflicts (as the KV compressor does, docs/sparse_kv.md session 33).
+Every output is first checked against a float64 reference (Y poisoned with NaN before each checked call); timings
+are CUDA-graph replays over weight copies cycled through 4 x L2 (``--rotate``), medians (bench/_common.time_graph).
 
-``--ablate``: instead, timing-only builds of one configuration (``BAL_ABL`` in the .cu: no zero fill, no scatter
-stores, conflict-free stores, no record loads, no ldmatrix / mma) beside the full kernel, at 70 %, M = 1 and 8.
+``--ablate``: instead, timing-only builds (``BAL_ABL`` in the .cu; wrong results) of one configuration beside the
+full kernel, at 70 %, M = 1 and 8: no zero fill; no scatter stores; conflict-free stores (with and without their
+address waiting for the walk); stores at fixed positions; no record loads; no ldmatrix / mma; and the full kernel
+on scheduled records. In ``no_scatter`` and ``no_stores`` nothing consumes the value words (an empty asm emits no
+instruction), so their loads are never waited for: those two read faster than the memory can (4.4 TB/s on an
+H100) and bound only what removing the stores could give; ``conflict_free`` waits for them.
 
 Usage: python tools/bitmap_balanced_explore.py [--quick] [--ablate] [--out NAME]
 Writes bench/results/NAME.json (default bitmap_balanced_explore_<commit>.json).
