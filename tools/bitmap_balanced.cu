@@ -62,7 +62,9 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// One walk over a tile's two stored bitmap words (REV: bit-reversed words, i.e. from the top bit down). put() stores v at
+// One walk over a tile's two stored bitmap words (REV: bit-reversed words, i.e. from the top bit down): the logic of
+// AscWalk64 in plugins/sparse_kv/sparse_kv.cu, copied rather than shared so that this tool's timing ablations
+// (BAL_ABL) can change its store without touching the plugin. put() stores v at
 // the next set bit; the walk moves to the second word when the first runs out (never read past the last bit: the
 // two walks together make exactly KEEP puts).
 template <bool REV>
