@@ -96,3 +96,13 @@ def test_tile8_mask_falls_back_to_rows_off_the_grid():
 
     score = np.random.default_rng(4).random((12, 40))  # 12 rows: not a multiple of 8
     np.testing.assert_array_equal(eval_pruning.tile8_mask(score, 0.5), row_mask(score, 0.5))
+
+
+def test_tile8_mask_fallback_while_it_replaces_row_mask(monkeypatch):
+    # --mask tile8 installs tile8_mask as edgesdk.sparsify.row_mask; its fallback must not call itself
+    import edgesdk.sparsify as sp
+
+    score = np.random.default_rng(5).random((12, 40))
+    want = sp.row_mask(score, 0.5)
+    monkeypatch.setattr(sp, "row_mask", eval_pruning.tile8_mask)
+    np.testing.assert_array_equal(eval_pruning.tile8_mask(score, 0.5), want)

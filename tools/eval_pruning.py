@@ -39,6 +39,7 @@ from edgesdk.config import BuildConfig  # noqa: E402
 from edgesdk.devices import PROFILES  # noqa: E402
 from edgesdk.ort import make_session  # noqa: E402
 from edgesdk.rewrite import rewrite_model  # noqa: E402
+from edgesdk.sparsify import row_mask as _row_mask  # noqa: E402  (the SDK's, kept before --mask tile8 patches it)
 
 
 def _peak_mb() -> float:
@@ -59,12 +60,11 @@ def nll(sess, windows) -> tuple[float, int]:
 
 def tile8_mask(score: np.ndarray, sparsity: float) -> np.ndarray:
     """Keep-mask ``[N, K]`` with exactly ``round((1 - sparsity) * 64)`` kept per 8 x 8 tile (highest scores; ties to
-    the lower index, as ``row_mask``); per row where N or K is not a multiple of 8."""
-    from edgesdk.sparsify import row_mask
-
+    the lower index, as ``row_mask``); per row (the SDK's own ``row_mask``, even while this one replaces it) where N
+    or K is not a multiple of 8."""
     n, k = score.shape
     if n % 8 or k % 8:
-        return row_mask(score, sparsity)
+        return _row_mask(score, sparsity)
     keep = int(round((1.0 - sparsity) * 64))
     t = score.reshape(n // 8, 8, k // 8, 8).transpose(0, 2, 1, 3).reshape(n // 8, k // 8, 64)
     order = np.argsort(-t, axis=2, kind="stable")[..., :keep]
@@ -93,7 +93,7 @@ def smollm2(path: Path, sparsity: float, window: int, mask: str = "row", ppl_onl
     if mask == "tile8":
         import edgesdk.sparsify as sp
 
-        sp.row_mask = tile8_mask  # prune() looks it up in its module at call time
+        sp.row_mask = tile8_mask  # prune() looks it up in its module at call time (this process only)
     dense_sess = make_session(model)
     s, c = nll(dense_sess, evals)
     out["ppl_dense"] = float(np.exp(s / c))
