@@ -214,7 +214,6 @@ def main() -> None:
                 for keep, cf in bbe.CONFIGS.items() for nw, dp in cf for mb in (1, 2) if mb == 1 or nw < 16}
     ws = torch.empty(max(KYS) * 16 * max(n for _, n in shapes), device="cuda", dtype=torch.float32)
     cnt = torch.zeros(max(n for _, n in shapes) // 64, device="cuda", dtype=torch.int32)
-    stream = torch.cuda.current_stream().cuda_stream
     t0 = time.time()
     jobs = [(k, n, s, 1000 * i + int(10 * s)) for i, (k, n) in enumerate(shapes) for s in KEEPS]
     rows, bad = [], 0
@@ -269,7 +268,7 @@ def main() -> None:
 
                 def t1():
                     kbl.launch(attrs, "float16", m, [x.data_ptr(), *[t.data_ptr() for t in v1[j[0] % nv1]]],
-                               [y.data_ptr()], stream, 1)
+                               [y.data_ptr()], torch.cuda.current_stream().cuda_stream, 1)
                     j[0] += 1
 
                 y.fill_(float("nan"))
@@ -297,7 +296,7 @@ def main() -> None:
                                       [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(recs[c[0] % nrec].data_ptr()),
                                        ctypes.c_void_p(y.data_ptr()), ctypes.c_void_p(ws.data_ptr()),
                                        ctypes.c_void_p(cnt.data_ptr()), ctypes.c_int(m), ctypes.c_int(k),
-                                       ctypes.c_int(n)], stream, smem)
+                                       ctypes.c_int(n)], torch.cuda.current_stream().cuda_stream, smem)
                             c[0] += 1
 
                         y.fill_(float("nan"))
@@ -329,7 +328,7 @@ def main() -> None:
                                 kk.launch((grid,), (32 * nw,),
                                           [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(olds[c[0] % nrec].data_ptr()),
                                            ctypes.c_void_p(y.data_ptr()), ctypes.c_int(m), ctypes.c_int(k),
-                                           ctypes.c_int(n)], stream, smem)
+                                           ctypes.c_int(n)], torch.cuda.current_stream().cuda_stream, smem)
                                 c[0] += 1
 
                             y.fill_(float("nan"))
