@@ -34,6 +34,14 @@
 
 namespace {
 
+// Timing ablations (tools/bitmap_lanebank_explore.py --ablate; wrong results by design): bit 1 no zero fill; 2 no
+// scatter stores (the walk's addresses and the values kept live); 4 no shared-memory reads (the A registers are the
+// read addresses); 8 no record loads (a fixed 19-bit pattern and the lane's index as values); 16 no mma (the A
+// registers kept live).
+#ifndef LB_ABL
+#define LB_ABL 0
+#endif
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -91,7 +99,11 @@ struct LaneWalk {
   __device__ __forceinline__ void put(uint32_t v) {
     const uint32_t nc = cur & (cur - 1u);
     const uint32_t z7 = __clz(cur ^ nc) << 7;
+#if LB_ABL & 2
+    asm volatile("" ::"r"(REV ? rb + z7 : rb - z7), "r"(v));
+#else
     sts16(REV ? rb + z7 : rb - z7, v);
+#endif
     const bool z = nc == 0u;
     cur = z ? nxt : nc;
     rb = z ? rnx : rb;
@@ -149,12 +161,20 @@ __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint
   const uint8_t* rp = rec + static_cast<size_t>(G * S * 2 + (lane >> 4)) * 16 * RC::R + 8 * (lane & 15);
   auto load = [&](int s, uint32_t (&w)[RC::NW], uint32_t (&xb)[MB][4]) {
     const uint8_t* src = rp + static_cast<size_t>(s) * 32 * RC::R;
+#if LB_ABL & 8
+    w[0] = 0x01234567u ^ (lane << 3);
+    w[1] = 0x00300000u | (lane & 3u);
+#pragma unroll
+    for (int u = 2; u < RC::NW; ++u) w[u] = lane * u;
+    asm volatile("" ::"l"(src));
+#else
 #pragma unroll
     for (int u = 0; u < RC::U; ++u) {
       const uint2 t = ldg_nc8(src + 128 * u);
       w[2 * u] = t.x;
       w[2 * u + 1] = t.y;
     }
+#endif
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb) {
       const uint4 v = xv[mb] ? ldg_nc16(xrow[mb] + 4 * s) : make_uint4(0u, 0u, 0u, 0u);
@@ -171,8 +191,10 @@ __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint
     for (int e = 0; e < 16; ++e) acc[mb][e >> 2][e & 3] = 0.f;
   auto step = [&](int s, const uint32_t (&w)[RC::NW], const uint32_t (&xb)[MB][4]) {
     const uint32_t off = (s & 1) * 4096u;
+#if !(LB_ABL & 1)
 #pragma unroll
     for (int i = 0; i < 8; ++i) sts128_zero(zero0 + off + 512u * i);
+#endif
     __syncwarp();
     scatter<KEEP>(w, slot0 + off);
     __syncwarp();
@@ -183,12 +205,23 @@ __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint
       for (int lp = 0; lp < 2; ++lp) {
         const uint32_t h1 = 2 * hp, h2 = h1 + 1, l1 = 2 * lp, l2 = l1 + 1;
         uint32_t a[4];
+#if LB_ABL & 4
+        a[0] = rd ^ (4u * (4u * h1 + l1));
+        a[1] = rd ^ (4u * (4u * h2 + l1));
+        a[2] = rd ^ (4u * (4u * h1 + l2));
+        a[3] = rd ^ (4u * (4u * h2 + l2));
+#else
         a[0] = lds32(rd ^ (4u * (4u * h1 + l1)));
         a[1] = lds32(rd ^ (4u * (4u * h2 + l1)));
         a[2] = lds32(rd ^ (4u * (4u * h1 + l2)));
         a[3] = lds32(rd ^ (4u * (4u * h2 + l2)));
+#endif
+#if LB_ABL & 16
+        asm volatile("" ::"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(xb[0][l1]), "r"(xb[0][l2]));
+#else
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) mma16816(acc[mb][hp], a, xb[mb][l1], xb[mb][l2]);
+#endif
       }
   };
   // records (and X) DEPTH - 1 steps ahead, in a ring of DEPTH register buffers (static names after unrolling)

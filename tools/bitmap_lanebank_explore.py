@@ -191,8 +191,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="4096 x 4096 and 4096 x 11008 only")
     ap.add_argument("--rotate", type=float, default=4.0,
                     help="weight copies cycled through per timing, together this many times L2 (default 4)")
+    ap.add_argument("--ablate", action="store_true", help="timing-only builds of one configuration (LB_ABL)")
+    ap.add_argument("--profile", action="store_true",
+                    help="3 launches of one configuration of each kernel (4096 x 11008, 70 %%, M = 1), for ncu")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.ablate or args.profile:
+        return ablate(args)
 
     import torch
 
@@ -382,6 +387,96 @@ def main() -> None:
                 "same W dense) vs round 14's tools/bitmap_balanced.cu (best configuration, its own balanced W of "
                 "the same shape and keep); speedup = cuBLAS time / ours; lb = fastest (KS, depth, KY), lb_rule = "
                 "KY by rule_ky, fastest (KS, depth)"})))
+
+
+ABLATIONS = {"full": 0, "no_zero_fill": 1, "no_scatter": 2, "no_reads": 4, "no_record_loads": 8, "no_mma": 16,
+             "no_scatter_no_reads": 6}
+
+
+def ablate(args) -> None:
+    """Timing-only builds (LB_ABL) of lb_k19_w8_d2_m1 at the rule's KY beside round 14's prototype (plain records,
+    8 warps, depth 2, one block per strip pair) and its conflict-free timing build (BAL_ABL = 4), 70 %, M = 1 and
+    8; medians of 3 timings. ``--profile``: 3 launches each of the full builds on 4096 x 11008, M = 1, no timing."""
+    import torch
+
+    import bitmap_balanced_explore as bbe
+    from bench._common import git_commit, meta, print_table, time_graph, write_results
+    from edgesdk.kernels import _cuda
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cu = _cuda._driver()
+    keep, ks, dp = 19, 8, 2
+    smem = 128 + ks * 8192
+    osmem = ks * 2 * 32 * bbe.TILE_STRIDE + ks * 1024
+    layers = [(4096, 11008)] if args.profile else [(4096, 4096), (11008, 4096), (4096, 11008)]
+    ws = torch.empty(max(KYS) * 16 * 11008, device="cuda", dtype=torch.float32)
+    cnt = torch.zeros(11008 // 64, device="cuda", dtype=torch.int32)
+    rows = []
+    for k, n in layers:
+        _, rec = lanebank(k, n, keep, 7)
+        _, reco, _ = bbe.balanced(k, n, keep, 7)
+        nrec = bbe.copies(rec.nbytes, l2, args.rotate)
+        recs = [torch.from_numpy(rec).cuda()]
+        recs += [recs[0].clone() for _ in range(nrec - 1)]
+        olds = [torch.from_numpy(reco).cuda()]
+        olds += [olds[0].clone() for _ in range(nrec - 1)]
+        steps, rg = k // 32, n // 64
+        for m in ((1,) if args.profile else (1, 8)):
+            x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+            y = torch.empty(m, n, device="cuda", dtype=torch.float16)
+            row = {"K": k, "N": n, "M": m, "sparsity": 0.7}
+            variants = [(lab, "lb", a) for lab, a in ABLATIONS.items()]
+            variants += [("old_full", "old", 0), ("old_conflict_free", "old", 4)]
+            if args.profile:
+                variants = [("full", "lb", 0), ("old_full", "old", 0)]
+            for lab, kind, a in variants:
+                if kind == "lb":
+                    kk = _cuda.get_kernel(SRC, f"lb_k{keep}_w{ks}_d{dp}_m1", (f"-DLB_ABL={a}",))
+                    kk.set_max_dynamic_smem(smem)
+                    per_sm = int(_cuda.check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                        kk.function, 32 * ks, smem)))
+                    ky = rule_ky(steps, rg, ks, per_sm, sms)
+                    row["ky"] = ky
+                    grid, sm_, args_of = (rg, ky), smem, lambda c: [
+                        ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(recs[c % nrec].data_ptr()),
+                        ctypes.c_void_p(y.data_ptr()), ctypes.c_void_p(ws.data_ptr()),
+                        ctypes.c_void_p(cnt.data_ptr()), ctypes.c_int(m), ctypes.c_int(k), ctypes.c_int(n)]
+                else:
+                    kk = _cuda.get_kernel(bbe.SRC, f"bal_k{keep}_w{ks}_d{dp}_m1", (f"-DBAL_ABL={a}",))
+                    kk.set_max_dynamic_smem(osmem)
+                    grid, sm_, args_of = (n // 16,), osmem, lambda c: [
+                        ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(olds[c % nrec].data_ptr()),
+                        ctypes.c_void_p(y.data_ptr()), ctypes.c_int(m), ctypes.c_int(k), ctypes.c_int(n)]
+                c = [0]
+
+                def run(kk=kk, grid=grid, sm_=sm_, args_of=args_of):
+                    kk.launch(grid, (32 * ks,), args_of(c[0]), torch.cuda.current_stream().cuda_stream, sm_)
+                    c[0] += 1
+
+                if args.profile:
+                    for _ in range(3):
+                        run()
+                    torch.cuda.synchronize()
+                    continue
+                row[f"{lab}_us"] = statistics.median(time_graph(run, inner=nrec, reps=10) for _ in range(3))
+            if args.profile:
+                continue
+            for lab, _, _ in variants:
+                row[f"{lab}_speedup"] = row["full_us"] / row[f"{lab}_us"]
+            rows.append(row)
+            print(row, flush=True)
+        recs = olds = None
+        torch.cuda.empty_cache()
+    if args.profile:
+        return
+    print_table(rows, ["K", "N", "M", "ky"] + [f"{lab}_us" for lab in [*ABLATIONS, "old_full", "old_conflict_free"]])
+    name = args.out or f"bitmap_lanebank_ablate_{git_commit()}"
+    print("wrote", write_results(name, rows, meta({
+        "rotate_l2": args.rotate,
+        "note": "timing-only builds (LB_ABL) of lb_k19_w8_d2_m1 at rule_ky's KY; old_* = round 14's bal_k19_w8_d2_m1 "
+                "(plain records, one block per strip pair), old_conflict_free = its BAL_ABL=4 build; "
+                "speedup = full / variant"})))
 
 
 if __name__ == "__main__":
