@@ -41,6 +41,16 @@ namespace {
 #ifndef LB_ABL
 #define LB_ABL 0
 #endif
+// Occupancy variants (--ablate): LB_ONEBUF one 4 KB buffer per warp (a __syncwarp before each step's zero fill
+// instead of alternating buffers), LB_MINB the blocks per SM asked of __launch_bounds__ (registers capped to fit).
+#ifndef LB_MINB
+#define LB_MINB 1
+#endif
+#ifdef LB_ONEBUF
+constexpr uint32_t kWarpBuf = 4096u, kStepOff = 0u;
+#else
+constexpr uint32_t kWarpBuf = 8192u, kStepOff = 4096u;
+#endif
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -146,7 +156,7 @@ __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint
   const int b0 = ky * S / KY, b1 = (ky + 1) * S / KY;
   const int s0 = b0 + warp * (b1 - b0) / KS, s1 = b0 + (warp + 1) * (b1 - b0) / KS;
   const uint32_t base = (smem_u32(smem) + 127u) & ~127u;  // 128-aligned: the reads' XOR stays in bits 2..6
-  const uint32_t wbuf = base + warp * 8192u;               // two 4 KB buffers (steps alternate)
+  const uint32_t wbuf = base + warp * kWarpBuf;            // two 4 KB buffers (steps alternate)
   const uint32_t slot0 = wbuf + 4u * lane;                 // this lane's slot in buffer 0
   const uint32_t zero0 = wbuf + 128u * (lane >> 3) + 16u * (lane & 7);
   const uint32_t rd0 = wbuf + 128u * lane + 4u * lane;     // read k: rd ^ (4 k) = word lane of slot k ^ lane
@@ -190,7 +200,10 @@ __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint
 #pragma unroll
     for (int e = 0; e < 16; ++e) acc[mb][e >> 2][e & 3] = 0.f;
   auto step = [&](int s, const uint32_t (&w)[RC::NW], const uint32_t (&xb)[MB][4]) {
-    const uint32_t off = (s & 1) * 4096u;
+    const uint32_t off = (s & 1) * kStepOff;
+#ifdef LB_ONEBUF
+    __syncwarp();  // every lane's reads of the previous step are done
+#endif
 #if !(LB_ABL & 1)
 #pragma unroll
     for (int i = 0; i < 8; ++i) sts128_zero(zero0 + off + 512u * i);
@@ -241,7 +254,7 @@ __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint
   // D of accumulator hp: [0..1] = output row 8 (2 hp ^ g) + g, [2..3] = row 8 ((2 hp + 1) ^ g) + g; X rows 8 mb +
   // 2 q + {0, 1}. Into this warp's own buffer (its reads are done: program order), [64 rows][16 X rows] fp32.
   float* red = reinterpret_cast<float*>(smem + (base - smem_u32(smem)));
-  float* rw = red + warp * 2048;
+  float* rw = red + warp * (kWarpBuf / 4);
 #pragma unroll
   for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
@@ -257,7 +270,7 @@ __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint
     const int row = t & 63, m = t >> 6;
     float s = 0.f;
 #pragma unroll
-    for (int k = 0; k < KS; ++k) s += red[k * 2048 + row * 16 + m];
+    for (int k = 0; k < KS; ++k) s += red[k * (kWarpBuf / 4) + row * 16 + m];
     if (KY == 1)
       Y[static_cast<size_t>(m) * N + 64 * G + row] = __float2half_rn(s);
     else
@@ -282,7 +295,7 @@ __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint
 }  // namespace
 
 #define LB(KEEP, KS, D, MB)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(KS * 32) lb_k##KEEP##_w##KS##_d##D##_m##MB(                     \
+  extern "C" __global__ void __launch_bounds__(KS * 32, LB_MINB) lb_k##KEEP##_w##KS##_d##D##_m##MB(                     \
       const __half* __restrict__ X, const uint8_t* __restrict__ rec, __half* __restrict__ Y,                    \
       float* __restrict__ P, unsigned* __restrict__ cnt, int M, int K, int N) {                                 \
     lb_gemv<KEEP, KS, D, MB>(X, rec, Y, P, cnt, M, K, N);                                                       \

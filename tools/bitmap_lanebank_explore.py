@@ -391,6 +391,7 @@ def main() -> None:
 
 ABLATIONS = {"full": 0, "no_zero_fill": 1, "no_scatter": 2, "no_reads": 4, "no_record_loads": 8, "no_mma": 16,
              "no_scatter_no_reads": 6}
+ONEBUF = ("-DLB_ONEBUF", "-DLB_MINB=4")  # one buffer per warp, 64 registers: 4 blocks of 8 warps per SM
 
 
 def ablate(args) -> None:
@@ -427,18 +428,21 @@ def ablate(args) -> None:
             y = torch.empty(m, n, device="cuda", dtype=torch.float16)
             row = {"K": k, "N": n, "M": m, "sparsity": 0.7}
             variants = [(lab, "lb", a) for lab, a in ABLATIONS.items()]
+            variants += [("onebuf_4blocks", "lb1", 0), ("onebuf_4blocks_no_scatter", "lb1", 2)]
             variants += [("old_full", "old", 0), ("old_conflict_free", "old", 4)]
             if args.profile:
-                variants = [("full", "lb", 0), ("old_full", "old", 0)]
+                variants = [("full", "lb", 0), ("onebuf_4blocks", "lb1", 0), ("old_full", "old", 0)]
             for lab, kind, a in variants:
-                if kind == "lb":
-                    kk = _cuda.get_kernel(SRC, f"lb_k{keep}_w{ks}_d{dp}_m1", (f"-DLB_ABL={a}",))
-                    kk.set_max_dynamic_smem(smem)
+                if kind in ("lb", "lb1"):
+                    opts = (f"-DLB_ABL={a}",) + (ONEBUF if kind == "lb1" else ())
+                    kk = _cuda.get_kernel(SRC, f"lb_k{keep}_w{ks}_d{dp}_m1", opts)
+                    sm_ = 128 + ks * (4096 if kind == "lb1" else 8192)
+                    kk.set_max_dynamic_smem(sm_)
                     per_sm = int(_cuda.check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                        kk.function, 32 * ks, smem)))
+                        kk.function, 32 * ks, sm_)))
                     ky = rule_ky(steps, rg, ks, per_sm, sms)
-                    row["ky"] = ky
-                    grid, sm_, args_of = (rg, ky), smem, lambda c: [
+                    row[f"{lab}_ky"], row[f"{lab}_blocks_per_sm"] = ky, per_sm
+                    grid, args_of = (rg, ky), lambda c: [
                         ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(recs[c % nrec].data_ptr()),
                         ctypes.c_void_p(y.data_ptr()), ctypes.c_void_p(ws.data_ptr()),
                         ctypes.c_void_p(cnt.data_ptr()), ctypes.c_int(m), ctypes.c_int(k), ctypes.c_int(n)]
@@ -470,7 +474,8 @@ def ablate(args) -> None:
         torch.cuda.empty_cache()
     if args.profile:
         return
-    print_table(rows, ["K", "N", "M", "ky"] + [f"{lab}_us" for lab in [*ABLATIONS, "old_full", "old_conflict_free"]])
+    print_table(rows, ["K", "N", "M", "full_ky"] + [f"{lab}_us" for lab in [
+        *ABLATIONS, "onebuf_4blocks", "onebuf_4blocks_no_scatter", "old_full", "old_conflict_free"]])
     name = args.out or f"bitmap_lanebank_ablate_{git_commit()}"
     print("wrote", write_results(name, rows, meta({
         "rotate_l2": args.rotate,
