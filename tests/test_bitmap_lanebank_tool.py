@@ -66,3 +66,27 @@ def test_rule_ky():
     ky = lbe.rule_ky(128, 64, 8, 2, 132)
     assert ky in lbe.KYS and 128 // ky >= 8
     assert lbe.rule_ky(4, 9, 8, 1, 132) == 1  # too few steps to split
+
+
+@pytest.mark.parametrize("mode,keep,m", [("half", 19, 1), ("half", 32, 9), ("pair", 10, 3), ("pair", 16, 16)])
+def test_kernel_model_other_walks(mode, keep, m):
+    k, n = 64, 128
+    wp, rec = lbe.lanebank(k, n, keep, 23 + m, mode)
+    assert rec.nbytes == (n // 8) * (k // 8) * lbe.record_bytes(keep, mode)
+    nz = lbe._tiles((wp != 0).astype(np.int8))
+    if mode == "half":  # (keep + 1) // 2 of the even channels, keep // 2 of the odd ones, per tile
+        assert (nz[..., :32].sum(axis=-1) == (keep + 1) // 2).all()
+        assert (nz[..., 32:].sum(axis=-1) == keep // 2).all()
+    else:  # pairs of adjacent channels kept together, keep pairs per tile
+        assert (nz[..., :32] == nz[..., 32:]).all()
+        assert (nz[..., :32].sum(axis=-1) == keep).all()
+    x = np.random.default_rng(m).uniform(-1, 1, (m, k)).astype(np.float16)
+    want = x.astype(np.float64) @ wp.astype(np.float64).T
+    np.testing.assert_allclose(lbe.simulate(rec, x, k, n, keep, mode), want, rtol=1e-12, atol=1e-12)
+
+
+def test_sparsity_of_the_modes():
+    assert lbe.sparsity_of(19) == 1 - 19 / 64
+    assert lbe.sparsity_of(10, "pair") == 0.6875
+    with pytest.raises(ValueError, match="elem, half or pair"):
+        lbe.lanebank(32, 64, 10, 0, "quad")

@@ -43,8 +43,12 @@ namespace {
 #endif
 // Occupancy variants (--ablate): LB_ONEBUF one 4 KB buffer per warp (a __syncwarp before each step's zero fill
 // instead of alternating buffers), LB_MINB the blocks per SM asked of __launch_bounds__ (registers capped to fit).
-#ifndef LB_MINB
-#define LB_MINB 1
+// (The second __launch_bounds__ argument is given only when set: even a 1 there changes ptxas's register choice, 71 ->
+// 91 for lb_k19_w8_d2_m1 on sm_90.)
+#ifdef LB_MINB
+#define LB_BOUNDS(T) __launch_bounds__(T, LB_MINB)
+#else
+#define LB_BOUNDS(T) __launch_bounds__(T)
 #endif
 #ifdef LB_ONEBUF
 constexpr uint32_t kWarpBuf = 4096u, kStepOff = 0u;
@@ -120,35 +124,81 @@ struct LaneWalk {
   }
 };
 
-template <int KEEP>
-struct Rec {
-  static constexpr int KP = (KEEP + 3) & ~3;
-  static constexpr int R = 8 + 2 * KP;  // bytes
-  static constexpr int U = R / 8;       // 8-byte units
-  static constexpr int NW = 2 * U;      // 32-bit words
+// One walk over a single 32-bit word with a fixed number of puts (WALK 1 and 2: no switch between words, so no
+// selects): bit c at byte 128 c from the base; ascending (base + 31 * 128 - 128 clz) or, on the reversed word,
+// descending (base + 128 clz). S32: 32-bit stores (a pair of values) instead of 16-bit ones.
+template <bool REV, bool S32>
+struct WordWalk {
+  uint32_t cur, rb;
+  __device__ __forceinline__ void put(uint32_t v) {
+    const uint32_t nc = cur & (cur - 1u);
+    const uint32_t z7 = __clz(cur ^ nc) << 7;
+    const uint32_t addr = REV ? rb + z7 : rb - z7;
+#if LB_ABL & 2
+    asm volatile("" ::"r"(addr), "r"(v));
+#else
+    if (S32)
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+    else
+      sts16(addr, v);
+#endif
+    cur = nc;
+  }
 };
 
-// Scatter the lane's KEEP values into its slot (slot = buffer + 4 lane; value j = half j % 2 of word 2 + j / 2).
-template <int KEEP>
-__device__ __forceinline__ void scatter(const uint32_t (&w)[Rec<KEEP>::NW], uint32_t slot) {
-  LaneWalk<false> a;
-  LaneWalk<true> d;
-  a.init(w[0], w[1], slot + 31u * 128u, slot + 2u + 31u * 128u);
-  d.init(__brev(w[1]), __brev(w[0]), slot + 2u, slot);
-  constexpr int A = KEEP / 2;  // values 0 .. A-1 ascending, KEEP-1 .. A descending
+// Records. WALK 0 and 1: an 8-byte bitmap (word 0 bit c <=> low half of tile word c, word 1 <=> high halves), then
+// KEEP fp16 values in ascending bit order, zero-padded to a multiple of 4. WALK 1 adds a constraint on the pruning
+// (not on the layout): word 0 has exactly (KEEP + 1) / 2 bits set, word 1 KEEP / 2. WALK 2 ("pairs"): a 4-byte
+// bitmap (bit c <=> tile word c, both halves), then KEEP 32-bit words (value pairs), zero-padded to 8 bytes.
+template <int KEEP, int WALK>
+struct Rec {
+  static constexpr int R = WALK == 2 ? (4 + 4 * KEEP + 7) / 8 * 8 : 8 + 2 * ((KEEP + 3) & ~3);  // bytes
+  static constexpr int U = R / 8;   // 8-byte units
+  static constexpr int NW = 2 * U;  // 32-bit words
+};
+
+// Scatter the lane's values into its slot (slot = buffer + 4 lane).
+template <int KEEP, int WALK>
+__device__ __forceinline__ void scatter(const uint32_t (&w)[Rec<KEEP, WALK>::NW], uint32_t slot) {
+  if constexpr (WALK == 0) {  // two walks over both words (value j = half j % 2 of word 2 + j / 2)
+    LaneWalk<false> a;
+    LaneWalk<true> d;
+    a.init(w[0], w[1], slot + 31u * 128u, slot + 2u + 31u * 128u);
+    d.init(__brev(w[1]), __brev(w[0]), slot + 2u, slot);
+    constexpr int A = KEEP / 2;  // values 0 .. A-1 ascending, KEEP-1 .. A descending
 #pragma unroll
-  for (int k = 0; k < KEEP - A; ++k) {
-    const int jd = KEEP - 1 - k;
-    d.put(jd & 1 ? w[2 + jd / 2] >> 16 : w[2 + jd / 2] & 0xffffu);
-    if (k < A) a.put(k & 1 ? w[2 + k / 2] >> 16 : w[2 + k / 2] & 0xffffu);
+    for (int k = 0; k < KEEP - A; ++k) {
+      const int jd = KEEP - 1 - k;
+      d.put(jd & 1 ? w[2 + jd / 2] >> 16 : w[2 + jd / 2] & 0xffffu);
+      if (k < A) a.put(k & 1 ? w[2 + k / 2] >> 16 : w[2 + k / 2] & 0xffffu);
+    }
+  } else if constexpr (WALK == 1) {  // one ascending walk per word: values 0 .. K0-1 (low halves), K0 .. (high)
+    constexpr int K0 = (KEEP + 1) / 2;
+    WordWalk<false, false> a{w[0], slot + 31u * 128u};
+    WordWalk<false, false> b{w[1], slot + 2u + 31u * 128u};
+#pragma unroll
+    for (int k = 0; k < K0; ++k) {
+      a.put(k & 1 ? w[2 + k / 2] >> 16 : w[2 + k / 2] & 0xffffu);
+      const int jb = K0 + k;
+      if (jb < KEEP) b.put(jb & 1 ? w[2 + jb / 2] >> 16 : w[2 + jb / 2] & 0xffffu);
+    }
+  } else {  // pairs: value word j = w[1 + j]; ascending takes 0 .. A-1, descending KEEP-1 .. A
+    constexpr int A = KEEP / 2;
+    WordWalk<false, true> a{w[0], slot + 31u * 128u};
+    WordWalk<true, true> d{__brev(w[0]), slot};
+#pragma unroll
+    for (int k = 0; k < KEEP - A; ++k) {
+      d.put(w[KEEP - k]);
+      if (k < A) a.put(w[1 + k]);
+    }
   }
 }
 
-template <int KEEP, int KS, int DEPTH, int MB>
+template <int KEEP, int KS, int DEPTH, int MB, int WALK>
 __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint8_t* __restrict__ rec,
                                         __half* __restrict__ Y, float* __restrict__ P, unsigned* __restrict__ cnt,
                                         int M, int K, int N) {
-  using RC = Rec<KEEP>;
+  using RC = Rec<KEEP, WALK>;
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ int last;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -209,7 +259,7 @@ __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint
     for (int i = 0; i < 8; ++i) sts128_zero(zero0 + off + 512u * i);
 #endif
     __syncwarp();
-    scatter<KEEP>(w, slot0 + off);
+    scatter<KEEP, WALK>(w, slot0 + off);
     __syncwarp();
     const uint32_t rd = rd0 + off;
 #pragma unroll
@@ -277,12 +327,15 @@ __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint
       P[(static_cast<size_t>(ky) * M + m) * N + 64 * G + row] = s;
   }
   if (KY == 1) return;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(cnt + G, 1u) == static_cast<unsigned>(KY - 1);
+  __syncthreads();  // the block's partials are written (CTA scope); thread 0's release fence makes them GPU-visible
+  if (threadIdx.x == 0) {
+    asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+    const bool l = atomicAdd(cnt + G, 1u) == static_cast<unsigned>(KY - 1);
+    if (l) asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // acquire the other blocks' partials
+    last = l;
+  }
   __syncthreads();
   if (!last) return;
-  __threadfence();
   for (int t = threadIdx.x; t < 64 * M; t += KS * 32) {
     const int row = t & 63, m = t >> 6;
     float s = 0.f;
@@ -294,14 +347,17 @@ __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint
 
 }  // namespace
 
-#define LB(KEEP, KS, D, MB)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(KS * 32, LB_MINB) lb_k##KEEP##_w##KS##_d##D##_m##MB(                     \
+#define LBW(PFX, WALK, KEEP, KS, D, MB)                                                                      \
+  extern "C" __global__ void LB_BOUNDS(KS * 32) PFX##_k##KEEP##_w##KS##_d##D##_m##MB(          \
       const __half* __restrict__ X, const uint8_t* __restrict__ rec, __half* __restrict__ Y,                    \
       float* __restrict__ P, unsigned* __restrict__ cnt, int M, int K, int N) {                                 \
-    lb_gemv<KEEP, KS, D, MB>(X, rec, Y, P, cnt, M, K, N);                                                       \
+    lb_gemv<KEEP, KS, D, MB, WALK>(X, rec, Y, P, cnt, M, K, N);                                                 \
   }
-#define LB2(KEEP, KS, D) LB(KEEP, KS, D, 1) LB(KEEP, KS, D, 2)
+#define LB2(KEEP, KS, D) LBW(lb, 0, KEEP, KS, D, 1) LBW(lb, 0, KEEP, KS, D, 2)
+#define LBH2(KEEP, KS, D) LBW(lbh, 1, KEEP, KS, D, 1) LBW(lbh, 1, KEEP, KS, D, 2)
+#define LBP2(KEEP, KS, D) LBW(lbp, 2, KEEP, KS, D, 1) LBW(lbp, 2, KEEP, KS, D, 2)
 
+// WALK 0: any balanced tile
 LB2(19, 4, 3)
 LB2(19, 8, 2)
 LB2(19, 8, 3)
@@ -312,3 +368,17 @@ LB2(32, 16, 2)
 LB2(45, 4, 2)
 LB2(45, 8, 2)
 LB2(45, 16, 2)
+// WALK 1: balanced per half (even / odd channels of the tile)
+LBH2(19, 4, 3)
+LBH2(19, 8, 2)
+LBH2(19, 16, 2)
+LBH2(32, 4, 2)
+LBH2(32, 8, 2)
+LBH2(32, 16, 2)
+// WALK 2: pairs of adjacent channels kept or pruned together (10 / 16 of 32 pairs: 68.75 / 50 % sparsity)
+LBP2(10, 4, 3)
+LBP2(10, 8, 2)
+LBP2(10, 16, 2)
+LBP2(16, 4, 2)
+LBP2(16, 8, 2)
+LBP2(16, 16, 2)

@@ -16,7 +16,13 @@ and k-chunks per row group (KY, grid.y; KY > 1 reduces through an fp32 workspace
 is the configuration each KS's rule picks (fewest waves x (steps per warp + 2)), ``lb`` the fastest of all.
 CUDA-graph replays over weight copies cycled through ``--rotate`` x L2, medians (bench/_common.time_graph).
 
-Usage: python tools/bitmap_lanebank_explore.py [--quick] [--rotate 4] [--out NAME]
+``--modes``: the walks of the .cu, each on its own pruning of the same random W: ``elem`` (WALK 0, any balanced
+tile), ``half`` (WALK 1: the tile's even and odd channels balanced separately, so each bitmap word has a fixed count
+and its walk needs no switch between words) and ``pair`` (WALK 2: adjacent channels kept or pruned together, one bit
+and one 32-bit store per pair; 10 or 16 pairs of 32, i.e. 68.75 % or 50 %). Only the rule's KY and its neighbours
+are timed unless ``--ky-all``. ``--ablate`` / ``--profile``: see ablate().
+
+Usage: python tools/bitmap_lanebank_explore.py [--quick] [--modes elem,half,pair] [--rotate 4] [--out NAME]
 Writes bench/results/NAME.json (default bitmap_lanebank_explore_<commit>.json).
 """
 
@@ -37,15 +43,28 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 SRC = ROOT / "tools" / "bitmap_lanebank.cu"
-KEEPS = {0.3: 45, 0.5: 32, 0.7: 19}
-CONFIGS = {19: [(4, 3), (8, 2), (8, 3), (16, 2)], 32: [(4, 2), (8, 2), (16, 2)],
-           45: [(4, 2), (8, 2), (16, 2)]}  # keep -> (warps per block KS, record ring depth)
+KEEPS = {0.3: 45, 0.5: 32, 0.7: 19}  # element modes: kept values per 64
+PAIR_KEEPS = {0.5: 16, 0.7: 10}  # "pair": kept pairs per 32 (sparsity 0.5, 0.6875)
+# mode -> (kernel prefix, WALK of the .cu, {sparsity: keep}, {keep: [(warps per block KS, record ring depth)]})
+MODES = {
+    "elem": ("lb", 0, KEEPS, {19: [(4, 3), (8, 2), (8, 3), (16, 2)], 32: [(4, 2), (8, 2), (16, 2)],
+                              45: [(4, 2), (8, 2), (16, 2)]}),
+    "half": ("lbh", 1, {0.5: 32, 0.7: 19}, {19: [(4, 3), (8, 2), (16, 2)], 32: [(4, 2), (8, 2), (16, 2)]}),
+    "pair": ("lbp", 2, PAIR_KEEPS, {10: [(4, 3), (8, 2), (16, 2)], 16: [(4, 2), (8, 2), (16, 2)]}),
+}
+CONFIGS = MODES["elem"][3]
 KYS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 MS = (1, 4, 8, 16)
 
 
-def record_bytes(keep: int) -> int:
+def record_bytes(keep: int, mode: str = "elem") -> int:
+    if mode == "pair":
+        return (4 + 4 * keep + 7) // 8 * 8
     return 8 + 2 * ((keep + 3) & ~3)
+
+
+def sparsity_of(keep: int, mode: str = "elem") -> float:
+    return 1.0 - keep / (32 if mode == "pair" else 64)
 
 
 def tile_channels() -> np.ndarray:
@@ -76,35 +95,63 @@ def _untile(t: np.ndarray, n: int, k: int) -> np.ndarray:
     return wt.transpose(0, 2, 3, 1, 4, 5).reshape(n, k)
 
 
-def lanebank(k: int, n: int, keep: int, seed: int):
-    """Random normal fp16 W [n, k] with every tile (8 rows x the 8 channels of one k-tile) pruned to its ``keep``
-    largest magnitudes; returns (W pruned, dense fp16, input channel order) and the records in the kernel's
-    chunk-major order (uint8)."""
+def _top(score: np.ndarray, keep: int) -> np.ndarray:
+    """Keep-mask of the ``keep`` largest of ``score`` along the last axis."""
+    idx = np.argpartition(-score, keep - 1, axis=-1)[..., :keep]
+    m = np.zeros(score.shape, dtype=bool)
+    np.put_along_axis(m, idx, True, axis=-1)
+    return m
+
+
+def lanebank(k: int, n: int, keep: int, seed: int, mode: str = "elem"):
+    """Random normal fp16 W [n, k] pruned per tile (8 rows x the 8 channels of one k-tile): ``elem`` keeps its
+    ``keep`` largest magnitudes of 64; ``half`` keeps (keep + 1) // 2 of the 32 even-channel positions (bitmap word
+    0) and keep // 2 of the odd ones (word 1); ``pair`` keeps ``keep`` of its 32 pairs of adjacent channels (largest
+    |a| + |b|). Returns (W pruned, dense fp16, input channel order) and the records in the kernel's chunk-major
+    order (uint8)."""
     assert k % 32 == 0 and n % 64 == 0, "the prototype needs K % 32 == 0 and N % 64 == 0"
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((n, k), dtype=np.float32).astype(np.float16)
     t = _tiles(w)
-    idx = np.argpartition(-np.abs(t.astype(np.float32)), keep - 1, axis=-1)[..., :keep]
-    pos = np.sort(idx, axis=-1)  # kept bit positions, ascending = the values' order
-    mask = np.zeros(t.shape, dtype=bool)
-    np.put_along_axis(mask, pos, True, axis=-1)
-    bits = np.bitwise_or.reduce(np.left_shift(np.uint64(1), pos.astype(np.uint64)), axis=-1)
-    vals = np.take_along_axis(t, pos, axis=-1)
-    r = record_bytes(keep)
-    nrec = bits.size
+    a = np.abs(t.astype(np.float32))
+    if mode == "elem":
+        mask = _top(a, keep)
+    elif mode == "half":
+        mask = np.concatenate([_top(a[..., :32], (keep + 1) // 2), _top(a[..., 32:], keep // 2)], axis=-1)
+    elif mode == "pair":
+        words = _top(a[..., :32] + a[..., 32:], keep)  # word w = positions w (low half) and 32 + w (high)
+        mask = np.concatenate([words, words], axis=-1)
+    else:
+        raise ValueError(f"mode {mode!r}: use elem, half or pair")
+    r = record_bytes(keep, mode)
+    nrec = mask[..., 0].size
     rec = np.zeros((nrec, r), dtype=np.uint8)
-    rec[:, :8] = bits.reshape(-1).astype("<u8").view(np.uint8).reshape(nrec, 8)
-    rec[:, 8:8 + 2 * keep] = vals.reshape(nrec, keep).astype("<f2").view(np.uint8).reshape(nrec, 2 * keep)
+    if mode == "pair":
+        wbits = mask[..., :32].reshape(nrec, 32)
+        bits = (wbits.astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(axis=-1).astype("<u4")
+        h = t.reshape(nrec, 64).astype("<f2").view("<u2").astype(np.uint32)
+        wv = (h[:, :32] | (h[:, 32:] << 16))  # tile word w = (low half, high half)
+        order = np.argsort(~wbits, axis=-1, kind="stable")[:, :keep]  # kept words, ascending
+        rec[:, :4] = bits.view(np.uint8).reshape(nrec, 4)
+        rec[:, 4:4 + 4 * keep] = np.take_along_axis(wv, order, axis=-1).astype("<u4").view(np.uint8).reshape(
+            nrec, 4 * keep)
+    else:
+        flat = mask.reshape(nrec, 64)
+        bits = (flat.astype(np.uint64) << np.arange(64, dtype=np.uint64)).sum(axis=-1).astype("<u8")
+        order = np.argsort(~flat, axis=-1, kind="stable")[:, :keep]  # kept positions, ascending
+        vals = np.take_along_axis(t.reshape(nrec, 64), order, axis=-1)
+        rec[:, :8] = bits.view(np.uint8).reshape(nrec, 8)
+        rec[:, 8:8 + 2 * keep] = vals.astype("<f2").view(np.uint8).reshape(nrec, 2 * keep)
     rec = np.ascontiguousarray(rec.reshape(-1, 16, r // 8, 8).transpose(0, 2, 1, 3)).reshape(-1)
     return _untile(t * mask, n, k), rec
 
 
-def simulate(rec: np.ndarray, x: np.ndarray, k: int, n: int, keep: int) -> np.ndarray:
+def simulate(rec: np.ndarray, x: np.ndarray, k: int, n: int, keep: int, mode: str = "elem") -> np.ndarray:
     """The kernel's data path in numpy, lane by lane (small layers; CPU tests): each lane scatters its record's
     values into its slot of a [32 words x 32 banks] buffer (halves), read k gives lane j word j of slot k ^ j (the
     32 banks are checked distinct), the A and B fragments are assembled as mma.m16n8k16 takes them, and the
     accumulators are stored to the output rows the kernel's epilogue names. Returns Y [M, n] (float64)."""
-    r_bytes = record_bytes(keep)
+    r_bytes = record_bytes(keep, mode)
     logical = rec.reshape(-1, r_bytes // 8, 16, 8).transpose(0, 2, 1, 3).reshape(-1, r_bytes)
     m_rows = x.shape[0]
     steps = k // 32
@@ -115,10 +162,22 @@ def simulate(rec: np.ndarray, x: np.ndarray, k: int, n: int, keep: int) -> np.nd
             buf = np.zeros((32, 32, 2))  # [word, bank = slot, half]
             for lane in range(32):
                 rr = logical[(grp * steps + s) * 32 + lane]
+                if mode == "pair":
+                    bits = int(rr[:4].view("<u4")[0])
+                    vals = rr[4:4 + 4 * keep].view("<f2").astype(np.float64).reshape(keep, 2)
+                    set_bits = [c for c in range(32) if bits >> c & 1]
+                    assert len(set_bits) == keep
+                    assert not rr[4 + 4 * keep:].any(), "padding must be zero"
+                    for j, c in enumerate(set_bits):
+                        assert ((128 * c + 4 * lane) // 4) % 32 == lane  # the lane's own bank
+                        buf[c, lane] = vals[j]
+                    continue
                 bits = int(rr[:8].view("<u8")[0])
                 vals = rr[8:8 + 2 * keep].view("<f2").astype(np.float64)
                 set_bits = [c for c in range(64) if bits >> c & 1]
                 assert len(set_bits) == keep
+                if mode == "half":  # the kernel's walks assume these counts per bitmap word
+                    assert sum(c < 32 for c in set_bits) == (keep + 1) // 2
                 for j, c in enumerate(set_bits):
                     byte = 128 * (c & 31) + 4 * lane + 2 * (c >> 5)  # the walk's address
                     assert (byte // 4) % 32 == lane  # the lane's own bank
@@ -174,12 +233,12 @@ def _job(job):
 
     from edgesdk.formats import bitmap_linear as fmt
 
-    k, n, s, seed = job
-    keep = KEEPS[s]
-    wp, rec = lanebank(k, n, keep, seed)
+    k, n, s, seed, mode = job
+    keep = MODES[mode][2][s]
+    wp, rec = lanebank(k, n, keep, seed, mode)
     p = fmt.BitmapLinearWeights.pack(wp.astype(np.float32), "float16")
     old = None
-    if k % 128 == 0 and n % 16 == 0:
+    if mode == "elem" and k % 128 == 0 and n % 16 == 0:
         sched = keep % 4 != 0
         wo, reco, _ = bbe.balanced(k, n, keep, seed, sched=sched)
         old = (wo, reco, "bals" if sched else "bal")
@@ -191,6 +250,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="4096 x 4096 and 4096 x 11008 only")
     ap.add_argument("--rotate", type=float, default=4.0,
                     help="weight copies cycled through per timing, together this many times L2 (default 4)")
+    ap.add_argument("--modes", default="elem", help="comma-separated: elem, half, pair (see lanebank())")
+    ap.add_argument("--ky-all", action="store_true", help="time every KY, not only the rule's and its neighbours")
     ap.add_argument("--ablate", action="store_true", help="timing-only builds of one configuration (LB_ABL)")
     ap.add_argument("--profile", action="store_true",
                     help="3 launches of one configuration of each kernel (4096 x 11008, 70 %%, M = 1), for ncu")
@@ -213,18 +274,20 @@ def main() -> None:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cu = _cuda._driver()
-    kern = {(keep, ks, dp, mb): _cuda.get_kernel(SRC, f"lb_k{keep}_w{ks}_d{dp}_m{mb}")
-            for keep, cf in CONFIGS.items() for ks, dp in cf for mb in (1, 2)}
+    modes = args.modes.split(",")
+    kern = {(mode, keep, ks, dp, mb): _cuda.get_kernel(SRC, f"{MODES[mode][0]}_k{keep}_w{ks}_d{dp}_m{mb}")
+            for mode in modes for keep, cf in MODES[mode][3].items() for ks, dp in cf for mb in (1, 2)}
     old_kern = {(keep, nw, dp, mb): _cuda.get_kernel(bbe.SRC, f"bal_k{keep}_w{nw}_d{dp}_m{mb}")
                 for keep, cf in bbe.CONFIGS.items() for nw, dp in cf for mb in (1, 2) if mb == 1 or nw < 16}
     ws = torch.empty(max(KYS) * 16 * max(n for _, n in shapes), device="cuda", dtype=torch.float32)
     cnt = torch.zeros(max(n for _, n in shapes) // 64, device="cuda", dtype=torch.int32)
     t0 = time.time()
-    jobs = [(k, n, s, 1000 * i + int(10 * s)) for i, (k, n) in enumerate(shapes) for s in KEEPS]
+    jobs = [(k, n, s, 1000 * i + int(10 * s), mode) for i, (k, n) in enumerate(shapes) for mode in modes
+            for s in MODES[mode][2]]
     rows, bad = [], 0
     with ProcessPoolExecutor(8) as ex:
-        for (k, n, s, _), wp, rec, attrs, tens, nb_v1, old in ex.map(_job, jobs):
-            keep = KEEPS[s]
+        for (k, n, s, _, mode), wp, rec, attrs, tens, nb_v1, old in ex.map(_job, jobs):
+            keep = MODES[mode][2][s]
             steps, rg = k // 32, n // 64
             nrec = bbe.copies(rec.nbytes, l2, args.rotate)
             d0 = torch.from_numpy(rec).cuda()
@@ -257,7 +320,8 @@ def main() -> None:
                               flush=True)
                     return good
 
-                row = {"K": k, "N": n, "M": m, "sparsity": s, "keep": keep, "record_bytes": record_bytes(keep),
+                row = {"K": k, "N": n, "M": m, "sparsity": s, "mode": mode, "keep": keep,
+                       "sparsity_actual": sparsity_of(keep, mode), "record_bytes": record_bytes(keep, mode),
                        "bytes_balanced": rec.nbytes, "bytes_v1": nb_v1, "bytes_dense": 2 * n * k}
                 it = [0]
 
@@ -283,15 +347,16 @@ def main() -> None:
                 row["t1_us"] = time_graph(t1, inner=nv1, reps=10)
                 mb = 1 if m <= 8 else 2
                 rule_best = None
-                for ks, dp in CONFIGS[keep]:
-                    kk = kern[(keep, ks, dp, mb)]
+                for ks, dp in MODES[mode][3][keep]:
+                    kk = kern[(mode, keep, ks, dp, mb)]
                     smem = 128 + ks * 8192
                     kk.set_max_dynamic_smem(smem)
                     per_sm = int(_cuda.check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
                         kk.function, 32 * ks, smem)))
                     rky = rule_ky(steps, rg, ks, per_sm, sms)
+                    near = KYS[max(0, KYS.index(rky) - 1):KYS.index(rky) + 2]
                     for ky in KYS:
-                        if steps // ky < ks or (ky > 1 and rg * ky > 8 * sms):
+                        if steps // ky < ks or (ky > 1 and rg * ky > 8 * sms) or not (args.ky_all or ky in near):
                             continue
                         lab = f"lb_w{ks}_d{dp}_y{ky}"
                         c = [0]
@@ -353,16 +418,16 @@ def main() -> None:
                 row["lb_GBps"] = (rec.nbytes + 2 * m * (k + n)) / row["lb_us"] / 1e3
                 row["cublas_GBps"] = (2 * n * k + 2 * m * (k + n)) / row["cublas_us"] / 1e3
                 rows.append(row)
-                print(f"{k}x{n} s={s} M={m}: cuBLAS {row['cublas_us']:.1f} t1 {row['t1_us']:.1f} "
+                print(f"{mode} {k}x{n} s={s} M={m}: cuBLAS {row['cublas_us']:.1f} t1 {row['t1_us']:.1f} "
                       f"old {row.get('old_us', float('nan')):.1f} lb {row['lb_us']:.1f} ({row['lb_config']}) "
                       f"rule {row['lb_rule_us']:.1f} us; {row['lb_GBps']:.0f} GB/s", flush=True)
             recs = v1 = wds = olds = None
             torch.cuda.empty_cache()
-    print_table(rows, ["K", "N", "M", "sparsity", "cublas_us", "t1_us", "old_us", "lb_us", "lb_rule_us",
+    print_table(rows, ["mode", "K", "N", "M", "sparsity", "cublas_us", "t1_us", "old_us", "lb_us", "lb_rule_us",
                        "lb_speedup", "lb_rule_speedup", "lb_vs_old", "lb_GBps"])
     summary = []
-    for s in KEEPS:
-        sel = [r for r in rows if r["sparsity"] == s and r["K"] * r["N"] >= 4 * 1024 * 1024]
+    for mode, s in [(mo, s) for mo in modes for s in MODES[mo][2]]:
+        sel = [r for r in rows if r["mode"] == mode and r["sparsity"] == s and r["K"] * r["N"] >= 4 * 1024 * 1024]
         if not sel:
             continue
 
@@ -370,7 +435,8 @@ def main() -> None:
             v = [r[key] for r in rs if key in r]
             return statistics.median(v) if v else None
 
-        summary.append({"sparsity": s, "rows": len(sel), "median_t1_speedup": med("t1_speedup"),
+        summary.append({"mode": mode, "sparsity": s, "sparsity_actual": sel[0]["sparsity_actual"], "rows": len(sel),
+                        "median_t1_speedup": med("t1_speedup"),
                         "median_old_speedup": med("old_speedup"), "median_lb_speedup": med("lb_speedup"),
                         "median_lb_rule_speedup": med("lb_rule_speedup"),
                         "min_lb_speedup": min(r["lb_speedup"] for r in sel),
@@ -382,7 +448,8 @@ def main() -> None:
     name = args.out or f"bitmap_lanebank_explore_{git_commit()}"
     print("wrote", write_results(name, rows, meta({
         "summary": summary, "bad_outputs": bad, "rotate_l2": args.rotate,
-        "note": "balanced pruning (exactly keep of every tile of 8 rows x 8 channels); tools/bitmap_lanebank.cu "
+        "note": "balanced pruning (exactly keep of every tile of 8 rows x 8 channels; mode half: per even / odd "
+                "channels of the tile; mode pair: keep pairs of adjacent channels of 32); tools/bitmap_lanebank.cu "
                 "(lane-owned banks, XOR-diagonal reads) vs tactic 1 (format v1 of the same W) vs cuBLAS fp16 (the "
                 "same W dense) vs round 14's tools/bitmap_balanced.cu (best configuration, its own balanced W of "
                 "the same shape and keep); speedup = cuBLAS time / ours; lb = fastest (KS, depth, KY), lb_rule = "
