@@ -90,3 +90,24 @@ def test_sparsity_of_the_modes():
     assert lbe.sparsity_of(10, "pair") == 0.6875
     with pytest.raises(ValueError, match="elem, half or pair"):
         lbe.lanebank(32, 64, 10, 0, "quad")
+
+
+@pytest.mark.parametrize("sparsity", [0.5, 0.7])
+def test_eval_pruning_masks_of_the_walks(sparsity):
+    import eval_pruning
+
+    score = np.random.default_rng(1).random((24, 40))
+    keep = int(round((1 - sparsity) * 64))
+    half = eval_pruning.tile8half_mask(score, sparsity).reshape(3, 8, 5, 8)
+    assert (half[..., 0::2].sum(axis=(1, 3)) == (keep + 1) // 2).all()
+    assert (half[..., 1::2].sum(axis=(1, 3)) == keep // 2).all()
+    pair = eval_pruning.tile8pair_mask(score, sparsity).reshape(3, 8, 5, 8)
+    assert (pair[..., 0::2] == pair[..., 1::2]).all()
+    assert (pair[..., 0::2].sum(axis=(1, 3)) == int(round((1 - sparsity) * 32))).all()
+    # the kept pairs are the best by summed score: the lowest kept pair beats the highest pruned one, per tile
+    t = score.reshape(3, 8, 5, 8).transpose(0, 2, 1, 3).reshape(3, 5, 32, 2).sum(-1)
+    pm = pair.transpose(0, 2, 1, 3).reshape(3, 5, 32, 2)[..., 0]
+    assert (np.where(pm, t, np.inf).min(-1) >= np.where(pm, -np.inf, t).max(-1)).all()
+    from edgesdk.sparsify import row_mask
+    odd = np.random.default_rng(2).random((12, 20))  # off the 8 x 8 grid: per row
+    np.testing.assert_array_equal(eval_pruning.tile8pair_mask(odd, 0.5), row_mask(odd, 0.5))

@@ -10,7 +10,9 @@
         ``--mask tile8``: instead of per output row, every 8 x 8 tile of W (8 rows x 8 consecutive input
         channels) keeps exactly its ``round((1 - sparsity) * 64)`` highest scores ("balanced" pruning, the records of
         ``tools/bitmap_balanced.cu``; layers whose N or K is not a multiple of 8 stay per row). Not an SDK option:
-        it measures what that constraint costs against per-row pruning.
+        it measures what that constraint costs against per-row pruning. ``--mask tile8half``: the tile's even and
+        odd columns balanced separately; ``--mask tile8pair``: pairs of adjacent channels kept or pruned together,
+        ``round((1 - sparsity) * 32)`` pairs per tile (the walks of ``tools/bitmap_lanebank.cu``).
 
     python tools/eval_pruning.py rewrite MODEL.onnx [--sparsity 0.5] [--kernels bitmap]
         Rewrites a model (e.g. ViT-B/16 from ``models.recipes``) and reports per-layer kernels,
@@ -73,6 +75,52 @@ def tile8_mask(score: np.ndarray, sparsity: float) -> np.ndarray:
     return m.reshape(n // 8, k // 8, 8, 8).transpose(0, 2, 1, 3).reshape(n, k)
 
 
+def _tile_scores(score: np.ndarray) -> np.ndarray:
+    n, k = score.shape
+    return score.reshape(n // 8, 8, k // 8, 8).transpose(0, 2, 1, 3)  # [strip, k-tile, row, column]
+
+
+def _untile8(m: np.ndarray, n: int, k: int) -> np.ndarray:
+    return m.transpose(0, 2, 1, 3).reshape(n, k)
+
+
+def _top_last(t: np.ndarray, keep: int) -> np.ndarray:
+    order = np.argsort(-t, axis=-1, kind="stable")[..., :keep]
+    m = np.zeros(t.shape, dtype=bool)
+    np.put_along_axis(m, order, True, axis=-1)
+    return m
+
+
+def tile8half_mask(score: np.ndarray, sparsity: float) -> np.ndarray:
+    """As ``tile8_mask``, but the tile's even and odd columns balanced separately: ``(keep + 1) // 2`` of its 32
+    even-column and ``keep // 2`` of its 32 odd-column weights (``tools/bitmap_lanebank.cu``'s WALK 1)."""
+    n, k = score.shape
+    if n % 8 or k % 8:
+        return _row_mask(score, sparsity)
+    keep = int(round((1.0 - sparsity) * 64))
+    t = _tile_scores(score)
+    m = np.zeros(t.shape, dtype=bool)
+    m[..., 0::2] = _top_last(t[..., 0::2].reshape(*t.shape[:2], 32), (keep + 1) // 2).reshape(*t.shape[:3], 4)
+    m[..., 1::2] = _top_last(t[..., 1::2].reshape(*t.shape[:2], 32), keep // 2).reshape(*t.shape[:3], 4)
+    return _untile8(m, n, k)
+
+
+def tile8pair_mask(score: np.ndarray, sparsity: float) -> np.ndarray:
+    """Pairs of adjacent input channels (2 j, 2 j + 1) kept or pruned together: ``round((1 - sparsity) * 32)`` of the
+    tile's 32 pairs, by the pair's summed score (``tools/bitmap_lanebank.cu``'s WALK 2)."""
+    n, k = score.shape
+    if n % 8 or k % 8:
+        return _row_mask(score, sparsity)
+    keep = int(round((1.0 - sparsity) * 32))
+    t = _tile_scores(score)
+    pairs = t.reshape(*t.shape[:3], 4, 2).sum(axis=-1)  # [strip, k-tile, row, pair]
+    m = _top_last(pairs.reshape(*t.shape[:2], 32), keep).reshape(*t.shape[:3], 4)
+    return _untile8(np.repeat(m, 2, axis=-1), n, k)
+
+
+MASKS = {"tile8": tile8_mask, "tile8half": tile8half_mask, "tile8pair": tile8pair_mask}
+
+
 def smollm2(path: Path, sparsity: float, window: int, mask: str = "row", ppl_only: bool = False) -> dict:
     from transformers import AutoTokenizer
 
@@ -90,10 +138,10 @@ def smollm2(path: Path, sparsity: float, window: int, mask: str = "row", ppl_onl
     model = onnx.load(str(path))
     out = {"model": path.name, "tokens": int(len(ids)), "window": window, "calibration_windows": n_cal,
            "eval_windows": len(evals), "sparsity": sparsity, "mask": mask, "text": "models.recipes.english_text()"}
-    if mask == "tile8":
+    if mask in MASKS:
         import edgesdk.sparsify as sp
 
-        sp.row_mask = tile8_mask  # prune() looks it up in its module at call time (this process only)
+        sp.row_mask = MASKS[mask]  # prune() looks it up in its module at call time (this process only)
     dense_sess = make_session(model)
     s, c = nll(dense_sess, evals)
     out["ppl_dense"] = float(np.exp(s / c))
@@ -154,7 +202,7 @@ def main() -> None:
     ap.add_argument("--sparsity", type=float, default=0.5)
     ap.add_argument("--window", type=int, default=128)
     ap.add_argument("--kernels", default="bitmap")
-    ap.add_argument("--mask", choices=["row", "tile8"], default="row",
+    ap.add_argument("--mask", choices=["row", *MASKS], default="row",
                     help="smollm2: prune per output row (the SDK's) or per 8 x 8 tile (see above)")
     ap.add_argument("--ppl-only", action="store_true", help="smollm2: perplexities only (no plugin-node run)")
     a = ap.parse_args()
