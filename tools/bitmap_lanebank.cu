@@ -2,7 +2,7 @@
 // exactly KEEP of 64 weights; one record per tile, loaded into registers by one lane) decoded with no shared-memory
 // bank conflicts at all. Round 14 (docs/bitmap_linear.md) found the scatter's bank conflicts to be that decode's
 // limit: with each lane's stores in its own bank (a timing-only build) it ran 1.7x faster, at the memory's rate.
-// This kernel makes that layout real:
+// This kernel makes that layout real (and measured it not faster than round 14's: docs/bitmap_linear.md, round 15):
 //
 // * Lane-owned banks. Lane L's tile (slot L) keeps its 32 words in bank L: word w at byte 128 w + 4 L of the warp's
 //   4 KB buffer. The scatter's stores (one 16-bit store per kept value, RegDecode64's two bit walks) are then
@@ -20,15 +20,16 @@
 // * Zero fill by 8 conflict-free 16-byte stores per lane (lane j: row (j >> 3) + 4 i, slots 4 (j & 7) ..), then
 //   __syncwarp, since a lane zeroes other lanes' slots.
 //
-// Records: bitmap word 0 bit w <=> low half of tile word w (w = 4 r + p: row r, pair p), word 1 bit w <=> its high
-// half; then the KEEP values in ascending bit order, fp16, zero-padded to a multiple of 4. Record r = (G S + s) 32 +
+// Three walks (template WALK; kernel prefixes lb, lbh, lbp), each with its records and pruning constraint: see Rec
+// and scatter(). Records of WALK 0: bitmap word 0 bit w <=> low half of tile word w (w = 4 r + p: row r, pair p), word
+// 1 bit w <=> its high half; then the KEEP values in ascending bit order, fp16, zero-padded to a multiple of 4. Record r = (G S + s) 32 +
 // L for row group G (64 output rows), step s (32 input channels, S = K / 32), slot L; stored chunk-major in groups of
 // 16 records (unit u = bytes 8u..8u+7 of record r at byte (r / 16) 16 R + 128 u + 8 (r % 16)).
 // Grid: (N / 64 row groups, KY k-chunks); KS warps of a block split the chunk's steps and are reduced in shared
 // memory; with KY > 1 each block writes fp32 partials to P [KY, M, N] and the last block of a row group (a ticket in
 // cnt[G], reset by that block) sums them in a fixed order into Y (deterministic).
 // Limits of the prototype: fp16 X and values (scale 1, no bias), M <= 16, K % 32 == 0, N % 64 == 0.
-// Ampere instructions only (ld.global.nc, st.shared, ld.shared, mma.sync, atom).
+// Ampere instructions only (ld.global.nc, st.shared, ld.shared, mma.sync, atom, fence.acq_rel).
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -302,9 +303,10 @@ __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint
     }
   }
   // D of accumulator hp: [0..1] = output row 8 (2 hp ^ g) + g, [2..3] = row 8 ((2 hp + 1) ^ g) + g; X rows 8 mb +
-  // 2 q + {0, 1}. Into this warp's own buffer (its reads are done: program order), [64 rows][16 X rows] fp32.
+  // 2 q + {0, 1}. Into this warp's own buffer, [64 rows][16 X rows] fp32.
   float* red = reinterpret_cast<float*>(smem + (base - smem_u32(smem)));
   float* rw = red + warp * (kWarpBuf / 4);
+  __syncwarp();  // every lane's last reads of buffer 0 are done (added after the session-36 runs; outside the loop)
 #pragma unroll
   for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
