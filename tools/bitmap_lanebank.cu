@@ -195,7 +195,46 @@ __device__ __forceinline__ void scatter(const uint32_t (&w)[Rec<KEEP, WALK>::NW]
   }
 }
 
-template <int KEEP, int KS, int DEPTH, int MB, int WALK>
+// scatter() in rounds, for the spliced kernels (SPLICE): round k does what iteration k of scatter()'s loop does, so
+// that the kernel can place the rounds of step s + 1 between the reads and mma of step s.
+template <int KEEP, int WALK>
+struct Scat {
+  static constexpr int A = WALK == 1 ? (KEEP + 1) / 2 : KEEP / 2;
+  static constexpr int ROUNDS = WALK == 1 ? (KEEP + 1) / 2 : KEEP - KEEP / 2;
+  LaneWalk<false> a0;
+  LaneWalk<true> d0;
+  WordWalk<false, WALK == 2> a1;
+  WordWalk<WALK == 2, WALK == 2> b1;  // WALK 1: ascending over word 1; WALK 2: descending
+  __device__ __forceinline__ void init(const uint32_t (&w)[Rec<KEEP, WALK>::NW], uint32_t slot) {
+    if constexpr (WALK == 0) {
+      a0.init(w[0], w[1], slot + 31u * 128u, slot + 2u + 31u * 128u);
+      d0.init(__brev(w[1]), __brev(w[0]), slot + 2u, slot);
+    } else if constexpr (WALK == 1) {
+      a1 = {w[0], slot + 31u * 128u};
+      b1 = {w[1], slot + 2u + 31u * 128u};
+    } else {
+      a1 = {w[0], slot + 31u * 128u};
+      b1 = {__brev(w[0]), slot};
+    }
+  }
+  static __device__ __forceinline__ uint32_t half(const uint32_t (&w)[Rec<KEEP, WALK>::NW], int j) {
+    return j & 1 ? w[2 + j / 2] >> 16 : w[2 + j / 2] & 0xffffu;
+  }
+  __device__ __forceinline__ void round(const uint32_t (&w)[Rec<KEEP, WALK>::NW], int k) {
+    if constexpr (WALK == 0) {
+      d0.put(half(w, KEEP - 1 - k));
+      if (k < A) a0.put(half(w, k));
+    } else if constexpr (WALK == 1) {
+      a1.put(half(w, k));
+      if (A + k < KEEP) b1.put(half(w, A + k));
+    } else {
+      b1.put(w[KEEP - k]);
+      if (k < A) a1.put(w[1 + k]);
+    }
+  }
+};
+
+template <int KEEP, int KS, int DEPTH, int MB, int WALK, bool SPLICE = false>
 __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint8_t* __restrict__ rec,
                                         __half* __restrict__ Y, float* __restrict__ P, unsigned* __restrict__ cnt,
                                         int M, int K, int N) {
@@ -293,12 +332,61 @@ __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint
 #pragma unroll
   for (int d = 0; d < DEPTH - 1; ++d)
     if (s0 + d < s1) load(s0 + d, w[d], xq[d]);
-  for (int i = s0; i < s1; i += DEPTH) {
+  if constexpr (!SPLICE) {
+    for (int i = s0; i < s1; i += DEPTH) {
 #pragma unroll
-    for (int d = 0; d < DEPTH; ++d) {
-      if (i + d < s1) {
-        if (i + d + DEPTH - 1 < s1) load(i + d + DEPTH - 1, w[(d + DEPTH - 1) % DEPTH], xq[(d + DEPTH - 1) % DEPTH]);
-        step(i + d, w[d], xq[d]);
+      for (int d = 0; d < DEPTH; ++d) {
+        if (i + d < s1) {
+          if (i + d + DEPTH - 1 < s1) load(i + d + DEPTH - 1, w[(d + DEPTH - 1) % DEPTH], xq[(d + DEPTH - 1) % DEPTH]);
+          step(i + d, w[d], xq[d]);
+        }
+      }
+    }
+  } else {
+    // Spliced: step s + 1's zero fill and scatter (into the other buffer) run during step s's reads and mma, a few
+    // walk rounds after each group of 4 reads + mma. Step s0's scatter runs alone first.
+    static_assert(kStepOff != 0u, "the splice needs two buffers per warp");
+    if (s0 < s1) {
+      const uint32_t off = (s0 & 1) * kStepOff;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sts128_zero(zero0 + off + 512u * i);
+      __syncwarp();
+      scatter<KEEP, WALK>(w[0], slot0 + off);
+      __syncwarp();
+    }
+    using SC = Scat<KEEP, WALK>;
+    for (int i = s0; i < s1; i += DEPTH) {
+#pragma unroll
+      for (int d = 0; d < DEPTH; ++d) {
+        const int s = i + d;
+        if (s < s1) {
+          if (s + DEPTH - 1 < s1) load(s + DEPTH - 1, w[(d + DEPTH - 1) % DEPTH], xq[(d + DEPTH - 1) % DEPTH]);
+          const bool nxt = s + 1 < s1;  // warp-uniform
+          const uint32_t offn = ((s + 1) & 1) * kStepOff, rd = rd0 + (s & 1) * kStepOff;
+          if (nxt) {
+#pragma unroll
+            for (int z = 0; z < 8; ++z) sts128_zero(zero0 + offn + 512u * z);
+          }
+          __syncwarp();  // the zero fill (other lanes' slots) before this lane's scatter
+          SC sc;
+          if (nxt) sc.init(w[(d + 1) % DEPTH], slot0 + offn);
+#pragma unroll
+          for (int gi = 0; gi < 8; ++gi) {
+            const uint32_t hp = gi >> 1, h1 = 2 * hp, h2 = h1 + 1, l1 = 2 * (gi & 1), l2 = l1 + 1;
+            uint32_t a[4];
+            a[0] = lds32(rd ^ (4u * (4u * h1 + l1)));
+            a[1] = lds32(rd ^ (4u * (4u * h2 + l1)));
+            a[2] = lds32(rd ^ (4u * (4u * h1 + l2)));
+            a[3] = lds32(rd ^ (4u * (4u * h2 + l2)));
+#pragma unroll
+            for (int mb = 0; mb < MB; ++mb) mma16816(acc[mb][hp], a, xq[d][mb][l1], xq[d][mb][l2]);
+            if (nxt) {
+#pragma unroll
+              for (int k = gi * SC::ROUNDS / 8; k < (gi + 1) * SC::ROUNDS / 8; ++k) sc.round(w[(d + 1) % DEPTH], k);
+            }
+          }
+          __syncwarp();  // step s + 1's scatter is visible, and step s's reads are done before its buffer is zeroed
+        }
       }
     }
   }
@@ -355,6 +443,12 @@ __device__ __forceinline__ void lb_gemv(const __half* __restrict__ X, const uint
       float* __restrict__ P, unsigned* __restrict__ cnt, int M, int K, int N) {                                 \
     lb_gemv<KEEP, KS, D, MB, WALK>(X, rec, Y, P, cnt, M, K, N);                                                 \
   }
+#define LBS(PFX, WALK, KEEP, KS, D, MB)                                                                      \
+  extern "C" __global__ void LB_BOUNDS(KS * 32) PFX##_k##KEEP##_w##KS##_d##D##_m##MB(                           \
+      const __half* __restrict__ X, const uint8_t* __restrict__ rec, __half* __restrict__ Y,                    \
+      float* __restrict__ P, unsigned* __restrict__ cnt, int M, int K, int N) {                                 \
+    lb_gemv<KEEP, KS, D, MB, WALK, true>(X, rec, Y, P, cnt, M, K, N);                                           \
+  }
 #define LB2(KEEP, KS, D) LBW(lb, 0, KEEP, KS, D, 1) LBW(lb, 0, KEEP, KS, D, 2)
 #define LBH2(KEEP, KS, D) LBW(lbh, 1, KEEP, KS, D, 1) LBW(lbh, 1, KEEP, KS, D, 2)
 #define LBP2(KEEP, KS, D) LBW(lbp, 2, KEEP, KS, D, 1) LBW(lbp, 2, KEEP, KS, D, 2)
@@ -384,3 +478,12 @@ LBP2(10, 16, 2)
 LBP2(16, 4, 2)
 LBP2(16, 8, 2)
 LBP2(16, 16, 2)
+// Spliced (step s + 1's zero fill and walk between step s's reads and mma), element walk and pairs, 70 %
+#ifndef LB_ONEBUF
+LBS(lbs, 0, 19, 4, 3, 1) LBS(lbs, 0, 19, 4, 3, 2)
+LBS(lbs, 0, 19, 8, 2, 1) LBS(lbs, 0, 19, 8, 2, 2)
+LBS(lbs, 0, 19, 8, 3, 1) LBS(lbs, 0, 19, 8, 3, 2)
+LBS(lbps, 2, 10, 4, 3, 1) LBS(lbps, 2, 10, 4, 3, 2)
+LBS(lbps, 2, 10, 8, 2, 1) LBS(lbps, 2, 10, 8, 2, 2)
+LBS(lbps, 2, 10, 8, 3, 1) LBS(lbps, 2, 10, 8, 3, 2)
+#endif

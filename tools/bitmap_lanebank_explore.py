@@ -19,8 +19,9 @@ CUDA-graph replays over weight copies cycled through ``--rotate`` x L2, medians 
 ``--modes``: the walks of the .cu, each on its own pruning of the same random W: ``elem`` (WALK 0, any balanced
 tile), ``half`` (WALK 1: the tile's even and odd channels balanced separately, so each bitmap word has a fixed count
 and its walk needs no switch between words) and ``pair`` (WALK 2: adjacent channels kept or pruned together, one bit
-and one 32-bit store per pair; 10 or 16 pairs of 32, i.e. 68.75 % or 50 %). Only the rule's KY and its neighbours
-are timed unless ``--ky-all``. ``--ablate`` / ``--profile``: see ablate().
+and one 32-bit store per pair; 10 or 16 pairs of 32, i.e. 68.75 % or 50 %); ``elem_splice`` and ``pair_splice``
+(70 %): the same walks with step s + 1's zero fill and walk placed between step s's reads and mma. Only the rule's KY
+and its neighbours are timed unless ``--ky-all``; ``--sparsities 0.7`` limits the sparsities. ``--ablate`` / ``--profile``: see ablate().
 
 Usage: python tools/bitmap_lanebank_explore.py [--quick] [--modes elem,half,pair] [--rotate 4] [--out NAME]
 Writes bench/results/NAME.json (default bitmap_lanebank_explore_<commit>.json).
@@ -45,12 +46,16 @@ sys.path.insert(0, str(ROOT / "tools"))
 SRC = ROOT / "tools" / "bitmap_lanebank.cu"
 KEEPS = {0.3: 45, 0.5: 32, 0.7: 19}  # element modes: kept values per 64
 PAIR_KEEPS = {0.5: 16, 0.7: 10}  # "pair": kept pairs per 32 (sparsity 0.5, 0.6875)
-# mode -> (kernel prefix, WALK of the .cu, {sparsity: keep}, {keep: [(warps per block KS, record ring depth)]})
+# mode -> (kernel prefix, WALK of the .cu, {sparsity: keep}, {keep: [(warps per block KS, record ring depth)]},
+# pruning / records of lanebank())
 MODES = {
     "elem": ("lb", 0, KEEPS, {19: [(4, 3), (8, 2), (8, 3), (16, 2)], 32: [(4, 2), (8, 2), (16, 2)],
-                              45: [(4, 2), (8, 2), (16, 2)]}),
-    "half": ("lbh", 1, {0.5: 32, 0.7: 19}, {19: [(4, 3), (8, 2), (16, 2)], 32: [(4, 2), (8, 2), (16, 2)]}),
-    "pair": ("lbp", 2, PAIR_KEEPS, {10: [(4, 3), (8, 2), (16, 2)], 16: [(4, 2), (8, 2), (16, 2)]}),
+                              45: [(4, 2), (8, 2), (16, 2)]}, "elem"),
+    "half": ("lbh", 1, {0.5: 32, 0.7: 19}, {19: [(4, 3), (8, 2), (16, 2)], 32: [(4, 2), (8, 2), (16, 2)]}, "half"),
+    "pair": ("lbp", 2, PAIR_KEEPS, {10: [(4, 3), (8, 2), (16, 2)], 16: [(4, 2), (8, 2), (16, 2)]}, "pair"),
+    # spliced kernels (SPLICE in the .cu: step s + 1's walk between step s's reads and mma), 70 % only
+    "elem_splice": ("lbs", 0, {0.7: 19}, {19: [(4, 3), (8, 2), (8, 3)]}, "elem"),
+    "pair_splice": ("lbps", 2, {0.7: 10}, {10: [(4, 3), (8, 2), (8, 3)]}, "pair"),
 }
 CONFIGS = MODES["elem"][3]
 KYS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -235,7 +240,7 @@ def _job(job):
 
     k, n, s, seed, mode = job
     keep = MODES[mode][2][s]
-    wp, rec = lanebank(k, n, keep, seed, mode)
+    wp, rec = lanebank(k, n, keep, seed, MODES[mode][4])
     p = fmt.BitmapLinearWeights.pack(wp.astype(np.float32), "float16")
     old = None
     if mode == "elem" and k % 128 == 0 and n % 16 == 0:
@@ -251,6 +256,7 @@ def main() -> None:
     ap.add_argument("--rotate", type=float, default=4.0,
                     help="weight copies cycled through per timing, together this many times L2 (default 4)")
     ap.add_argument("--modes", default="elem", help="comma-separated: elem, half, pair (see lanebank())")
+    ap.add_argument("--sparsities", default=None, help="comma-separated subset, e.g. 0.7")
     ap.add_argument("--ky-all", action="store_true", help="time every KY, not only the rule's and its neighbours")
     ap.add_argument("--ablate", action="store_true", help="timing-only builds of one configuration (LB_ABL)")
     ap.add_argument("--profile", action="store_true",
@@ -282,8 +288,9 @@ def main() -> None:
     ws = torch.empty(max(KYS) * 16 * max(n for _, n in shapes), device="cuda", dtype=torch.float32)
     cnt = torch.zeros(max(n for _, n in shapes) // 64, device="cuda", dtype=torch.int32)
     t0 = time.time()
+    only = {float(v) for v in args.sparsities.split(",")} if args.sparsities else None
     jobs = [(k, n, s, 1000 * i + int(10 * s), mode) for i, (k, n) in enumerate(shapes) for mode in modes
-            for s in MODES[mode][2]]
+            for s in MODES[mode][2] if only is None or s in only]
     rows, bad = [], 0
     with ProcessPoolExecutor(8) as ex:
         for (k, n, s, _, mode), wp, rec, attrs, tens, nb_v1, old in ex.map(_job, jobs):
@@ -321,7 +328,8 @@ def main() -> None:
                     return good
 
                 row = {"K": k, "N": n, "M": m, "sparsity": s, "mode": mode, "keep": keep,
-                       "sparsity_actual": sparsity_of(keep, mode), "record_bytes": record_bytes(keep, mode),
+                       "sparsity_actual": sparsity_of(keep, MODES[mode][4]),
+                       "record_bytes": record_bytes(keep, MODES[mode][4]),
                        "bytes_balanced": rec.nbytes, "bytes_v1": nb_v1, "bytes_dense": 2 * n * k}
                 it = [0]
 
