@@ -68,11 +68,8 @@ def tile8_mask(score: np.ndarray, sparsity: float) -> np.ndarray:
     if n % 8 or k % 8:
         return _row_mask(score, sparsity)
     keep = int(round((1.0 - sparsity) * 64))
-    t = score.reshape(n // 8, 8, k // 8, 8).transpose(0, 2, 1, 3).reshape(n // 8, k // 8, 64)
-    order = np.argsort(-t, axis=2, kind="stable")[..., :keep]
-    m = np.zeros(t.shape, dtype=bool)
-    np.put_along_axis(m, order, True, axis=2)
-    return m.reshape(n // 8, k // 8, 8, 8).transpose(0, 2, 1, 3).reshape(n, k)
+    t = _tile_scores(score)
+    return _untile8(_top_last(t.reshape(*t.shape[:2], 64), keep).reshape(t.shape), n, k)
 
 
 def _tile_scores(score: np.ndarray) -> np.ndarray:
