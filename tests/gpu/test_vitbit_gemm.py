@@ -83,7 +83,7 @@ def test_every_tactic_bit_exact(lead, k, n, dtype):
     m = int(np.prod(lead))
     tactics = K.valid_tactics(p.node_attributes(), m)
     assert 1 in tactics and len(tactics) >= 10 + 5 * (k > 128)  # split-K needs >= 2 k-tiles
-    assert {1, 3, 9, 25, 28, 29, 30, 31, 33, 34, 71, 72, 73} <= set(tactics)
+    assert {1, 3, 9, 25, 28, 29, 30, 31, 33, 34, 71, 72, 73, 80, 81} <= set(tactics)
     if k > 128:
         assert 50 in tactics  # in-kernel split-K needs 2 k-tiles
     for t in tactics:
@@ -150,11 +150,11 @@ def test_gelu_tight_tolerance(dtype):
     x = _x_full_range(rng, (150, 256), p.x_scale, dtype)
     ref = R.vitbit_gemm(x, p).astype(np.float64)
     tol = dict(rtol=2e-3, atol=1e-3) if dtype == np.float16 else dict(rtol=2e-6, atol=2e-6)
-    for t in (1, 3, 5, 9, 11, 15, 17, 22, 25, 27, 28, 29, 30, 31, 33, 34, 50, 71, 72, 73):
+    for t in (1, 3, 5, 9, 11, 15, 17, 22, 25, 27, 28, 29, 30, 31, 33, 34, 50, 71, 72, 73, 80, 81):
         np.testing.assert_allclose(run(p, x, t).astype(np.float64), ref, **tol)
 
 
-PERSISTENT = (30, 31, 33, 34, 60, 71, 72)  # 60: split-M (head tp_128x128 + tail tp_64x64)
+PERSISTENT = (30, 31, 33, 34, 60, 71, 72, 80, 81)  # 60: split-M (head tp_128x128 + tail tp_64x64)
 
 
 @pytest.mark.parametrize("cap", [1, 3, 7])
@@ -167,17 +167,22 @@ def test_persistent_tactics_walk_many_tiles(cap, dtype):
     old = K.PERSISTENT_GRID_CAP
     try:
         K.PERSISTENT_GRID_CAP = cap
-        for (m, k, n) in [(301, 200, 390), (390, 768, 264), (200, 48, 1000)]:  # K = 48: one k-tile per tile
+        walked = {t: 0 for t in PERSISTENT}
+        # K = 48: one k-tile per tile; the last shape gives the 256-row / 256-column tiles enough tiles
+        for (m, k, n) in [(301, 200, 390), (390, 768, 264), (200, 48, 1000), (777, 200, 650)]:
             p = _layer(rng, n, k, bias=(n % 2 == 0))
             x = _x_full_range(rng, (m, k), p.x_scale, dtype)
             ref = R.vitbit_gemm(x, p)
             for t in PERSISTENT:
                 cfg, _ = K.config(t)
                 tiles = -(-m // cfg.bm) * -(-n // cfg.bn)
-                assert tiles > cap  # every block walks more than one tile
+                if tiles <= cap:  # only the large tiles (80, 81) on one small shape at cap 7
+                    continue
+                walked[t] += 1  # every block walks more than one tile
                 y = run(p, x, t)
                 bad = ~((y == ref) | (np.isnan(y) & np.isnan(ref)))
                 assert not bad.any(), f"cap {cap} tactic {t} ({cfg.name}) {m}x{k}x{n}: {bad.sum()} differ"
+        assert min(walked.values()) >= 3, walked
     finally:
         K.PERSISTENT_GRID_CAP = old
 

@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Round 7 of EdgeVitBitGemm (docs/vitbit_gemm.md): what the large-M tensor-core tactics lose, and the 16-SM proxy
+run at Orin's occupancy.
+
+Times chosen tactics of ``plugins/vitbit_gemm/vitbit_gemm.cu`` on the ViT-B/16 shapes of issue 5 (pre-quantized
+int8 X, fp16 Y with bias: the bench's "ours gemm") with the bench's timer (``bench/bench_vitbit_gemm.py``:
+spin kernel, bursts, medians, 4 weight copies), on the full GPU and on the 16-SM green context, in three kinds:
+
+* ``shipped``: the plugin source as it is;
+* ``noepi`` (``--ablate``): a timing-only copy whose persistent kernels skip the epilogue (``regs_epilogue`` runs
+  only when M < 0, which the compiler cannot rule out, so every mma stays): outputs are not written. Its time
+  against ``shipped`` is the share of the epilogue that the main loop does not hide;
+* ``orin`` (``--orin``, 16-SM context only): an identical copy (its own module, so the attribute does not leak)
+  whose kernels ask for a 164 KB shared-memory carveout (Orin's per-SM shared memory) and whose persistent grid is
+  16 x the blocks an Orin SM holds (from the kernel's registers, threads and shared memory, :func:`orin_blocks`).
+  On the H100's 228 KB two 96 KB blocks of tp_128x128 share an SM; on Orin one does.
+
+Every ``shipped`` output is checked once per shape against an int64 numpy reference of the same epilogue
+(``edgesdk.reference.vitbit_gemm``), with Y poisoned first. JSON: ``bench/results/vitbit_gemm_explore_<commit>.json``.
+
+    python tools/vitbit_gemm_explore.py [--tactics 30,34,80,81] [--ablate] [--orin] [--configs full,green16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import importlib.util
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from edgesdk.formats import vitbit_gemm as F  # noqa: E402
+
+SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]
+BATCHES = [1, 8, 32]
+ORIN_SMEM_PER_SM = 164 * 1024  # sm_87: 164 KB of shared memory per SM (163 KB per block)
+ORIN_REGS_PER_SM, ORIN_THREADS_PER_SM, ORIN_BLOCKS_PER_SM = 65536, 1536, 16
+SMEM_RESERVED_PER_BLOCK = 1024  # the driver's per-block reservation on sm_80+
+ORIN_CARVEOUT_PERCENT = 72  # of the H100's 228 KB: its 164 KB configuration
+
+
+def orin_blocks(regs: int, threads: int, smem: int) -> int:
+    """Blocks of one kernel that an Orin SM (sm_87) holds at once: the least of the register, shared-memory,
+    thread and block limits (registers allocated per warp in units of 256)."""
+    warps = -(-threads // 32)
+    regs_per_warp = -(-regs * 32 // 256) * 256
+    by_regs = ORIN_REGS_PER_SM // max(1, warps * regs_per_warp)
+    by_smem = ORIN_SMEM_PER_SM // (smem + SMEM_RESERVED_PER_BLOCK)
+    by_threads = ORIN_THREADS_PER_SM // threads
+    return max(0, min(by_regs, by_smem, by_threads, ORIN_BLOCKS_PER_SM))
+
+
+def ablated_source(src: str) -> str:
+    """The plugin source with the persistent kernels' epilogue skipped at run time (timing only)."""
+    call = "regs_epilogue(o, tc, (tile / tiles_n) * BM"
+    if src.count(call) != 1:
+        raise RuntimeError("the persistent epilogue call was not found once in the plugin source: update the tool")
+    return src.replace(call, "if (o.M < 0) " + call)
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("bench_vitbit_gemm", ROOT / "bench" / "bench_vitbit_gemm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tactics", default="30,34,80,81")
+    ap.add_argument("--orin-tactics", default="30,31,33,34,80,81")
+    ap.add_argument("--ablate", action="store_true")
+    ap.add_argument("--orin", action="store_true")
+    ap.add_argument("--configs", default="full,green16")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    args = ap.parse_args()
+    tactics = [int(t) for t in args.tactics.split(",") if t]
+    orin_tactics = [int(t) for t in args.orin_tactics.split(",") if t]
+    batches = [int(b) for b in args.batches.split(",") if b]
+
+    import torch
+    from cuda.bindings import driver as cu
+
+    from bench._common import meta, write_results
+    from edgesdk.kernels import _cuda
+    from edgesdk.kernels import vitbit_gemm as K
+    from edgesdk.reference import vitbit_gemm as R
+
+    B = _bench_module()
+    torch.zeros(1, device="cuda")
+    _cuda.init()
+    prim = _cuda.check(cu.cuCtxGetCurrent())
+    arch = _cuda.current_arch()
+    shipped = str(_cuda.PLUGINS_DIR / K.SOURCE)
+    tmp = Path(tempfile.mkdtemp(prefix="vitbit_explore_"))
+    text = Path(shipped).read_text()
+    sources = {"shipped": shipped}
+    if args.ablate:
+        (tmp / "noepi").mkdir()
+        sources["noepi"] = str(tmp / "noepi" / "vitbit_gemm.cu")
+        Path(sources["noepi"]).write_text(ablated_source(text))
+    if args.orin:
+        (tmp / "orin").mkdir()
+        sources["orin"] = str(tmp / "orin" / "vitbit_gemm.cu")
+        Path(sources["orin"]).write_text(text)
+    with concurrent.futures.ThreadPoolExecutor(len(sources)) as ex:  # nvcc runs in parallel
+        list(ex.map(lambda s: _cuda.compile_cubin(Path(s), arch), sources.values()))
+
+    def kernel(kind: str, t: int):
+        cfg, _ = K.config(t)
+        return cfg, _cuda.get_kernel(sources[kind], f"vitbit_gemm_{cfg.name}")
+
+    A = cu.CUfunction_attribute
+    orin_info = {}
+
+    def orin_setup(label: str) -> None:
+        """In the current context: ask the "orin" copy's kernels for Orin's carveout; their Orin residency."""
+        for t in orin_tactics:
+            cfg, kern = kernel("orin", t)
+            kern.set_max_dynamic_smem(cfg.smem)
+            _cuda.check(cu.cuFuncSetAttribute(kern.function, A.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                              ORIN_CARVEOUT_PERCENT))
+            regs = _cuda.check(cu.cuFuncGetAttribute(A.CU_FUNC_ATTRIBUTE_NUM_REGS, kern.function))
+            per_sm = _cuda.check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kern.function, cfg.threads, cfg.smem))
+            orin_info[t] = {"kernel": cfg.name, "regs": regs, "threads": cfg.threads, "smem": cfg.smem,
+                            "orin_blocks_per_sm": orin_blocks(regs, cfg.threads, cfg.smem),
+                            "occupancy_query_at_carveout": per_sm}
+            print(f"[{label}] orin occupancy t{t}: {orin_info[t]}", flush=True)
+
+    rows: list[dict] = []
+    bad_total = checked = 0
+    rng = np.random.default_rng(0)
+    for label in args.configs.split(","):
+        if label == "full":
+            ctx, stream = prim, torch.cuda.Stream().cuda_stream
+        else:
+            ctx, sms = _cuda.green_context(int(label.removeprefix("green")))
+            _cuda.check(cu.cuCtxSetCurrent(ctx))
+            stream = int(_cuda.check(cu.cuStreamCreate(1)))
+        _cuda.check(cu.cuCtxSetCurrent(ctx))
+        timer = B.Timer(stream, ctx, _cuda.get_kernel("common/selftest.cu", "edgesdk_ffma_spin"))
+        if args.orin and label != "full":
+            orin_setup(label)
+        for (k, n) in SHAPES:
+            for b in batches:
+                m = 197 * b
+                w = [rng.integers(-128, 128, (n, k)).astype(np.int8) for _ in range(B.ROT)]
+                p = [F.VitBitWeights.pack(wi, rng.uniform(0.001, 0.01, n).astype(np.float32),
+                                          bias=rng.normal(0, 1, n).astype(np.float32), x_scale=0.02,
+                                          y_dtype="float16") for wi in w]
+                a = p[0].node_attributes()
+                dev = [{kk: torch.from_numpy(v).cuda() for kk, v in pi.to_tensors().items()} for pi in p]
+                xq_h = rng.integers(-128, 128, (m, k)).astype(np.int8)
+                xq = torch.from_numpy(xq_h).cuda()
+                y = torch.empty(m, n, device="cuda", dtype=torch.float16)
+                ins = [[d[t].data_ptr() for t in F.TENSOR_NAMES] for d in dev]
+                ref = R.vitbit_gemm(xq_h, p[0])
+                res = {}
+
+                def run(kind, t, i, cap=None):
+                    K.SOURCE = sources[kind]
+                    old = K.PERSISTENT_GRID_CAP
+                    K.PERSISTENT_GRID_CAP = cap
+                    try:
+                        K.gemm(a, "int8", m, xq.data_ptr(), ins[i % B.ROT][0], ins[i % B.ROT][1], ins[i % B.ROT][2],
+                               y.data_ptr(), stream, t)
+                    finally:
+                        K.PERSISTENT_GRID_CAP = old
+                        K.SOURCE = "vitbit_gemm/vitbit_gemm.cu"
+
+                variants = [("shipped", t, None) for t in tactics]
+                if args.ablate:
+                    variants += [("noepi", t, None) for t in tactics if K.config(t)[0].persistent]
+                if args.orin and label != "full":
+                    variants += [("orin", t, 16 * orin_info[t]["orin_blocks_per_sm"]) for t in orin_tactics]
+                for kind, t, cap in variants:
+                    if kind == "shipped":  # check the output once: Y poisoned, int64 reference
+                        _cuda.check(cu.cuCtxSetCurrent(ctx))
+                        y.fill_(float("nan"))
+                        run(kind, t, 0)
+                        _cuda.check(cu.cuCtxSynchronize())
+                        bad = int((y.cpu().numpy().view(np.uint16) != ref.view(np.uint16)).sum())
+                        bad_total += bad
+                        checked += 1
+                        if bad:
+                            print(f"BAD {label} t{t} {k}x{n}x{m}: {bad} of {ref.size} differ", flush=True)
+                    us = timer(lambda i, kind=kind, t=t, cap=cap: run(kind, t, i, cap))
+                    name = f"{kind} t{t}"
+                    res[name] = us
+                    rows.append({"config": label, "K": k, "N": n, "M": m, "kind": kind, "tactic": t,
+                                 "kernel": K.config(t)[0].name, "grid_cap": cap, "us": us,
+                                 "TOPS": 2.0 * m * n * k / us / 1e6})
+                print(f"[{label}] K={k} N={n} M={m}: " + ", ".join(f"{kk} {v:.2f}" for kk, v in res.items()),
+                      flush=True)
+    _cuda.check(cu.cuCtxSetCurrent(prim))
+    info = meta({"tactics": tactics, "orin": orin_info, "ablate": args.ablate, "checked_outputs": checked,
+                 "mismatched_values": bad_total, "method": __doc__.split("\n\n")[1]})
+    if os.environ.get("EDGESDK_COMMIT"):
+        info["commit"] = os.environ["EDGESDK_COMMIT"]
+    path = write_results(f"vitbit_gemm_explore_{info.get('commit', 'local')}", rows, info)
+    print(f"checked {checked} outputs, {bad_total} values differ; wrote {path}")
+    return 1 if bad_total else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
