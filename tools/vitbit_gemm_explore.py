@@ -7,7 +7,7 @@ int8 X, fp16 Y with bias: the bench's "ours gemm") with the bench's timer (``ben
 spin kernel, bursts, medians, 4 weight copies), on the full GPU and on the 16-SM green context, in three kinds:
 
 * ``shipped``: the plugin source as it is;
-* ``noepi`` (``--ablate``): a timing-only copy whose persistent kernels skip the epilogue (``regs_epilogue`` runs
+* ``noepi`` (``--ablate``): a timing-only copy whose persistent kernels skip the epilogue (``regs_epilogue_any`` runs
   only when M < 0, which the compiler cannot rule out, so every mma stays): outputs are not written. Its time
   against ``shipped`` is the share of the epilogue that the main loop does not hide;
 * ``orin`` (``--orin``, 16-SM context only): an identical copy (its own module, so the attribute does not leak)
@@ -59,7 +59,7 @@ def orin_blocks(regs: int, threads: int, smem: int) -> int:
 
 def ablated_source(src: str) -> str:
     """The plugin source with the persistent kernels' epilogue skipped at run time (timing only)."""
-    call = "regs_epilogue(o, tc, (tile / tiles_n) * BM"
+    call = "regs_epilogue_any(emode, o, tc, (tile / tiles_n) * BM"
     if src.count(call) != 1:
         raise RuntimeError("the persistent epilogue call was not found once in the plugin source: update the tool")
     return src.replace(call, "if (o.M < 0) " + call)

@@ -806,23 +806,24 @@ extern "C" __global__ void vitbit_splitk_epilogue8(const int* __restrict__ parti
 // No split-K (the launcher uses one split); exactness is that of the int32 mma.sync sums, as in tc2.
 // ------------------------------------------------------------------------------------------------
 
+__device__ __forceinline__ u32 shfl_xor(u32 v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+__device__ __forceinline__ int2 shfl_xor(int2 v, int m) {
+  return make_int2(__shfl_xor_sync(0xffffffffu, v.x, m), __shfl_xor_sync(0xffffffffu, v.y, m));
+}
+
 // Select-free-index helpers: p[j] of a 4-entry array with a runtime lane bit (compiles to SEL, no local memory).
-__device__ __forceinline__ void quad_transpose(int2 (&p)[4], int t) {
+// T = int2 (column pairs of int32 sums) or u32 (column pairs already rounded to fp16).
+template <class T>
+__device__ __forceinline__ void quad_transpose(T (&p)[4], int t) {
   const bool b1 = (t >> 1) & 1, b0 = t & 1;
 #pragma unroll
   for (int jj = 0; jj < 2; jj++) {  // swap the off-diagonal 2 x 2 blocks with lane t ^ 2
-    int2 s = b1 ? p[jj] : p[jj + 2];
-    int2 r;
-    r.x = __shfl_xor_sync(0xffffffffu, s.x, 2);
-    r.y = __shfl_xor_sync(0xffffffffu, s.y, 2);
+    const T r = shfl_xor(b1 ? p[jj] : p[jj + 2], 2);
     if (b1) p[jj] = r; else p[jj + 2] = r;
   }
 #pragma unroll
   for (int jj = 0; jj < 4; jj += 2) {  // transpose each 2 x 2 block with lane t ^ 1
-    int2 s = b0 ? p[jj] : p[jj + 1];
-    int2 r;
-    r.x = __shfl_xor_sync(0xffffffffu, s.x, 1);
-    r.y = __shfl_xor_sync(0xffffffffu, s.y, 1);
+    const T r = shfl_xor(b0 ? p[jj] : p[jj + 1], 1);
     if (b0) p[jj] = r; else p[jj + 1] = r;
   }
 }
@@ -908,6 +909,81 @@ __device__ __forceinline__ void regs_epilogue(const Out& o, const R& tc, int m0,
   }
 }
 
+// The register epilogue for fp16 Y (round 7), with bias and GELU fixed at compile time. Each lane first finishes
+// its own fragment columns {8j + 2t, 8j + 2t + 1} (the same IEEE fp32 steps as put8c, then fp16 round to nearest
+// even) and packs each pair into one 32-bit word; the quad transpose then moves these words (4 shuffles, not 8 of
+// int2), and lane t stores columns 8t..8t + 7 in one 16-byte store. Needs N % 8 == 0, Y 16-byte aligned and
+// w_scale / bias 8-byte aligned (pairs loaded as float2): epilogue_mode() checks, once per launch. The generic
+// regs_epilogue (runtime flags, branches and GELU code in each of its put8c copies) issued about as many
+// instructions as the main loop at K = 768, and its code size made tp_128x128w4 wait on instruction fetch (ncu).
+__device__ __forceinline__ float gelu_erf(float y) { return 0.5f * y * (1.0f + erff(y * 0.70710678118654752f)); }
+
+template <bool BIAS, bool GELU, class R>
+__device__ __forceinline__ void regs_epilogue_h(const Out& o, const R& tc, int m0, int n0, int wm0, int wn0,
+                                                int lane) {
+  static_assert(R::NI % 4 == 0, "the quad transpose needs groups of 4 n8 blocks (WN % 32 == 0)");
+  const int M = o.M, N = o.N;
+  const int g = lane >> 2, t4 = lane & 3;
+  __half* __restrict__ Y = reinterpret_cast<__half*>(o.y);
+#pragma unroll
+  for (int jg = 0; jg < R::NI / 4; jg++) {
+    const int cb = n0 + wn0 + jg * 32;
+    float2 al[4], bi[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      // columns past N only feed chunks that are never stored (N % 8 == 0: a chunk is all in or all out)
+      const int c = min(cb + 8 * j + 2 * t4, N - 2);
+      const float2 w = __ldg(reinterpret_cast<const float2*>(o.w_scale + c));
+      al[j] = make_float2(__fmul_rn(o.x_scale, w.x), __fmul_rn(o.x_scale, w.y));
+      if (BIAS) bi[j] = __ldg(reinterpret_cast<const float2*>(o.bias + c));
+    }
+    const int col = cb + 8 * t4;
+#pragma unroll
+    for (int i = 0; i < R::MI; i++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        u32 q[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          float y0 = __fmul_rn(__int2float_rn(tc.acc[i][jg * 4 + j][2 * h]), al[j].x);
+          float y1 = __fmul_rn(__int2float_rn(tc.acc[i][jg * 4 + j][2 * h + 1]), al[j].y);
+          if (BIAS) {
+            y0 = __fadd_rn(y0, bi[j].x);
+            y1 = __fadd_rn(y1, bi[j].y);
+          }
+          if (GELU) {
+            y0 = gelu_erf(y0);
+            y1 = gelu_erf(y1);
+          }
+          __half2 hh = __halves2half2(__float2half_rn(y0), __float2half_rn(y1));
+          q[j] = *reinterpret_cast<u32*>(&hh);
+        }
+        quad_transpose(q, t4);
+        const int row = m0 + wm0 + i * 16 + h * 8 + g;
+        if (row < M && col < N) *reinterpret_cast<uint4*>(Y + (size_t)row * N + col) = make_uint4(q[0], q[1], q[2], q[3]);
+      }
+  }
+}
+
+// Which register epilogue a launch takes (uniform): 0-3 = regs_epilogue_h<bias, gelu> (fp16 Y, aligned, N % 8 == 0),
+// 4 = the generic regs_epilogue.
+__device__ __forceinline__ int epilogue_mode(const Out& o) {
+  const bool fast = (o.flags & FLAG_HALF) && !(o.N & 7) && !(reinterpret_cast<size_t>(o.y) & 15) &&
+                    !(reinterpret_cast<size_t>(o.w_scale) & 7) &&
+                    (!(o.flags & FLAG_BIAS) || !(reinterpret_cast<size_t>(o.bias) & 7));
+  return fast ? ((o.flags & FLAG_BIAS) ? 1 : 0) + ((o.flags & FLAG_GELU) ? 2 : 0) : 4;
+}
+
+template <class R>
+__device__ __forceinline__ void regs_epilogue_any(int mode, const Out& o, const R& tc, int m0, int n0, int wm0,
+                                                  int wn0, int lane) {
+  switch (mode) {
+    case 0: regs_epilogue_h<false, false>(o, tc, m0, n0, wm0, wn0, lane); break;
+    case 1: regs_epilogue_h<true, false>(o, tc, m0, n0, wm0, wn0, lane); break;
+    default: regs_epilogue(o, tc, m0, n0, wm0, wn0, lane);
+  }
+}
+
 template <int BM, int BN, int WM, int WN, int STAGES>
 __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __restrict__ W, const Out& o,
                                         int Kp) {
@@ -966,6 +1042,7 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
   };
 
   const int wm0 = (warp % (BM / WM)) * WM, wn0 = (warp / (BM / WM)) * WN;
+  const int emode = epilogue_mode(o);
   R tc;
   tc.zero();
 #pragma unroll
@@ -984,7 +1061,7 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
     tc.compute(smem + (s % STAGES) * C::STAGE_BYTES, wm0, wn0, lane);
     if (++kt < KT) continue;
     // Tile done: epilogue from registers while the next tile's first stages are being copied.
-    regs_epilogue(o, tc, (tile / tiles_n) * BM, (tile % tiles_n) * BN, wm0, wn0, lane);
+    regs_epilogue_any(emode, o, tc, (tile / tiles_n) * BM, (tile % tiles_n) * BN, wm0, wn0, lane);
     tc.zero();
     kt = 0;
     tile += gridDim.x;
@@ -1076,7 +1153,7 @@ __device__ __forceinline__ void tk_body(const s8* __restrict__ A, const s8* __re
         }
     }
   }
-  regs_epilogue(o, tc, m0, n0, wm0, wn0, lane);
+  regs_epilogue_any(epilogue_mode(o), o, tc, m0, n0, wm0, wn0, lane);
 }
 
 // name, BM, BN, WM, WN, STAGES, min blocks per SM

@@ -157,6 +157,39 @@ def test_gelu_tight_tolerance(dtype):
 PERSISTENT = (30, 31, 33, 34, 60, 71, 72, 80, 81)  # 60: split-M (head tp_128x128 + tail tp_64x64)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("misalign", [0, 4])
+def test_register_epilogue_paths(bias, misalign):
+    """The persistent and in-kernel split-K tactics finish fp16 Y with a compact epilogue where N % 8 == 0 and
+    Y / w_scale / bias are aligned (bias fixed at compile time), else with the generic one: both bit-exact, with
+    and without bias; ``misalign`` = 4 puts w_scale and bias 4 bytes off an 8-byte boundary (generic path)."""
+    rng = np.random.default_rng(17 + bias + misalign)
+    for (m, k, n) in [(261, 200, 96), (130, 768, 264), (77, 48, 520)]:
+        p = _layer(rng, n, k, bias=bias)
+        x = _x_full_range(rng, (m, k), p.x_scale, np.float16)
+        ref = R.vitbit_gemm(x, p)
+        a = p.node_attributes()
+        t = p.to_tensors()
+        xt = torch.from_numpy(x).cuda()
+
+        def at(v):  # a device copy of v starting `misalign` bytes past a 256-byte boundary
+            buf = torch.zeros(v.nbytes + misalign, dtype=torch.uint8, device="cuda")
+            buf[misalign:] = torch.from_numpy(np.ascontiguousarray(v).view(np.uint8)).cuda()
+            return buf, buf.data_ptr() + misalign
+
+        keep = [at(t[nm]) for nm in F.TENSOR_NAMES if nm in t]
+        ins = [xt.data_ptr()] + [ptr for _, ptr in keep]
+        ws = torch.full((K.workspace_bytes(a, m),), 0x7F, dtype=torch.uint8, device="cuda")
+        for tac in (1, 30, 31, 33, 34, 50, 60, 71, 72, 80, 81):
+            y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+            K.launch(a, "float16", m, ins, [y.data_ptr()], torch.cuda.current_stream().cuda_stream, tac,
+                     workspace=ws.data_ptr())
+            torch.cuda.synchronize()
+            got = y.cpu().numpy()
+            bad = got.view(np.uint16) != ref.view(np.uint16)
+            assert not bad.any(), f"tactic {tac} {m}x{k}x{n} bias={bias} misalign={misalign}: {bad.sum()} differ"
+
+
 @pytest.mark.parametrize("cap", [1, 3, 7])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_persistent_tactics_walk_many_tiles(cap, dtype):
