@@ -214,10 +214,10 @@ def test_launcher_tactics_and_workspace_without_gpu():
     # removed in round 3 (never within 3 % of the fastest tactic in rounds 1-2)
     assert not {2, 6, 7, 8, 24, 32, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 51, 52, 53, 54} & (set(small) | set(big)
                                                                                         | set(K.TACTICS))
-    assert {30, 31, 33, 34, 60, 71, 72, 73, 80, 81} <= set(small) & set(big)
+    assert {30, 31, 33, 34, 60, 71, 72, 73, 80, 81, 82} <= set(small) & set(big)
     for t, tail in ((60, "tp_64x64"),):  # split-M: config() gives the head kernel
         assert K.config(t)[0].name == "tp_128x128" and K.SPLIT_M[t][1] == tail and K.config(t)[1] == 1
-    for t in (30, 31, 33, 34, 71, 72, 80, 81):
+    for t in (30, 31, 33, 34, 71, 72, 80, 81, 82):
         cfg, splits = K.config(t)
         assert cfg.persistent and splits == 1 and cfg.smem == cfg.stages * (cfg.bm + cfg.bn) * K.BK
     for t, (name, splits) in ((50, ("tk_64x64", 2)),):

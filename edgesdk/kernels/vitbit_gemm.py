@@ -91,6 +91,7 @@ _C = {c.name: c for c in [
     # large tiles for the 16-SM context (round 7): 8 warps of 64 x 64, 144 KB (one block per SM, within Orin's 163 KB)
     Config("tp_256x128", 256, CoreSplit(128), 64, 64, 3, tc2=True, persistent=True),
     Config("tp_128x256", 128, CoreSplit(256), 64, 64, 3, tc2=True, persistent=True),
+    Config("tp_128x128w4s2", 128, CoreSplit(128), 64, 64, 2, tc2=True, persistent=True),
     Config("h128_tc128_i8", 128, CoreSplit(128, 8), 64, 32, 3),
     Config("h128_tc128_i8_f8", 128, CoreSplit(128, 8, 8), 64, 32, 3, tm=2),
     Config("h64_tc64_i8", 64, CoreSplit(64, 8), 32, 32, 4, tm=2),
@@ -143,6 +144,7 @@ TACTICS: dict[int, tuple[str, int]] = {
     # from L2 per mma than tp_128x128's 64 x 32 warps)
     80: ("tp_256x128", 1),
     81: ("tp_128x256", 1),
+    82: ("tp_128x128w4s2", 1),
     # (round 3 also measured 8 warps of 16 x 32 on a 64 x 64 tile as tp/tc2/tk tactics 38-40: 1.02-1.64x
     # slower than the best tactic everywhere, removed)
     # hybrids: tensor-core warps + INT-core (dp4a) and/or FP-core warps

@@ -1087,6 +1087,7 @@ VITBIT_TP(tp_64x32, 64, 32, 16, 32, 4, 4)        // small M: 4 warps of 16x32, 4
 VITBIT_TP(tp_32x32, 32, 32, 16, 32, 4, 6)        // small M: 2 warps of 16x32, 32 KB
 VITBIT_TP(tp_256x128, 256, 128, 64, 64, 3, 1)   // 8 warps of 64x64, 144 KB: 1 block per SM
 VITBIT_TP(tp_128x256, 128, 256, 64, 64, 3, 1)   // 8 warps of 64x64, 144 KB: 1 block per SM
+VITBIT_TP(tp_128x128w4s2, 128, 128, 64, 64, 2, 2)  // 4 warps of 64x64, 2 stages, 64 KB: 2 blocks per SM on Orin too
 
 // ------------------------------------------------------------------------------------------------
 // Tensor-core-only GEMM with in-kernel split-K ("tk", for small M): grid (N tiles, M tiles, S); block z

@@ -83,7 +83,7 @@ def test_every_tactic_bit_exact(lead, k, n, dtype):
     m = int(np.prod(lead))
     tactics = K.valid_tactics(p.node_attributes(), m)
     assert 1 in tactics and len(tactics) >= 10 + 5 * (k > 128)  # split-K needs >= 2 k-tiles
-    assert {1, 3, 9, 25, 28, 29, 30, 31, 33, 34, 71, 72, 73, 80, 81} <= set(tactics)
+    assert {1, 3, 9, 25, 28, 29, 30, 31, 33, 34, 71, 72, 73, 80, 81, 82} <= set(tactics)
     if k > 128:
         assert 50 in tactics  # in-kernel split-K needs 2 k-tiles
     for t in tactics:
@@ -150,11 +150,11 @@ def test_gelu_tight_tolerance(dtype):
     x = _x_full_range(rng, (150, 256), p.x_scale, dtype)
     ref = R.vitbit_gemm(x, p).astype(np.float64)
     tol = dict(rtol=2e-3, atol=1e-3) if dtype == np.float16 else dict(rtol=2e-6, atol=2e-6)
-    for t in (1, 3, 5, 9, 11, 15, 17, 22, 25, 27, 28, 29, 30, 31, 33, 34, 50, 71, 72, 73, 80, 81):
+    for t in (1, 3, 5, 9, 11, 15, 17, 22, 25, 27, 28, 29, 30, 31, 33, 34, 50, 71, 72, 73, 80, 81, 82):
         np.testing.assert_allclose(run(p, x, t).astype(np.float64), ref, **tol)
 
 
-PERSISTENT = (30, 31, 33, 34, 60, 71, 72, 80, 81)  # 60: split-M (head tp_128x128 + tail tp_64x64)
+PERSISTENT = (30, 31, 33, 34, 60, 71, 72, 80, 81, 82)  # 60: split-M (head tp_128x128 + tail tp_64x64)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -174,13 +174,13 @@ def test_register_epilogue_paths(bias, misalign):
 
         def at(v):  # a device copy of v starting `misalign` bytes past a 256-byte boundary
             buf = torch.zeros(v.nbytes + misalign, dtype=torch.uint8, device="cuda")
-            buf[misalign:] = torch.from_numpy(np.ascontiguousarray(v).view(np.uint8)).cuda()
+            buf[misalign:] = torch.from_numpy(np.ascontiguousarray(v).reshape(-1).view(np.uint8)).cuda()
             return buf, buf.data_ptr() + misalign
 
         keep = [at(t[nm]) for nm in F.TENSOR_NAMES if nm in t]
         ins = [xt.data_ptr()] + [ptr for _, ptr in keep]
         ws = torch.full((K.workspace_bytes(a, m),), 0x7F, dtype=torch.uint8, device="cuda")
-        for tac in (1, 30, 31, 33, 34, 50, 60, 71, 72, 80, 81):
+        for tac in (1, 30, 31, 33, 34, 50, 60, 71, 72, 80, 81, 82):
             y = torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
             K.launch(a, "float16", m, ins, [y.data_ptr()], torch.cuda.current_stream().cuda_stream, tac,
                      workspace=ws.data_ptr())
