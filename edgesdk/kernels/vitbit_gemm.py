@@ -184,7 +184,10 @@ def auto_tactic(n: int, k: int, m: int, sms: int) -> int:
     (bench/results/vitbit_gemm_r6_small_*.json): with r < 0.5 (M = 197 on 132 SMs: r = 0.09-0.36) 32-row
     tiles beat them by 1.02-1.19x (tp_32x32 at K = 768, tc2_32x64 at K = 3072; also faster than round 3's
     in-kernel split-K tk_64x64 there, which the rule no longer picks), while at r = 0.75 (M = 197 on 16 SMs)
-    they are 1.2-1.4x slower."""
+    they are 1.2-1.4x slower. Round 7 (bench/results/vitbit_gemm_r7_*.json, vitbit_gemm_explore_*.json): with the
+    compact fp16 epilogue, tp_128x128w4s2 (82: 4 warps of 64 x 64, 2 stages, 64 KB, two blocks per SM on Orin as on
+    the H100) is the fastest or within 1 % of it where tp_128x128 (30) was the choice; 30 (96 KB) holds only one
+    block per SM on Orin's 164 KB."""
     r = -(-m // 128) * -(-n // 128) / max(1, sms)
     kt = -(-k_padded(k) // BK)
     if r < 0.5:
@@ -193,7 +196,7 @@ def auto_tactic(n: int, k: int, m: int, sms: int) -> int:
         return 33 if kt <= 8 else 3
     if kt > 8 and r < 4:
         return 29
-    return 30
+    return 82
 
 
 def config(tactic: int, bits: int = 8) -> tuple[Config, int]:

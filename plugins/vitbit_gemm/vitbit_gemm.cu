@@ -966,7 +966,8 @@ __device__ __forceinline__ void regs_epilogue_h(const Out& o, const R& tc, int m
 }
 
 // Which register epilogue a launch takes (uniform): 0-3 = regs_epilogue_h<bias, gelu> (fp16 Y, aligned, N % 8 == 0),
-// 4 = the generic regs_epilogue.
+// 4 = the generic regs_epilogue. Kernels built without FAST_GELU take the generic one for GELU layers (2, 3): in
+// tp_128x128 the GELU copies of the compact epilogue would push the loop past its 128-register cap (spills).
 __device__ __forceinline__ int epilogue_mode(const Out& o) {
   const bool fast = (o.flags & FLAG_HALF) && !(o.N & 7) && !(reinterpret_cast<size_t>(o.y) & 15) &&
                     !(reinterpret_cast<size_t>(o.w_scale) & 7) &&
@@ -974,17 +975,23 @@ __device__ __forceinline__ int epilogue_mode(const Out& o) {
   return fast ? ((o.flags & FLAG_BIAS) ? 1 : 0) + ((o.flags & FLAG_GELU) ? 2 : 0) : 4;
 }
 
-template <class R>
+template <bool FAST_GELU, class R>
 __device__ __forceinline__ void regs_epilogue_any(int mode, const Out& o, const R& tc, int m0, int n0, int wm0,
                                                   int wn0, int lane) {
-  switch (mode) {
-    case 0: regs_epilogue_h<false, false>(o, tc, m0, n0, wm0, wn0, lane); break;
-    case 1: regs_epilogue_h<true, false>(o, tc, m0, n0, wm0, wn0, lane); break;
-    default: regs_epilogue(o, tc, m0, n0, wm0, wn0, lane);
+  if (mode == 0) {
+    regs_epilogue_h<false, false>(o, tc, m0, n0, wm0, wn0, lane);
+  } else if (mode == 1) {
+    regs_epilogue_h<true, false>(o, tc, m0, n0, wm0, wn0, lane);
+  } else if (FAST_GELU && mode == 2) {
+    regs_epilogue_h<false, true>(o, tc, m0, n0, wm0, wn0, lane);
+  } else if (FAST_GELU && mode == 3) {
+    regs_epilogue_h<true, true>(o, tc, m0, n0, wm0, wn0, lane);
+  } else {
+    regs_epilogue(o, tc, m0, n0, wm0, wn0, lane);
   }
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES>
+template <int BM, int BN, int WM, int WN, int STAGES, bool FAST_GELU>
 __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __restrict__ W, const Out& o,
                                         int Kp) {
   typedef Tc2Cfg<BM, BN, WM, WN, STAGES> C;
@@ -1061,7 +1068,7 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
     tc.compute(smem + (s % STAGES) * C::STAGE_BYTES, wm0, wn0, lane);
     if (++kt < KT) continue;
     // Tile done: epilogue from registers while the next tile's first stages are being copied.
-    regs_epilogue_any(emode, o, tc, (tile / tiles_n) * BM, (tile % tiles_n) * BN, wm0, wn0, lane);
+    regs_epilogue_any<FAST_GELU>(emode, o, tc, (tile / tiles_n) * BM, (tile % tiles_n) * BN, wm0, wn0, lane);
     tc.zero();
     kt = 0;
     tile += gridDim.x;
@@ -1069,25 +1076,25 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
   cp_async_wait<0>();
 }
 
-// name, BM, BN, WM, WN, STAGES, min blocks per SM
-#define VITBIT_TP(NAME, BM, BN, WM, WN, ST, MINB)                                                             \
+// name, BM, BN, WM, WN, STAGES, min blocks per SM, compact GELU epilogue (FAST_GELU)
+#define VITBIT_TP(NAME, BM, BN, WM, WN, ST, MINB, FG)                                                           \
   extern "C" __global__ void __launch_bounds__(Tc2Cfg<BM, BN, WM, WN, ST>::THREADS, MINB)                      \
       vitbit_gemm_##NAME(const s8* __restrict__ A, const s8* __restrict__ W, void* y, int* partial,           \
                          const float* __restrict__ w_scale, const float* __restrict__ bias, float x_scale,     \
                          int flags, int M, int N, int Kp, int kt_per_split) {                                  \
     Out o{y, nullptr, w_scale, bias, x_scale, flags, M, N};                                                    \
-    tp_body<BM, BN, WM, WN, ST>(A, W, o, Kp);                                                                  \
+    tp_body<BM, BN, WM, WN, ST, FG>(A, W, o, Kp);                                                              \
   }
 
-VITBIT_TP(tp_128x128, 128, 128, 64, 32, 3, 2)    // 8 warps of 64x32, 96 KB: 2 blocks per SM (H100)
-VITBIT_TP(tp_64x128, 64, 128, 64, 32, 3, 3)      // 4 warps of 64x32, 72 KB: 3 blocks per SM
-VITBIT_TP(tp_64x64, 64, 64, 32, 32, 4, 3)        // 4 warps of 32x32, 64 KB: 3 blocks per SM
-VITBIT_TP(tp_128x128w4, 128, 128, 64, 64, 3, 2)  // 4 warps of 64x64 (fewer ldmatrix per mma), 96 KB
-VITBIT_TP(tp_64x32, 64, 32, 16, 32, 4, 4)        // small M: 4 warps of 16x32, 48 KB
-VITBIT_TP(tp_32x32, 32, 32, 16, 32, 4, 6)        // small M: 2 warps of 16x32, 32 KB
-VITBIT_TP(tp_256x128, 256, 128, 64, 64, 3, 1)   // 8 warps of 64x64, 144 KB: 1 block per SM
-VITBIT_TP(tp_128x256, 128, 256, 64, 64, 3, 1)   // 8 warps of 64x64, 144 KB: 1 block per SM
-VITBIT_TP(tp_128x128w4s2, 128, 128, 64, 64, 2, 2)  // 4 warps of 64x64, 2 stages, 64 KB: 2 blocks per SM on Orin too
+VITBIT_TP(tp_128x128, 128, 128, 64, 32, 3, 2, 0)    // 8 warps of 64x32, 96 KB: 2 blocks per SM (H100)
+VITBIT_TP(tp_64x128, 64, 128, 64, 32, 3, 3, 1)      // 4 warps of 64x32, 72 KB: 3 blocks per SM
+VITBIT_TP(tp_64x64, 64, 64, 32, 32, 4, 3, 1)        // 4 warps of 32x32, 64 KB: 3 blocks per SM
+VITBIT_TP(tp_128x128w4, 128, 128, 64, 64, 3, 2, 1)  // 4 warps of 64x64 (fewer ldmatrix per mma), 96 KB
+VITBIT_TP(tp_64x32, 64, 32, 16, 32, 4, 4, 1)        // small M: 4 warps of 16x32, 48 KB
+VITBIT_TP(tp_32x32, 32, 32, 16, 32, 4, 6, 1)        // small M: 2 warps of 16x32, 32 KB
+VITBIT_TP(tp_256x128, 256, 128, 64, 64, 3, 1, 1)   // 8 warps of 64x64, 144 KB: 1 block per SM
+VITBIT_TP(tp_128x256, 128, 256, 64, 64, 3, 1, 1)   // 8 warps of 64x64, 144 KB: 1 block per SM
+VITBIT_TP(tp_128x128w4s2, 128, 128, 64, 64, 2, 2, 1)  // 4 warps of 64x64, 2 stages, 64 KB: 2 blocks per SM on Orin too
 
 // ------------------------------------------------------------------------------------------------
 // Tensor-core-only GEMM with in-kernel split-K ("tk", for small M): grid (N tiles, M tiles, S); block z
@@ -1154,7 +1161,7 @@ __device__ __forceinline__ void tk_body(const s8* __restrict__ A, const s8* __re
         }
     }
   }
-  regs_epilogue_any(epilogue_mode(o), o, tc, m0, n0, wm0, wn0, lane);
+  regs_epilogue_any<true>(epilogue_mode(o), o, tc, m0, n0, wm0, wn0, lane);
 }
 
 // name, BM, BN, WM, WN, STAGES, min blocks per SM

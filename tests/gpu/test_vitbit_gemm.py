@@ -162,7 +162,8 @@ PERSISTENT = (30, 31, 33, 34, 60, 71, 72, 80, 81, 82)  # 60: split-M (head tp_12
 def test_register_epilogue_paths(bias, misalign):
     """The persistent and in-kernel split-K tactics finish fp16 Y with a compact epilogue where N % 8 == 0 and
     Y / w_scale / bias are aligned (bias fixed at compile time), else with the generic one: both bit-exact, with
-    and without bias; ``misalign`` = 4 puts w_scale and bias 4 bytes off an 8-byte boundary (generic path)."""
+    and without bias; ``misalign`` = 4 puts w_scale and bias 4 bytes off an 8-byte boundary (generic path). GELU
+    layers take the compact epilogue too (except in tp_128x128): test_gelu_tight_tolerance covers them."""
     rng = np.random.default_rng(17 + bias + misalign)
     for (m, k, n) in [(261, 200, 96), (130, 768, 264), (77, 48, 520)]:
         p = _layer(rng, n, k, bias=bias)
@@ -172,12 +173,13 @@ def test_register_epilogue_paths(bias, misalign):
         t = p.to_tensors()
         xt = torch.from_numpy(x).cuda()
 
-        def at(v):  # a device copy of v starting `misalign` bytes past a 256-byte boundary
-            buf = torch.zeros(v.nbytes + misalign, dtype=torch.uint8, device="cuda")
-            buf[misalign:] = torch.from_numpy(np.ascontiguousarray(v).reshape(-1).view(np.uint8)).cuda()
-            return buf, buf.data_ptr() + misalign
+        def at(v, off):  # a device copy of v starting `off` bytes past a 256-byte boundary
+            buf = torch.zeros(v.nbytes + off, dtype=torch.uint8, device="cuda")
+            buf[off:] = torch.from_numpy(np.ascontiguousarray(v).reshape(-1).view(np.uint8)).cuda()
+            return buf, buf.data_ptr() + off
 
-        keep = [at(t[nm]) for nm in F.TENSOR_NAMES if nm in t]
+        # the weight rows stay 16-byte aligned (cp.async): only w_scale and bias move
+        keep = [at(t[nm], 0 if nm == "weight" else misalign) for nm in F.TENSOR_NAMES if nm in t]
         ins = [xt.data_ptr()] + [ptr for _, ptr in keep]
         ws = torch.full((K.workspace_bytes(a, m),), 0x7F, dtype=torch.uint8, device="cuda")
         for tac in (1, 30, 31, 33, 34, 50, 60, 71, 72, 80, 81, 82):
