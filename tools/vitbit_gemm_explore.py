@@ -27,6 +27,7 @@ import argparse
 import concurrent.futures
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -61,10 +62,10 @@ def orin_blocks(regs: int, threads: int, smem: int) -> int:
 
 def ablated_source(src: str) -> str:
     """The plugin source with the persistent kernels' epilogue skipped at run time (timing only)."""
-    call = "regs_epilogue_any(emode, o, tc, (tile / tiles_n) * BM"
-    if src.count(call) != 1:
+    calls = re.findall(r"regs_epilogue_any(?:<\w+>)?\(emode, o, tc, \(tile / tiles_n\) \* BM", src)
+    if len(calls) != 1:
         raise RuntimeError("the persistent epilogue call was not found once in the plugin source: update the tool")
-    return src.replace(call, "if (o.M < 0) " + call)
+    return src.replace(calls[0], "if (o.M < 0) " + calls[0])
 
 
 def _bench_module():
