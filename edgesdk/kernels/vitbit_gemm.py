@@ -88,9 +88,10 @@ _C = {c.name: c for c in [
     Config("tc2_32x64", 32, CoreSplit(64), 16, 32, 4, tc2=True),
     Config("tp_64x32", 64, CoreSplit(32), 16, 32, 4, tc2=True, persistent=True),
     Config("tp_32x32", 32, CoreSplit(32), 16, 32, 4, tc2=True, persistent=True),
-    # large tiles for the 16-SM context (round 7): 8 warps of 64 x 64, 144 KB (one block per SM, within Orin's 163 KB)
+    # round 7, warps of 64 x 64: 8 warps, 144 KB (one block per SM, within Orin's 163 KB per block) ...
     Config("tp_256x128", 256, CoreSplit(128), 64, 64, 3, tc2=True, persistent=True),
     Config("tp_128x256", 128, CoreSplit(256), 64, 64, 3, tc2=True, persistent=True),
+    # ... and 4 warps with 2 stages, 64 KB: two blocks per SM on the H100 and on Orin (the default for large M)
     Config("tp_128x128w4s2", 128, CoreSplit(128), 64, 64, 2, tc2=True, persistent=True),
     Config("h128_tc128_i8", 128, CoreSplit(128, 8), 64, 32, 3),
     Config("h128_tc128_i8_f8", 128, CoreSplit(128, 8, 8), 64, 32, 3, tm=2),
@@ -140,8 +141,9 @@ TACTICS: dict[int, tuple[str, int]] = {
     71: ("tp_64x32", 1),
     72: ("tp_32x32", 1),
     73: ("tc2_32x64", 1),
-    # tensor cores only, persistent, large tiles of 8 warps of 64 x 64 (round 7: fewer ldmatrix and fewer bytes
-    # from L2 per mma than tp_128x128's 64 x 32 warps)
+    # tensor cores only, persistent, warps of 64 x 64 (round 7: fewer ldmatrix per mma than tp_128x128's 64 x 32
+    # warps): 80, 81 large tiles of 8 warps; 82 tp_128x128w4 (34) with 2 stages (measured fastest at large M,
+    # bench/results/vitbit_gemm_r7_*.json)
     80: ("tp_256x128", 1),
     81: ("tp_128x256", 1),
     82: ("tp_128x128w4s2", 1),

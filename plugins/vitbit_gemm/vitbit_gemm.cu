@@ -1086,7 +1086,7 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
     tp_body<BM, BN, WM, WN, ST, FG>(A, W, o, Kp);                                                              \
   }
 
-VITBIT_TP(tp_128x128, 128, 128, 64, 32, 3, 2, 0)    // 8 warps of 64x32, 96 KB: 2 blocks per SM (H100)
+VITBIT_TP(tp_128x128, 128, 128, 64, 32, 3, 2, 0)    // 8 warps of 64x32, 96 KB: 2 blocks per SM (H100); no GELU copies (128 regs)
 VITBIT_TP(tp_64x128, 64, 128, 64, 32, 3, 3, 1)      // 4 warps of 64x32, 72 KB: 3 blocks per SM
 VITBIT_TP(tp_64x64, 64, 64, 32, 32, 4, 3, 1)        // 4 warps of 32x32, 64 KB: 3 blocks per SM
 VITBIT_TP(tp_128x128w4, 128, 128, 64, 64, 3, 2, 1)  // 4 warps of 64x64 (fewer ldmatrix per mma), 96 KB
