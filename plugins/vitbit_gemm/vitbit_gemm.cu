@@ -67,13 +67,45 @@ __device__ __forceinline__ float s8_to_f32(u32 vx /* v ^ 0x80808080 */, int b) {
 }
 __device__ __forceinline__ int s8_at(u32 v, int b) { return (int)(s8)(v >> (8 * b)); }
 
+// GELU. fp32 Y: 0.5 y (1 + erff(y / sqrt 2)). fp16 Y (round 8): gelu_h, y * Phi(y) from one ex2:
+//   Phi(-t) = 2^(S(t') - t^2 log2(e) / 2),  t = |y|,  t' = min(t, 5.9),  Phi(y) = Phi(-t) if y < 0 else 1 - Phi(-t)
+// S is a degree-7 fit of log2(Phi(-t)) + t^2 log2(e) / 2 on [0, 5.9] (tools/fit_gelu_poly.py: least squares
+// reweighted toward minimax). Its relative error on Phi(-t) is below 4e-6, so there is no cancellation in the
+// negative tail, where 1 + erff(y / sqrt 2) loses its digits (erff's absolute error ~6e-8 against 1 + erf ~ 6e-7
+// at y = -5). Past 5.9, S(5.9) is kept and -t^2 carries the decay (|y| Phi(-t) < 2e-8 there: fp16 -0 for y < 0,
+// y for y > 0); +-inf and NaN give what the erf form gives (inf, NaN, NaN). Checked on the CPU against float64 erf
+// (tests/test_vitbit_gemm_gelu.py reads the coefficients from this file): the fp16 of the result is never more than
+// 1 ulp from the correctly rounded GELU. 14 SASS instructions against about 23 for the erff form.
+__device__ __forceinline__ float gelu_erf(float y) { return 0.5f * y * (1.0f + erff(y * 0.70710678118654752f)); }
+
+__device__ __forceinline__ float gelu_h(float y) {
+  const float t = fminf(fabsf(y), 5.9f);  // GELU_H_CLAMP
+  // GELU_H_COEFFS begin (S, highest degree first)
+  float s = -1.832959469538764e-06f;
+  s = fmaf(s, t, 6.156673043733463e-05f);
+  s = fmaf(s, t, -0.0009303175029344857f);
+  s = fmaf(s, t, 0.008507231250405312f);
+  s = fmaf(s, t, -0.05395901948213577f);
+  s = fmaf(s, t, 0.2628823518753052f);
+  s = fmaf(s, t, -1.1512508392333984f);
+  s = fmaf(s, t, -0.9999952912330627f);
+  // GELU_H_COEFFS end
+  const float p = fmaf(y * y, -0.72134752044448170f, s);  // - log2(e) / 2
+  float q;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(q) : "f"(p));
+  return y * (y < 0.f ? q : 1.0f - q);
+}
+
+// The GELU of a value headed for Y of this launch's type (fp16: gelu_h; fp32: the erff form).
+__device__ __forceinline__ float gelu_y(float y, int flags) { return (flags & FLAG_HALF) ? gelu_h(y) : gelu_erf(y); }
+
 // Epilogue for one output element; every step rounds exactly like numpy (reference module).
 __device__ __forceinline__ float dequant(int acc, int col, const float* __restrict__ w_scale,
                                         const float* __restrict__ bias, float x_scale, int flags) {
   float alpha = __fmul_rn(x_scale, __ldg(w_scale + col));
   float y = __fmul_rn(__int2float_rn(acc), alpha);
   if (flags & FLAG_BIAS) y = __fadd_rn(y, __ldg(bias + col));
-  if (flags & FLAG_GELU) y = 0.5f * y * (1.0f + erff(y * 0.70710678118654752f));
+  if (flags & FLAG_GELU) y = gelu_y(y, flags);
   return y;
 }
 
@@ -104,7 +136,7 @@ struct Out {
   __device__ __forceinline__ float deq(int acc, float2 cc) const {
     float y = __fmul_rn(__int2float_rn(acc), cc.x);
     if (flags & FLAG_BIAS) y = __fadd_rn(y, cc.y);
-    if (flags & FLAG_GELU) y = 0.5f * y * (1.0f + erff(y * 0.70710678118654752f));
+    if (flags & FLAG_GELU) y = gelu_y(y, flags);
     return y;
   }
   // Two adjacent columns (col even): one 4- or 8-byte store when both are in range and N is even.
@@ -622,7 +654,7 @@ __device__ __forceinline__ void put8(const Out& o, int row, int col, const int* 
   }
   if (o.flags & FLAG_GELU) {
 #pragma unroll
-    for (int e = 0; e < 8; e++) y[e] = 0.5f * y[e] * (1.0f + erff(y[e] * 0.70710678118654752f));
+    for (int e = 0; e < 8; e++) y[e] = gelu_y(y[e], o.flags);
   }
   if (o.flags & FLAG_HALF) {
     __half* p = reinterpret_cast<__half*>(o.y) + i;
@@ -844,7 +876,7 @@ __device__ __forceinline__ void put8c(const Out& o, int row, int col, const int2
   }
   if (o.flags & FLAG_GELU) {
 #pragma unroll
-    for (int e = 0; e < 8; e++) y[e] = 0.5f * y[e] * (1.0f + erff(y[e] * 0.70710678118654752f));
+    for (int e = 0; e < 8; e++) y[e] = gelu_y(y[e], o.flags);
   }
   if (o.flags & FLAG_HALF) {
     __half* p = reinterpret_cast<__half*>(o.y) + i;
@@ -916,8 +948,6 @@ __device__ __forceinline__ void regs_epilogue(const Out& o, const R& tc, int m0,
 // w_scale / bias 8-byte aligned (pairs loaded as float2): epilogue_mode() checks, once per launch. The generic
 // regs_epilogue (runtime flags, branches and GELU code in each of its put8c copies) issued about as many
 // instructions as the main loop at K = 768, and its code size made tp_128x128w4 wait on instruction fetch (ncu).
-__device__ __forceinline__ float gelu_erf(float y) { return 0.5f * y * (1.0f + erff(y * 0.70710678118654752f)); }
-
 template <bool BIAS, bool GELU, class R>
 __device__ __forceinline__ void regs_epilogue_h(const Out& o, const R& tc, int m0, int n0, int wm0, int wn0,
                                                 int lane) {
@@ -952,8 +982,8 @@ __device__ __forceinline__ void regs_epilogue_h(const Out& o, const R& tc, int m
             y1 = __fadd_rn(y1, bi[j].y);
           }
           if (GELU) {
-            y0 = gelu_erf(y0);
-            y1 = gelu_erf(y1);
+            y0 = gelu_h(y0);
+            y1 = gelu_h(y1);
           }
           __half2 hh = __halves2half2(__float2half_rn(y0), __float2half_rn(y1));
           q[j] = *reinterpret_cast<u32*>(&hh);
@@ -966,8 +996,7 @@ __device__ __forceinline__ void regs_epilogue_h(const Out& o, const R& tc, int m
 }
 
 // Which register epilogue a launch takes (uniform): 0-3 = regs_epilogue_h<bias, gelu> (fp16 Y, aligned, N % 8 == 0),
-// 4 = the generic regs_epilogue. Kernels built without FAST_GELU take the generic one for GELU layers (2, 3): in
-// tp_128x128 the GELU copies of the compact epilogue would push the loop past its 128-register cap (spills).
+// 4 = the generic regs_epilogue.
 __device__ __forceinline__ int epilogue_mode(const Out& o) {
   const bool fast = (o.flags & FLAG_HALF) && !(o.N & 7) && !(reinterpret_cast<size_t>(o.y) & 15) &&
                     !(reinterpret_cast<size_t>(o.w_scale) & 7) &&
@@ -975,23 +1004,23 @@ __device__ __forceinline__ int epilogue_mode(const Out& o) {
   return fast ? ((o.flags & FLAG_BIAS) ? 1 : 0) + ((o.flags & FLAG_GELU) ? 2 : 0) : 4;
 }
 
-template <bool FAST_GELU, class R>
+template <class R>
 __device__ __forceinline__ void regs_epilogue_any(int mode, const Out& o, const R& tc, int m0, int n0, int wm0,
                                                   int wn0, int lane) {
   if (mode == 0) {
     regs_epilogue_h<false, false>(o, tc, m0, n0, wm0, wn0, lane);
   } else if (mode == 1) {
     regs_epilogue_h<true, false>(o, tc, m0, n0, wm0, wn0, lane);
-  } else if (FAST_GELU && mode == 2) {
+  } else if (mode == 2) {
     regs_epilogue_h<false, true>(o, tc, m0, n0, wm0, wn0, lane);
-  } else if (FAST_GELU && mode == 3) {
+  } else if (mode == 3) {
     regs_epilogue_h<true, true>(o, tc, m0, n0, wm0, wn0, lane);
   } else {
     regs_epilogue(o, tc, m0, n0, wm0, wn0, lane);
   }
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES, bool FAST_GELU>
+template <int BM, int BN, int WM, int WN, int STAGES>
 __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __restrict__ W, const Out& o,
                                         int Kp) {
   typedef Tc2Cfg<BM, BN, WM, WN, STAGES> C;
@@ -1068,7 +1097,7 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
     tc.compute(smem + (s % STAGES) * C::STAGE_BYTES, wm0, wn0, lane);
     if (++kt < KT) continue;
     // Tile done: epilogue from registers while the next tile's first stages are being copied.
-    regs_epilogue_any<FAST_GELU>(emode, o, tc, (tile / tiles_n) * BM, (tile % tiles_n) * BN, wm0, wn0, lane);
+    regs_epilogue_any(emode, o, tc, (tile / tiles_n) * BM, (tile % tiles_n) * BN, wm0, wn0, lane);
     tc.zero();
     kt = 0;
     tile += gridDim.x;
@@ -1076,25 +1105,25 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
   cp_async_wait<0>();
 }
 
-// name, BM, BN, WM, WN, STAGES, min blocks per SM, compact GELU epilogue (FAST_GELU)
-#define VITBIT_TP(NAME, BM, BN, WM, WN, ST, MINB, FG)                                                           \
+// name, BM, BN, WM, WN, STAGES, min blocks per SM
+#define VITBIT_TP(NAME, BM, BN, WM, WN, ST, MINB)                                                               \
   extern "C" __global__ void __launch_bounds__(Tc2Cfg<BM, BN, WM, WN, ST>::THREADS, MINB)                      \
       vitbit_gemm_##NAME(const s8* __restrict__ A, const s8* __restrict__ W, void* y, int* partial,           \
                          const float* __restrict__ w_scale, const float* __restrict__ bias, float x_scale,     \
                          int flags, int M, int N, int Kp, int kt_per_split) {                                  \
     Out o{y, nullptr, w_scale, bias, x_scale, flags, M, N};                                                    \
-    tp_body<BM, BN, WM, WN, ST, FG>(A, W, o, Kp);                                                              \
+    tp_body<BM, BN, WM, WN, ST>(A, W, o, Kp);                                                                  \
   }
 
-VITBIT_TP(tp_128x128, 128, 128, 64, 32, 3, 2, 0)    // 8 warps of 64x32, 96 KB: 2 blocks per SM (H100); no GELU copies (128 regs)
-VITBIT_TP(tp_64x128, 64, 128, 64, 32, 3, 3, 1)      // 4 warps of 64x32, 72 KB: 3 blocks per SM
-VITBIT_TP(tp_64x64, 64, 64, 32, 32, 4, 3, 1)        // 4 warps of 32x32, 64 KB: 3 blocks per SM
-VITBIT_TP(tp_128x128w4, 128, 128, 64, 64, 3, 2, 1)  // 4 warps of 64x64 (fewer ldmatrix per mma), 96 KB
-VITBIT_TP(tp_64x32, 64, 32, 16, 32, 4, 4, 1)        // small M: 4 warps of 16x32, 48 KB
-VITBIT_TP(tp_32x32, 32, 32, 16, 32, 4, 6, 1)        // small M: 2 warps of 16x32, 32 KB
-VITBIT_TP(tp_256x128, 256, 128, 64, 64, 3, 1, 1)   // 8 warps of 64x64, 144 KB: 1 block per SM
-VITBIT_TP(tp_128x256, 128, 256, 64, 64, 3, 1, 1)   // 8 warps of 64x64, 144 KB: 1 block per SM
-VITBIT_TP(tp_128x128w4s2, 128, 128, 64, 64, 2, 2, 1)  // 4 warps of 64x64, 2 stages, 64 KB: 2 blocks per SM on Orin too
+VITBIT_TP(tp_128x128, 128, 128, 64, 32, 3, 2)    // 8 warps of 64x32, 96 KB: 2 blocks per SM (H100)
+VITBIT_TP(tp_64x128, 64, 128, 64, 32, 3, 3)      // 4 warps of 64x32, 72 KB: 3 blocks per SM
+VITBIT_TP(tp_64x64, 64, 64, 32, 32, 4, 3)        // 4 warps of 32x32, 64 KB: 3 blocks per SM
+VITBIT_TP(tp_128x128w4, 128, 128, 64, 64, 3, 2)  // 4 warps of 64x64 (fewer ldmatrix per mma), 96 KB
+VITBIT_TP(tp_64x32, 64, 32, 16, 32, 4, 4)        // small M: 4 warps of 16x32, 48 KB
+VITBIT_TP(tp_32x32, 32, 32, 16, 32, 4, 6)        // small M: 2 warps of 16x32, 32 KB
+VITBIT_TP(tp_256x128, 256, 128, 64, 64, 3, 1)   // 8 warps of 64x64, 144 KB: 1 block per SM
+VITBIT_TP(tp_128x256, 128, 256, 64, 64, 3, 1)   // 8 warps of 64x64, 144 KB: 1 block per SM
+VITBIT_TP(tp_128x128w4s2, 128, 128, 64, 64, 2, 2)  // 4 warps of 64x64, 2 stages, 64 KB: 2 blocks per SM on Orin too
 
 // ------------------------------------------------------------------------------------------------
 // Tensor-core-only GEMM with in-kernel split-K ("tk", for small M): grid (N tiles, M tiles, S); block z
@@ -1161,7 +1190,7 @@ __device__ __forceinline__ void tk_body(const s8* __restrict__ A, const s8* __re
         }
     }
   }
-  regs_epilogue_any<true>(epilogue_mode(o), o, tc, m0, n0, wm0, wn0, lane);
+  regs_epilogue_any(epilogue_mode(o), o, tc, m0, n0, wm0, wn0, lane);
 }
 
 // name, BM, BN, WM, WN, STAGES, min blocks per SM
