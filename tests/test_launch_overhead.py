@@ -222,12 +222,16 @@ def test_vitbit_one_off_gemm_matches_the_planned_launch(stub):
 
 
 def test_vitbit_default_tactic_and_inkernel_splitk_plans(stub):
-    """Tactic 1 resolves per shape (here: M = 19, K = 520 on 132 SMs -> persistent tp_32x32, grid = its tiles);
-    the in-kernel split-K tactics launch two kernels, the quantize kernel zeroing the tile counters, which
-    lie after the partials region (where no tactic writes partials)."""
+    """Tactic 1 resolves per shape (here: M = 19, K = 520 on 132 SMs -> persistent tp_32x32, grid = its tiles;
+    its GELU build for this GELU layer, the build without GELU code otherwise); the in-kernel split-K tactics
+    launch two kernels, the quantize kernel zeroing the tile counters, which lie after the partials region
+    (where no tactic writes partials)."""
     ws = 0x60000
-    K.launch(VB, "float16", 19, [0x10000, 0x20000, 0x30000, 0x40000], [0x50000], 0, 1, workspace=ws)
+    K.launch(dict(VB, gelu=0), "float16", 19, [0x10000, 0x20000, 0x30000, 0x40000], [0x50000], 0, 1, workspace=ws)
     assert [s["name"] for s in stub.seen] == ["vitbit_quantize_f16", "vitbit_gemm_tp_32x32"]
+    stub.seen.clear()
+    K.launch(VB, "float16", 19, [0x10000, 0x20000, 0x30000, 0x40000], [0x50000], 0, 1, workspace=ws)
+    assert [s["name"] for s in stub.seen] == ["vitbit_quantize_f16", "vitbit_gemm_tp_32x32_gelu"]
     assert stub.seen[1]["grid"] == (-(-300 // 32), 1, 1)  # 10 tiles < 2 blocks/SM x 132 SMs
     kp, kt = k_padded(520), -(-k_padded(520) // K.BK)
     part = ws + K._xq_bytes(19, 520)
@@ -236,7 +240,7 @@ def test_vitbit_default_tactic_and_inkernel_splitk_plans(stub):
     for tactic, name, bn, splits in ((50, "tk_64x64", 64, 2),):  # kt = 5: 3 + 2
         stub.seen.clear()
         K.launch(VB, "float16", 19, [0x10000, 0x20000, 0x30000, 0x40000], [0x50000], 0, tactic, workspace=ws)
-        assert [s["name"] for s in stub.seen] == ["vitbit_quantize_f16", f"vitbit_gemm_{name}"]
+        assert [s["name"] for s in stub.seen] == ["vitbit_quantize_f16", f"vitbit_gemm_{name}_gelu"]
         g = stub.seen[1]
         tiles = -(-300 // bn)
         assert g["grid"] == (tiles, 1, splits) and g["args"][11] == -(-kt // splits) and g["args"][3] == part
@@ -257,7 +261,7 @@ def test_vitbit_split_m_plans_head_and_tail(stub, tactic, tail):
     a = K.validate_attributes(VB)
     kp = k_padded(k)
     head, tl = K._C["tp_128x128"], K._C[tail]
-    slots = K.persistent_grid(K._kernel("vitbit_gemm_tp_128x128"), head, 1 << 30)
+    slots = K.persistent_grid(K._kernel(K.kernel_name(head, True)), head, 1 << 30)
     mh = K.split_m_rows(slots, m, n)
     assert 0 < mh < m  # this shape has both parts on the stub's 132 SMs
     ins, y, ws = [0x10000, 0x20000, 0x30000, 0x40000], 0x500000, 0x6000000
@@ -266,7 +270,7 @@ def test_vitbit_split_m_plans_head_and_tail(stub, tactic, tail):
         stub.seen.clear()
         K.launch(VB, "float16", m, [p + shift for p in ins], [y + shift], 0, tactic, workspace=ws + shift)
         names = [s["name"] for s in stub.seen]
-        assert names == ["vitbit_quantize_f16", "vitbit_gemm_tp_128x128", f"vitbit_gemm_{tail}"]
+        assert names == ["vitbit_quantize_f16", "vitbit_gemm_tp_128x128_gelu", f"vitbit_gemm_{tail}_gelu"]
         g1, g2 = stub.seen[1], stub.seen[2]
         assert g1["args"][:3] == [ws + shift, ins[1] + shift, y + shift] and g1["args"][8] == mh
         assert g2["args"][:3] == [ws + shift + mh * kp, ins[1] + shift, y + shift + mh * 300 * 2]

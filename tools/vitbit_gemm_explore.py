@@ -133,7 +133,7 @@ def main() -> int:
 
     def kernel(kind: str, t: int):
         cfg, _ = K.config(t)
-        return cfg, _cuda.get_kernel(sources[kind], f"vitbit_gemm_{cfg.name}")
+        return cfg, _cuda.get_kernel(sources[kind], K.kernel_name(cfg, args.gelu))
 
     A = cu.CUfunction_attribute
     orin_info = {}

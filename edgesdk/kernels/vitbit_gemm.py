@@ -280,6 +280,13 @@ def _kernel(name: str) -> _cuda.Kernel:
     return _cuda.get_kernel(SOURCE, name)
 
 
+def kernel_name(cfg: Config, gelu: bool) -> str:
+    """The CUDA kernel of ``cfg`` for a layer with or without GELU: the persistent ("tp") and in-kernel split-K
+    ("tk") kernels come in two builds, ``vitbit_gemm_<name>`` (no GELU code) and ``vitbit_gemm_<name>_gelu``."""
+    gelu_build = bool(gelu) and (cfg.persistent or cfg.inkernel_splitk)
+    return f"vitbit_gemm_{cfg.name}" + ("_gelu" if gelu_build else "")
+
+
 # Tests set this to a small number so that each block of a persistent tactic walks many tiles.
 PERSISTENT_GRID_CAP: int | None = None
 
@@ -314,7 +321,7 @@ def split_m_rows(head_slots: int, m: int, n: int, bm: int = 128, bn: int = 128) 
 def _split_m(a: dict, m: int, tactic: int) -> tuple[Config, Config, int]:
     """Head config, tail config and head rows of split-M ``tactic`` on the current context."""
     head, tail = (_C[nm] for nm in SPLIT_M[tactic])
-    slots = persistent_grid(_kernel(f"vitbit_gemm_{head.name}"), head, 1 << 30)
+    slots = persistent_grid(_kernel(kernel_name(head, a["gelu"])), head, 1 << 30)
     return head, tail, split_m_rows(slots, m, a["n"], head.bm, head.bn)
 
 
@@ -464,7 +471,7 @@ def _one_gemm(a: dict, x_dtype: str, m: int, cfg: Config, splits: int, xq, w, ws
     xs = ctypes.c_float(a["x_scale"])
     kt = -(-kp // BK)
     kps = -(-kt // splits)  # K tiles per split
-    kern = _kernel(f"vitbit_gemm_{cfg.name}")
+    kern = _kernel(kernel_name(cfg, a["gelu"]))
     grid = (-(-n // cfg.bn), -(-m // cfg.bm), splits)
     if cfg.persistent:  # one split; the kernel walks tiles blockIdx.x, + gridDim.x, ...
         grid = (persistent_grid(kern, cfg, grid[0] * grid[1]), 1, 1)

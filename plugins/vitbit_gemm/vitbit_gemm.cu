@@ -860,7 +860,9 @@ __device__ __forceinline__ void quad_transpose(T (&p)[4], int t) {
   }
 }
 
-// 8 consecutive columns col..col+7 of one row with per-column alpha / bias already loaded.
+// 8 consecutive columns col..col+7 of one row with per-column alpha / bias already loaded. G = false: a kernel
+// for layers without GELU (no GELU code at all).
+template <bool G>
 __device__ __forceinline__ void put8c(const Out& o, int row, int col, const int2 (&q)[4], const float* alpha,
                                       const float* bias) {
   const int N = o.N;
@@ -874,7 +876,7 @@ __device__ __forceinline__ void put8c(const Out& o, int row, int col, const int2
     if (o.flags & FLAG_BIAS) t = __fadd_rn(t, bias[e]);
     y[e] = t;
   }
-  if (o.flags & FLAG_GELU) {
+  if (G && (o.flags & FLAG_GELU)) {
 #pragma unroll
     for (int e = 0; e < 8; e++) y[e] = gelu_y(y[e], o.flags);
   }
@@ -911,7 +913,7 @@ __device__ __forceinline__ void put8c(const Out& o, int row, int col, const int2
 
 // Epilogue of a warp tile from the mma fragments (no shared memory): quad transpose to 8 consecutive
 // columns per lane, per-column alpha / bias loaded once per 32-column group, put8c.
-template <class R>
+template <bool G, class R>
 __device__ __forceinline__ void regs_epilogue(const Out& o, const R& tc, int m0, int n0, int wm0, int wn0,
                                               int lane) {
   static_assert(R::NI % 4 == 0, "the quad transpose needs groups of 4 n8 blocks (WN % 32 == 0)");
@@ -936,7 +938,7 @@ __device__ __forceinline__ void regs_epilogue(const Out& o, const R& tc, int m0,
         for (int j = 0; j < 4; j++) q[j] = make_int2(tc.acc[i][jg * 4 + j][2 * h], tc.acc[i][jg * 4 + j][2 * h + 1]);
         quad_transpose(q, t4);
         const int row = m0 + wm0 + i * 16 + h * 8 + g;
-        if (row < M && col < N) put8c(o, row, col, q, alpha, bias);
+        if (row < M && col < N) put8c<G>(o, row, col, q, alpha, bias);
       }
   }
 }
@@ -1004,23 +1006,23 @@ __device__ __forceinline__ int epilogue_mode(const Out& o) {
   return fast ? ((o.flags & FLAG_BIAS) ? 1 : 0) + ((o.flags & FLAG_GELU) ? 2 : 0) : 4;
 }
 
-template <class R>
+template <bool G, class R>
 __device__ __forceinline__ void regs_epilogue_any(int mode, const Out& o, const R& tc, int m0, int n0, int wm0,
                                                   int wn0, int lane) {
   if (mode == 0) {
     regs_epilogue_h<false, false>(o, tc, m0, n0, wm0, wn0, lane);
   } else if (mode == 1) {
     regs_epilogue_h<true, false>(o, tc, m0, n0, wm0, wn0, lane);
-  } else if (mode == 2) {
+  } else if (G && mode == 2) {
     regs_epilogue_h<false, true>(o, tc, m0, n0, wm0, wn0, lane);
-  } else if (mode == 3) {
+  } else if (G && mode == 3) {
     regs_epilogue_h<true, true>(o, tc, m0, n0, wm0, wn0, lane);
   } else {
-    regs_epilogue(o, tc, m0, n0, wm0, wn0, lane);
+    regs_epilogue<G>(o, tc, m0, n0, wm0, wn0, lane);
   }
 }
 
-template <int BM, int BN, int WM, int WN, int STAGES>
+template <int BM, int BN, int WM, int WN, int STAGES, bool G>
 __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __restrict__ W, const Out& o,
                                         int Kp) {
   typedef Tc2Cfg<BM, BN, WM, WN, STAGES> C;
@@ -1097,7 +1099,7 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
     tc.compute(smem + (s % STAGES) * C::STAGE_BYTES, wm0, wn0, lane);
     if (++kt < KT) continue;
     // Tile done: epilogue from registers while the next tile's first stages are being copied.
-    regs_epilogue_any(emode, o, tc, (tile / tiles_n) * BM, (tile % tiles_n) * BN, wm0, wn0, lane);
+    regs_epilogue_any<G>(emode, o, tc, (tile / tiles_n) * BM, (tile % tiles_n) * BN, wm0, wn0, lane);
     tc.zero();
     kt = 0;
     tile += gridDim.x;
@@ -1105,25 +1107,30 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
   cp_async_wait<0>();
 }
 
-// name, BM, BN, WM, WN, STAGES, min blocks per SM
-#define VITBIT_TP(NAME, BM, BN, WM, WN, ST, MINB)                                                               \
+// name, BM, BN, WM, WN, STAGES, min blocks per SM, GELU code in NAME. Two kernels each: NAME for layers without
+// GELU and NAME_gelu (round 8). NAME is built without GELU code (G = false) except in tp_128x128, whose loop then
+// spilled at its 128-register cap (ptxas, nvcc 13.0): there it keeps the code, which its layers never run.
+#define VITBIT_TP1(NAME, G, BM, BN, WM, WN, ST, MINB)                                                          \
   extern "C" __global__ void __launch_bounds__(Tc2Cfg<BM, BN, WM, WN, ST>::THREADS, MINB)                      \
       vitbit_gemm_##NAME(const s8* __restrict__ A, const s8* __restrict__ W, void* y, int* partial,           \
                          const float* __restrict__ w_scale, const float* __restrict__ bias, float x_scale,     \
                          int flags, int M, int N, int Kp, int kt_per_split) {                                  \
     Out o{y, nullptr, w_scale, bias, x_scale, flags, M, N};                                                    \
-    tp_body<BM, BN, WM, WN, ST>(A, W, o, Kp);                                                                  \
+    tp_body<BM, BN, WM, WN, ST, G>(A, W, o, Kp);                                                               \
   }
+#define VITBIT_TP(NAME, BM, BN, WM, WN, ST, MINB, GBASE) \
+  VITBIT_TP1(NAME, GBASE, BM, BN, WM, WN, ST, MINB)     \
+  VITBIT_TP1(NAME##_gelu, true, BM, BN, WM, WN, ST, MINB)
 
-VITBIT_TP(tp_128x128, 128, 128, 64, 32, 3, 2)    // 8 warps of 64x32, 96 KB: 2 blocks per SM (H100)
-VITBIT_TP(tp_64x128, 64, 128, 64, 32, 3, 3)      // 4 warps of 64x32, 72 KB: 3 blocks per SM
-VITBIT_TP(tp_64x64, 64, 64, 32, 32, 4, 3)        // 4 warps of 32x32, 64 KB: 3 blocks per SM
-VITBIT_TP(tp_128x128w4, 128, 128, 64, 64, 3, 2)  // 4 warps of 64x64 (fewer ldmatrix per mma), 96 KB
-VITBIT_TP(tp_64x32, 64, 32, 16, 32, 4, 4)        // small M: 4 warps of 16x32, 48 KB
-VITBIT_TP(tp_32x32, 32, 32, 16, 32, 4, 6)        // small M: 2 warps of 16x32, 32 KB
-VITBIT_TP(tp_256x128, 256, 128, 64, 64, 3, 1)   // 8 warps of 64x64, 144 KB: 1 block per SM
-VITBIT_TP(tp_128x256, 128, 256, 64, 64, 3, 1)   // 8 warps of 64x64, 144 KB: 1 block per SM
-VITBIT_TP(tp_128x128w4s2, 128, 128, 64, 64, 2, 2)  // 4 warps of 64x64, 2 stages, 64 KB: 2 blocks per SM on Orin too
+VITBIT_TP(tp_128x128, 128, 128, 64, 32, 3, 2, true)    // 8 warps of 64x32, 96 KB: 2 blocks per SM (H100)
+VITBIT_TP(tp_64x128, 64, 128, 64, 32, 3, 3, false)      // 4 warps of 64x32, 72 KB: 3 blocks per SM
+VITBIT_TP(tp_64x64, 64, 64, 32, 32, 4, 3, false)        // 4 warps of 32x32, 64 KB: 3 blocks per SM
+VITBIT_TP(tp_128x128w4, 128, 128, 64, 64, 3, 2, false)  // 4 warps of 64x64 (fewer ldmatrix per mma), 96 KB
+VITBIT_TP(tp_64x32, 64, 32, 16, 32, 4, 4, false)        // small M: 4 warps of 16x32, 48 KB
+VITBIT_TP(tp_32x32, 32, 32, 16, 32, 4, 6, false)        // small M: 2 warps of 16x32, 32 KB
+VITBIT_TP(tp_256x128, 256, 128, 64, 64, 3, 1, false)   // 8 warps of 64x64, 144 KB: 1 block per SM
+VITBIT_TP(tp_128x256, 128, 256, 64, 64, 3, 1, false)   // 8 warps of 64x64, 144 KB: 1 block per SM
+VITBIT_TP(tp_128x128w4s2, 128, 128, 64, 64, 2, 2, false)  // 4 warps of 64x64, 2 stages, 64 KB: 2 blocks per SM on Orin too
 
 // ------------------------------------------------------------------------------------------------
 // Tensor-core-only GEMM with in-kernel split-K ("tk", for small M): grid (N tiles, M tiles, S); block z
@@ -1137,7 +1144,7 @@ VITBIT_TP(tp_128x128w4s2, 128, 128, 64, 64, 2, 2)  // 4 warps of 64x64, 2 stages
 // counter to 0; the quantize kernel of every launch also zeroes the counters (the workspace may have
 // been used by someone else in between). gridDim.z == 1: no partials, no counter.
 // ------------------------------------------------------------------------------------------------
-template <int BM, int BN, int WM, int WN, int STAGES>
+template <int BM, int BN, int WM, int WN, int STAGES, bool G>
 __device__ __forceinline__ void tk_body(const s8* __restrict__ A, const s8* __restrict__ W, const Out& o,
                                         int Kp, int kt_per_split, int* __restrict__ ctr) {
   typedef Tc2Cfg<BM, BN, WM, WN, STAGES> C;
@@ -1190,17 +1197,20 @@ __device__ __forceinline__ void tk_body(const s8* __restrict__ A, const s8* __re
         }
     }
   }
-  regs_epilogue_any(epilogue_mode(o), o, tc, m0, n0, wm0, wn0, lane);
+  regs_epilogue_any<G>(epilogue_mode(o), o, tc, m0, n0, wm0, wn0, lane);
 }
 
-// name, BM, BN, WM, WN, STAGES, min blocks per SM
-#define VITBIT_TK(NAME, BM, BN, WM, WN, ST, MINB)                                                             \
+// name, BM, BN, WM, WN, STAGES, min blocks per SM; NAME and NAME_gelu as for VITBIT_TP
+#define VITBIT_TK1(NAME, G, BM, BN, WM, WN, ST, MINB)                                                         \
   extern "C" __global__ void __launch_bounds__(Tc2Cfg<BM, BN, WM, WN, ST>::THREADS, MINB)                      \
       vitbit_gemm_##NAME(const s8* __restrict__ A, const s8* __restrict__ W, void* y, int* partial,           \
                          const float* __restrict__ w_scale, const float* __restrict__ bias, float x_scale,     \
                          int flags, int M, int N, int Kp, int kt_per_split, int* ctr) {                        \
     Out o{y, partial, w_scale, bias, x_scale, flags, M, N};                                                    \
-    tk_body<BM, BN, WM, WN, ST>(A, W, o, Kp, kt_per_split, ctr);                                               \
+    tk_body<BM, BN, WM, WN, ST, G>(A, W, o, Kp, kt_per_split, ctr);                                            \
   }
+#define VITBIT_TK(NAME, BM, BN, WM, WN, ST, MINB)     \
+  VITBIT_TK1(NAME, false, BM, BN, WM, WN, ST, MINB) \
+  VITBIT_TK1(NAME##_gelu, true, BM, BN, WM, WN, ST, MINB)
 
 VITBIT_TK(tk_64x64, 64, 64, 32, 32, 4, 3)     // 4 warps of 32x32, 4 stages

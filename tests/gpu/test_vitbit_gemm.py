@@ -192,6 +192,13 @@ def test_gelu_fp16_sweep_every_tactic(n):
         if first is None:
             first = (t, y)
         assert np.array_equal(y.view(np.uint16), first[1].view(np.uint16)), f"tactic {t} ({name}) != {first[0]}"
+        if t != K.AUTO and K.config(t)[0].persistent:  # 3 blocks walk all the tiles of the GELU build
+            old = K.PERSISTENT_GRID_CAP
+            try:
+                K.PERSISTENT_GRID_CAP = 3
+                assert np.array_equal(run(p, q, t).view(np.uint16), y.view(np.uint16)), f"tactic {t} capped"
+            finally:
+                K.PERSISTENT_GRID_CAP = old
 
 
 PERSISTENT = (30, 31, 33, 34, 60, 71, 72, 80, 81, 82)  # 60: split-M (head tp_128x128 + tail tp_64x64)
