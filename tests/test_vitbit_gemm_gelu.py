@@ -65,3 +65,15 @@ def test_fit_reaches_the_bound_and_a_lower_degree_does_not(tool, ys):
 def test_read_source_fails_loudly(tool):
     with pytest.raises(RuntimeError, match="not found"):
         tool.read_source("float s = 1.0f;")
+
+
+def test_fp16_ulps():
+    """The distance the GPU tests use: units in the last place of fp16, across zero and the subnormals."""
+    from edgesdk.reference.vitbit_gemm import fp16_ulps
+
+    one_up = np.nextafter(np.float16(1), np.float16(2))
+    tiny = np.float16(2.0**-24)  # the smallest subnormal
+    a = np.array([1.0, 0.0, -tiny, 65504.0, -2.0], np.float16)
+    b = np.array([one_up, -0.0, tiny, np.inf, -2.0], np.float16)
+    assert fp16_ulps(a, b).tolist() == [1, 0, 2, 1, 0]
+    assert fp16_ulps(np.float32(1.0 + 2.0**-12), np.float16(1)).tolist() == 0  # rounds to 1 (tie to even)

@@ -85,11 +85,9 @@ def compare(layer: PluginLayer, x: np.ndarray, y: np.ndarray) -> tuple[bool, flo
         ok = finite and bool(np.all(np.abs(y.astype(np.float64) - ref) <= tol))
         return ok, err, "within reference.tolerance()"
     if int(layer.attrs.get("gelu", 0)) and np.dtype(y.dtype) == np.float16:
-        def key(v):
-            i = np.asarray(v, np.float16).view(np.int16).astype(np.int64)
-            return np.where(i < 0, -(i & 0x7FFF), i)
+        from edgesdk.reference.vitbit_gemm import fp16_ulps
 
-        ok = finite and bool(np.all(np.abs(key(y) - key(ref)) <= 1))
+        ok = finite and bool(np.all(fp16_ulps(y, ref) <= 1))
         return ok, err, "GELU: within 1 fp16 ulp"
     if int(layer.attrs.get("gelu", 0)):
         atol, rtol = GELU_TOL[np.dtype(y.dtype).name]

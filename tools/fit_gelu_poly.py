@@ -23,6 +23,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from edgesdk.reference import vitbit_gemm as R  # noqa: E402
+
 SOURCE = ROOT / "plugins" / "vitbit_gemm" / "vitbit_gemm.cu"
 HALF_LOG2E = -0.72134752044448170  # - log2(e) / 2
 FP16_MIN_NORMAL = 6.103515625e-05
@@ -95,15 +99,6 @@ def exact(y: np.ndarray) -> np.ndarray:
     return y * ndtr(y)
 
 
-def fp16_ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """|a - b| in fp16 units in the last place (both rounded to fp16; +0 and -0 are the same point)."""
-    def key(v):
-        i = np.asarray(v, np.float16).view(np.int16).astype(np.int64)
-        return np.where(i < 0, -(i & 0x7FFF), i)
-
-    return np.abs(key(a) - key(b))
-
-
 def grid(n: int = 2_000_001, lim: float = 10.0, seed: int = 0) -> np.ndarray:
     """A dense uniform grid on [-lim, lim] and as many N(0, 2^2) samples (where layer outputs mostly are)."""
     rng = np.random.default_rng(seed)
@@ -113,7 +108,7 @@ def grid(n: int = 2_000_001, lim: float = 10.0, seed: int = 0) -> np.ndarray:
 
 def accuracy(g: np.ndarray, y: np.ndarray) -> dict:
     ex = exact(y)
-    u = fp16_ulps(g, ex)
+    u = R.fp16_ulps(g, ex)
     big = np.abs(ex) > FP16_MIN_NORMAL
     rel = np.abs(g.astype(np.float64) - ex)[big] / np.abs(ex[big])
     tail = y < -3

@@ -68,15 +68,6 @@ def ablated_source(src: str) -> str:
     return src.replace(calls[0], "if (o.M < 0) " + calls[0])
 
 
-def fp16_ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """|a - b| in fp16 units in the last place (+0 and -0 are the same point)."""
-    def key(v):
-        i = np.asarray(v, np.float16).view(np.int16).astype(np.int64)
-        return np.where(i < 0, -(i & 0x7FFF), i)
-
-    return np.abs(key(a) - key(b))
-
-
 def _bench_module():
     spec = importlib.util.spec_from_file_location("bench_vitbit_gemm", ROOT / "bench" / "bench_vitbit_gemm.py")
     mod = importlib.util.module_from_spec(spec)
@@ -209,7 +200,7 @@ def main() -> int:
                         if args.gelu:
                             ok = np.isclose(got.astype(np.float64), ref.astype(np.float64), rtol=2e-3, atol=1e-3)
                             bad = int((~ok).sum())
-                            u = fp16_ulps(got, ref)
+                            u = R.fp16_ulps(got, ref)
                             ulps[(label, k, n, m, t)] = {"max_fp16_ulps": int(u.max()),
                                                          "fp16_differ": int((u > 0).sum()), "values": int(u.size)}
                         else:

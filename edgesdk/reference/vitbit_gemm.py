@@ -43,6 +43,16 @@ def int_gemm(q: np.ndarray, w: np.ndarray) -> np.ndarray:
     return (q.astype(np.float64) @ w.astype(np.float64).T).astype(np.int64)
 
 
+def fp16_ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a - b| in fp16 units in the last place, both rounded to fp16 (+0 and -0 are the same point; NaN is not
+    handled): the measure of the kernels' fp16 GELU, which stays within 1 of :func:`vitbit_gemm`."""
+    def key(v):
+        i = np.asarray(v, np.float16).view(np.int16).astype(np.int64)
+        return np.where(i < 0, -(i & 0x7FFF), i)
+
+    return np.abs(key(a) - key(b))
+
+
 def _erf(v: np.ndarray) -> np.ndarray:
     try:
         from scipy.special import erf

@@ -142,15 +142,6 @@ def test_int32_bound_k_max():
         assert np.array_equal(run(p, x, t), ref), f"tactic {t}"
 
 
-def fp16_ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """|a - b| in fp16 units in the last place (+0 and -0 are the same point)."""
-    def key(v):
-        i = np.asarray(v, np.float16).view(np.int16).astype(np.int64)
-        return np.where(i < 0, -(i & 0x7FFF), i)
-
-    return np.abs(key(a) - key(b))
-
-
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_gelu_tight_tolerance(dtype):
     """GELU is not bit-exact with numpy's float64 erf: fp16 Y (gelu_h) within 1 ulp of the reference, fp32 Y
@@ -162,7 +153,7 @@ def test_gelu_tight_tolerance(dtype):
     for t in (1, 3, 5, 9, 11, 15, 17, 22, 25, 27, 28, 29, 30, 31, 33, 34, 50, 71, 72, 73, 80, 81, 82):
         y = run(p, x, t)
         if dtype == np.float16:
-            assert fp16_ulps(y, ref).max() <= 1, f"tactic {t}"
+            assert R.fp16_ulps(y, ref).max() <= 1, f"tactic {t}"
         else:
             np.testing.assert_allclose(y.astype(np.float64), ref.astype(np.float64), rtol=2e-6, atol=2e-6)
 
@@ -186,7 +177,7 @@ def test_gelu_fp16_sweep_every_tactic(n):
     first = None
     for t in K.valid_tactics(p.node_attributes(), m):
         y = run(p, q, t)
-        u = fp16_ulps(y, ref)
+        u = R.fp16_ulps(y, ref)
         name = "auto" if t == K.AUTO else K.config(t)[0].name
         assert u.max() <= 1 and (u > 0).mean() < 0.005, f"tactic {t} ({name}): max {u.max()}, {(u > 0).mean():.2%}"
         if first is None:
@@ -351,7 +342,7 @@ def test_int8_x_every_tactic_bit_exact(lead, k, n, y_dtype):
             y = run(p8, x, t, x_offset=off)
             name = "auto" if t == K.AUTO else K.config(t)[0].name
             if p8.gelu and y_dtype == "float16":  # gelu_h: within 1 ulp (test_gelu_tight_tolerance)
-                assert fp16_ulps(y, ref).max() <= 1, f"tactic {t} ({name}) offset {off}"
+                assert R.fp16_ulps(y, ref).max() <= 1, f"tactic {t} ({name}) offset {off}"
             elif p8.gelu:  # erff in fp32 on the GPU vs float64 erf: the tolerance of test_gelu_tight_tolerance
                 np.testing.assert_allclose(y.astype(np.float64), ref.astype(np.float64), rtol=2e-6, atol=2e-6,
                                            err_msg=f"tactic {t} ({name}) offset {off}")
