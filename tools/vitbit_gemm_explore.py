@@ -85,9 +85,9 @@ def main() -> int:
     ap.add_argument("--source", help="time this copy of the plugin source as 'shipped' (A/B against another commit: "
                     "git show REV:plugins/vitbit_gemm/vitbit_gemm.cu > /tmp/x/vitbit_gemm.cu)")
     ap.add_argument("--name", default="", help="results file tag")
-    ap.add_argument("--gelu", action="store_true", help="layers with GELU fused (fc1); not bit for bit: checked within "
-                    "rtol 2e-3, atol 1e-3 (so an older erff source passes too), and the fp16 ulps from the "
-                    "float64 reference are recorded per output")
+    ap.add_argument("--gelu", action="store_true", help="layers with GELU fused (fc1; the kernels' _gelu builds, so "
+                    "not with --source of a commit before round 8); not bit for bit: checked within rtol 2e-3, "
+                    "atol 1e-3, and the fp16 ulps from the float64 reference are recorded per output")
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     args = ap.parse_args()
     tactics = [int(t) for t in args.tactics.split(",") if t]
