@@ -310,21 +310,36 @@ struct TcRole {
         for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
   }
 
+  // Addresses: every row these ldmatrix read has r & 7 == lane & 7, and chunk ks * 2 + h (h one bit), so
+  // swz(r, ks * 2 + h) = swz(r0, h) ^ (ks << 5) + (r - r0) * BK with r0 the i = 0 (j = 0) row: the k-step is
+  // an XOR on bits 5-6 and the fragment index an immediate. With the stage base 128-byte aligned (bits 0-6
+  // zero), the XOR commutes with adding it. One LOP3 per operand and k-step instead of a swizzle per
+  // ldmatrix. The two lane offsets are computed once per kernel (offsets()) and passed in, so that the loop
+  // has nothing lane-dependent to recompute (round 9).
+  struct Off {
+    u32 a, b;
+  };
+  static __device__ __forceinline__ Off offsets(int wm0, int wn0, int lane) {
+    static_assert(BK == 128, "the XOR form assumes 8 chunks of 16 bytes per row");
+    const u32 a = swz(wm0 + (lane & 15), lane >> 4), b = swz(BM + wn0 + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+    // Passed through an identity shuffle: ptxas otherwise recomputes them from the thread index in the
+    // loop (it did in tp_32x32: ~25 instructions per k-tile) instead of keeping two registers.
+    return Off{__shfl_sync(0xffffffffu, a, lane), __shfl_sync(0xffffffffu, b, lane)};
+  }
   __device__ __forceinline__ void compute(const unsigned char* st, int wm0, int wn0, int lane) {
+    compute(st, offsets(wm0, wn0, lane));
+  }
+  __device__ __forceinline__ void compute(const unsigned char* st, Off off) {
     const u32 base = smem_u32(st);
+    const u32 pa = base + off.a, pb = base + off.b;
 #pragma unroll
     for (int ks = 0; ks < BK / 32; ks++) {
       u32 a[MI][4], b[NI][2];
+      const u32 qa = pa ^ (ks << 5), qb = pb ^ (ks << 5);
 #pragma unroll
-      for (int i = 0; i < MI; i++) {
-        int r = wm0 + i * 16 + (lane & 15);
-        ldmatrix_x4(base + swz(r, ks * 2 + (lane >> 4)), a[i][0], a[i][1], a[i][2], a[i][3]);
-      }
+      for (int i = 0; i < MI; i++) ldmatrix_x4(qa + i * 16 * BK, a[i][0], a[i][1], a[i][2], a[i][3]);
 #pragma unroll
-      for (int j = 0; j < NI; j += 2) {
-        int r = BM + wn0 + j * 8 + (lane & 7) + ((lane >> 4) << 3);
-        ldmatrix_x4(base + swz(r, ks * 2 + ((lane >> 3) & 1)), b[j][0], b[j][1], b[j + 1][0], b[j + 1][1]);
-      }
+      for (int j = 0; j < NI; j += 2) ldmatrix_x4(qb + j * 8 * BK, b[j][0], b[j][1], b[j + 1][0], b[j + 1][1]);
 #pragma unroll
       for (int i = 0; i < MI; i++)
 #pragma unroll
@@ -545,8 +560,9 @@ __device__ __forceinline__ void gemm_body(const s8* __restrict__ A, const s8* __
     const int wm0 = (warp % (BM / WM)) * WM, wn0 = (warp / (BM / WM)) * WN;
     TcRole<BM, WM, WN> tc;
     tc.zero();
+    const auto off = tc.offsets(wm0, wn0, lane);
     pipeline<C, BM, STAGES>(smem, A, W, m0, n0, kt0, nkt, o.M, o.N, Kp,
-                            [&](const unsigned char* st, int) { tc.compute(st, wm0, wn0, lane); });
+                            [&](const unsigned char* st, int) { tc.compute(st, off); });
     tc.store(o, m0, n0, wm0, wn0, lane);
   } else if (BN_INT > 0 && threadIdx.x < C::TC_WARPS * 32 + C::INT_THREADS) {  // INT-core warps
     constexpr int BI = BN_INT > 0 ? BN_INT : 8;
@@ -718,6 +734,7 @@ __device__ __forceinline__ void tc2_mainloop(const s8* __restrict__ A, const s8*
     if (s < nkt) load(s, kt0 + s);
     cp_async_commit();
   }
+  const auto off = tc.offsets(wm0, wn0, lane);
 #pragma unroll 1
   for (int t = 0; t < nkt; t++) {
     cp_async_wait<STAGES - 2>();
@@ -725,7 +742,7 @@ __device__ __forceinline__ void tc2_mainloop(const s8* __restrict__ A, const s8*
     const int nx = t + STAGES - 1;
     if (nx < nkt) load(nx % STAGES, kt0 + nx);
     cp_async_commit();
-    tc.compute(smem + (t % STAGES) * C::STAGE_BYTES, wm0, wn0, lane);
+    tc.compute(smem + (t % STAGES) * C::STAGE_BYTES, off);
   }
   cp_async_wait<0>();
 }
@@ -1038,23 +1055,24 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   // Copy mapping as in tc2: chunk column c of rows r0 + j * RSTEP. To keep registers for the accumulators
-  // (the loader state lives across the whole loop here), a tile keeps two row pointers and a bit mask of
-  // the rows inside M (N); rows past it are zero-filled (src-size 0, nothing read), never stored.
+  // (the loader state lives across the whole loop here), a tile keeps two row pointers and the number of
+  // its rows j inside M (N), na (nw), packed as na + 16 nw: rows j >= na lie past M and are zero-filled
+  // (src-size 0, nothing read), never stored. Counts instead of a bit mask: a tile with every row inside
+  // takes a copy path without selects (round 9).
   const int c = threadIdx.x & 7, r0 = threadIdx.x >> 3;
   const u32 dst0 = smem_u32(smem) + r0 * BK + ((c ^ (r0 & 7)) << 4);
   const int rstride = C::RSTEP * Kp;  // <= 128 * 131072 bytes: fits an int
   const s8* pa = A;
   const s8* pw = W;
-  u32 valid = 0;  // bit j: A row j; bit LA + j: W row j
+  int nanw = 0;
   auto rebase = [&](int tile) {
     const int m0 = (tile / tiles_n) * BM, n0 = (tile % tiles_n) * BN;
     pa = A + (size_t)(m0 + r0) * Kp + c * 16;
     pw = W + (size_t)(n0 + r0) * Kp + c * 16;
-    valid = 0;
-#pragma unroll
-    for (int j = 0; j < C::LA; j++) valid |= (u32)(m0 + r0 + j * C::RSTEP < M) << j;
-#pragma unroll
-    for (int j = 0; j < C::LW; j++) valid |= (u32)(n0 + r0 + j * C::RSTEP < N) << (C::LA + j);
+    // rows m0 + r0 + j * RSTEP < M  <=>  j < ceil((M - m0 - r0) / RSTEP)
+    const int na = min(C::LA, (max(M - m0 - r0, 0) + C::RSTEP - 1) / C::RSTEP);
+    const int nw = min(C::LW, (max(N - n0 - r0, 0) + C::RSTEP - 1) / C::RSTEP);
+    nanw = na + 16 * nw;
   };
   int ld_tile = blockIdx.x, ld_kt = 0;
   if (mine > 0) rebase(ld_tile);
@@ -1062,15 +1080,25 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
     const u32 dst = dst0 + s * C::STAGE_BYTES;
     const int kb = ld_kt * BK;
     const bool ok = kb + c * 16 < Kp;  // K tail: zero-fill
+    const s8* qa = pa + kb;
+    const s8* qw = pw + kb;
+    static_assert(C::LA < 16 && C::LW < 16, "na + 16 nw");
+    if (ok && nanw == C::LA + 16 * C::LW) {  // every row inside: no selects (all but the edge tiles)
 #pragma unroll
-    for (int j = 0; j < C::LA; j++) {
-      const bool v = ok && ((valid >> j) & 1);
-      cp_async16(dst + j * C::RSTEP * BK, v ? pa + j * rstride + kb : A, v);
-    }
+      for (int j = 0; j < C::LA; j++) cp_async16(dst + j * C::RSTEP * BK, qa + j * rstride, true);
 #pragma unroll
-    for (int j = 0; j < C::LW; j++) {
-      const bool v = ok && ((valid >> (C::LA + j)) & 1);
-      cp_async16(dst + (BM + j * C::RSTEP) * BK, v ? pw + j * rstride + kb : W, v);
+      for (int j = 0; j < C::LW; j++) cp_async16(dst + (BM + j * C::RSTEP) * BK, qw + j * rstride, true);
+    } else {
+#pragma unroll
+      for (int j = 0; j < C::LA; j++) {
+        const bool v = ok && j < (nanw & 15);
+        cp_async16(dst + j * C::RSTEP * BK, v ? qa + j * rstride : A, v);
+      }
+#pragma unroll
+      for (int j = 0; j < C::LW; j++) {
+        const bool v = ok && j < (nanw >> 4);
+        cp_async16(dst + (BM + j * C::RSTEP) * BK, v ? qw + j * rstride : W, v);
+      }
     }
     if (++ld_kt == KT) {
       ld_kt = 0;
@@ -1089,6 +1117,7 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
     cp_async_commit();
   }
   int tile = blockIdx.x, kt = 0;
+  const auto off = tc.offsets(wm0, wn0, lane);
 #pragma unroll 1
   for (int s = 0; s < S; s++) {
     cp_async_wait<STAGES - 2>();
@@ -1096,7 +1125,7 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
     const int nx = s + STAGES - 1;
     if (nx < S) load_next(nx % STAGES);
     cp_async_commit();
-    tc.compute(smem + (s % STAGES) * C::STAGE_BYTES, wm0, wn0, lane);
+    tc.compute(smem + (s % STAGES) * C::STAGE_BYTES, off);
     if (++kt < KT) continue;
     // Tile done: epilogue from registers while the next tile's first stages are being copied.
     regs_epilogue_any<G>(emode, o, tc, (tile / tiles_n) * BM, (tile % tiles_n) * BN, wm0, wn0, lane);
