@@ -310,24 +310,43 @@ struct TcRole {
         for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
   }
 
-  // Addresses: every row these ldmatrix read has r & 7 == lane & 7, and chunk ks * 2 + h (h one bit), so
-  // swz(r, ks * 2 + h) = swz(r0, h) ^ (ks << 5) + (r - r0) * BK with r0 the i = 0 (j = 0) row: the k-step is
-  // an XOR on bits 5-6 and the fragment index an immediate. With the stage base 128-byte aligned (bits 0-6
-  // zero), the XOR commutes with adding it. One LOP3 per operand and k-step instead of a swizzle per
-  // ldmatrix. The two lane offsets are computed once per kernel (offsets()) and passed in, so that the loop
-  // has nothing lane-dependent to recompute (round 9).
+  // The ldmatrix addresses, one swizzle each (swz). ptxas keeps them out of the loop in the tc2 and hybrid
+  // kernels, not in the persistent ones (tp): those take compute(st, Off) below.
+  __device__ __forceinline__ void compute(const unsigned char* st, int wm0, int wn0, int lane) {
+    const u32 base = smem_u32(st);
+#pragma unroll
+    for (int ks = 0; ks < BK / 32; ks++) {
+      u32 a[MI][4], b[NI][2];
+#pragma unroll
+      for (int i = 0; i < MI; i++) {
+        int r = wm0 + i * 16 + (lane & 15);
+        ldmatrix_x4(base + swz(r, ks * 2 + (lane >> 4)), a[i][0], a[i][1], a[i][2], a[i][3]);
+      }
+#pragma unroll
+      for (int j = 0; j < NI; j += 2) {
+        int r = BM + wn0 + j * 8 + (lane & 7) + ((lane >> 4) << 3);
+        ldmatrix_x4(base + swz(r, ks * 2 + ((lane >> 3) & 1)), b[j][0], b[j][1], b[j + 1][0], b[j + 1][1]);
+      }
+#pragma unroll
+      for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int j = 0; j < NI; j++) mma_s8(acc[i][j], a[i], b[j]);
+    }
+  }
+
+  // The same from two lane offsets (round 9, for the persistent kernels). Every row these ldmatrix read has
+  // r & 7 == lane & 7, and chunk ks * 2 + h (h one bit), so swz(r, ks * 2 + h) = (swz(r0, h) ^ (ks << 5)) +
+  // (r - r0) * BK with r0 the i = 0 (j = 0) row: the k-step is an XOR on bits 5-6, the fragment an immediate.
+  // With the stage base 128-byte aligned (bits 0-6 zero) the XOR commutes with adding it: one LOP3 per
+  // operand and k-step. The offsets come from offsets(), once per kernel, through an identity shuffle:
+  // otherwise ptxas recomputes them from the thread index at every k-tile (~25 instructions in tp_32x32).
   struct Off {
     u32 a, b;
   };
   static __device__ __forceinline__ Off offsets(int wm0, int wn0, int lane) {
     static_assert(BK == 128, "the XOR form assumes 8 chunks of 16 bytes per row");
     const u32 a = swz(wm0 + (lane & 15), lane >> 4), b = swz(BM + wn0 + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
-    // Passed through an identity shuffle: ptxas otherwise recomputes them from the thread index in the
-    // loop (it did in tp_32x32: ~25 instructions per k-tile) instead of keeping two registers.
     return Off{__shfl_sync(0xffffffffu, a, lane), __shfl_sync(0xffffffffu, b, lane)};
-  }
-  __device__ __forceinline__ void compute(const unsigned char* st, int wm0, int wn0, int lane) {
-    compute(st, offsets(wm0, wn0, lane));
   }
   __device__ __forceinline__ void compute(const unsigned char* st, Off off) {
     const u32 base = smem_u32(st);
@@ -560,9 +579,8 @@ __device__ __forceinline__ void gemm_body(const s8* __restrict__ A, const s8* __
     const int wm0 = (warp % (BM / WM)) * WM, wn0 = (warp / (BM / WM)) * WN;
     TcRole<BM, WM, WN> tc;
     tc.zero();
-    const auto off = tc.offsets(wm0, wn0, lane);
     pipeline<C, BM, STAGES>(smem, A, W, m0, n0, kt0, nkt, o.M, o.N, Kp,
-                            [&](const unsigned char* st, int) { tc.compute(st, off); });
+                            [&](const unsigned char* st, int) { tc.compute(st, wm0, wn0, lane); });
     tc.store(o, m0, n0, wm0, wn0, lane);
   } else if (BN_INT > 0 && threadIdx.x < C::TC_WARPS * 32 + C::INT_THREADS) {  // INT-core warps
     constexpr int BI = BN_INT > 0 ? BN_INT : 8;
@@ -734,7 +752,6 @@ __device__ __forceinline__ void tc2_mainloop(const s8* __restrict__ A, const s8*
     if (s < nkt) load(s, kt0 + s);
     cp_async_commit();
   }
-  const auto off = tc.offsets(wm0, wn0, lane);
 #pragma unroll 1
   for (int t = 0; t < nkt; t++) {
     cp_async_wait<STAGES - 2>();
@@ -742,7 +759,7 @@ __device__ __forceinline__ void tc2_mainloop(const s8* __restrict__ A, const s8*
     const int nx = t + STAGES - 1;
     if (nx < nkt) load(nx % STAGES, kt0 + nx);
     cp_async_commit();
-    tc.compute(smem + (t % STAGES) * C::STAGE_BYTES, off);
+    tc.compute(smem + (t % STAGES) * C::STAGE_BYTES, wm0, wn0, lane);
   }
   cp_async_wait<0>();
 }
