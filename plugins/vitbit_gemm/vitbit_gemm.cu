@@ -1074,8 +1074,8 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
   // Copy mapping as in tc2: chunk column c of rows r0 + j * RSTEP. To keep registers for the accumulators
   // (the loader state lives across the whole loop here), a tile keeps two row pointers and the number of
   // its rows j inside M (N), na (nw), packed as na + 16 nw: rows j >= na lie past M and are zero-filled
-  // (src-size 0, nothing read), never stored. Counts instead of a bit mask: a tile with every row inside
-  // takes a copy path without selects (round 9).
+  // (src-size 0, nothing read), never stored. (A copy path without the selects for tiles with every row
+  // inside was measured in round 9 and not kept: no faster.)
   const int c = threadIdx.x & 7, r0 = threadIdx.x >> 3;
   const u32 dst0 = smem_u32(smem) + r0 * BK + ((c ^ (r0 & 7)) << 4);
   const int rstride = C::RSTEP * Kp;  // <= 128 * 131072 bytes: fits an int
@@ -1100,22 +1100,15 @@ __device__ __forceinline__ void tp_body(const s8* __restrict__ A, const s8* __re
     const s8* qa = pa + kb;
     const s8* qw = pw + kb;
     static_assert(C::LA < 16 && C::LW < 16, "na + 16 nw");
-    if (ok && nanw == C::LA + 16 * C::LW) {  // every row inside: no selects (all but the edge tiles)
 #pragma unroll
-      for (int j = 0; j < C::LA; j++) cp_async16(dst + j * C::RSTEP * BK, qa + j * rstride, true);
+    for (int j = 0; j < C::LA; j++) {
+      const bool v = ok && j < (nanw & 15);
+      cp_async16(dst + j * C::RSTEP * BK, v ? qa + j * rstride : A, v);
+    }
 #pragma unroll
-      for (int j = 0; j < C::LW; j++) cp_async16(dst + (BM + j * C::RSTEP) * BK, qw + j * rstride, true);
-    } else {
-#pragma unroll
-      for (int j = 0; j < C::LA; j++) {
-        const bool v = ok && j < (nanw & 15);
-        cp_async16(dst + j * C::RSTEP * BK, v ? qa + j * rstride : A, v);
-      }
-#pragma unroll
-      for (int j = 0; j < C::LW; j++) {
-        const bool v = ok && j < (nanw >> 4);
-        cp_async16(dst + (BM + j * C::RSTEP) * BK, v ? qw + j * rstride : W, v);
-      }
+    for (int j = 0; j < C::LW; j++) {
+      const bool v = ok && j < (nanw >> 4);
+      cp_async16(dst + (BM + j * C::RSTEP) * BK, v ? qw + j * rstride : W, v);
     }
     if (++ld_kt == KT) {
       ld_kt = 0;
