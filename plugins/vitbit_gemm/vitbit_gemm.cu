@@ -660,6 +660,41 @@ struct Tc2Cfg {
   static_assert((BM * BN / 8) % THREADS == 0, "epilogue mapping");
 };
 
+// Stores y[0..7] to Y at element i = row * N + col (fp16 or fp32 by FLAG_HALF): one 16-byte store (two for fp32)
+// where the 8 columns are inside N and Y is aligned, else one element at a time up to N.
+__device__ __forceinline__ void store8(const Out& o, size_t i, int col, bool full, const float (&y)[8]) {
+  const int N = o.N;
+  if (o.flags & FLAG_HALF) {
+    __half* p = reinterpret_cast<__half*>(o.y) + i;
+    if (full && !(N & 7) && !(reinterpret_cast<size_t>(o.y) & 15)) {
+      uint4 u;
+      __half2 h0 = __halves2half2(__float2half_rn(y[0]), __float2half_rn(y[1]));
+      __half2 h1 = __halves2half2(__float2half_rn(y[2]), __float2half_rn(y[3]));
+      __half2 h2 = __halves2half2(__float2half_rn(y[4]), __float2half_rn(y[5]));
+      __half2 h3 = __halves2half2(__float2half_rn(y[6]), __float2half_rn(y[7]));
+      u.x = *reinterpret_cast<u32*>(&h0);
+      u.y = *reinterpret_cast<u32*>(&h1);
+      u.z = *reinterpret_cast<u32*>(&h2);
+      u.w = *reinterpret_cast<u32*>(&h3);
+      *reinterpret_cast<uint4*>(p) = u;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; e++)
+        if (col + e < N) p[e] = __float2half_rn(y[e]);
+    }
+  } else {
+    float* p = reinterpret_cast<float*>(o.y) + i;
+    if (full && !(N & 3) && !(reinterpret_cast<size_t>(o.y) & 15)) {
+      reinterpret_cast<float4*>(p)[0] = make_float4(y[0], y[1], y[2], y[3]);
+      reinterpret_cast<float4*>(p)[1] = make_float4(y[4], y[5], y[6], y[7]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; e++)
+        if (col + e < N) p[e] = y[e];
+    }
+  }
+}
+
 // The epilogue of 8 consecutive columns col..col+7 of one row (v: exact int32 sums).
 __device__ __forceinline__ void put8(const Out& o, int row, int col, const int* v) {
   const int M = o.M, N = o.N;
@@ -690,35 +725,7 @@ __device__ __forceinline__ void put8(const Out& o, int row, int col, const int* 
 #pragma unroll
     for (int e = 0; e < 8; e++) y[e] = gelu_y(y[e], o.flags);
   }
-  if (o.flags & FLAG_HALF) {
-    __half* p = reinterpret_cast<__half*>(o.y) + i;
-    if (full && !(N & 7) && !(reinterpret_cast<size_t>(o.y) & 15)) {
-      uint4 u;
-      __half2 h0 = __halves2half2(__float2half_rn(y[0]), __float2half_rn(y[1]));
-      __half2 h1 = __halves2half2(__float2half_rn(y[2]), __float2half_rn(y[3]));
-      __half2 h2 = __halves2half2(__float2half_rn(y[4]), __float2half_rn(y[5]));
-      __half2 h3 = __halves2half2(__float2half_rn(y[6]), __float2half_rn(y[7]));
-      u.x = *reinterpret_cast<u32*>(&h0);
-      u.y = *reinterpret_cast<u32*>(&h1);
-      u.z = *reinterpret_cast<u32*>(&h2);
-      u.w = *reinterpret_cast<u32*>(&h3);
-      *reinterpret_cast<uint4*>(p) = u;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; e++)
-        if (col + e < N) p[e] = __float2half_rn(y[e]);
-    }
-  } else {
-    float* p = reinterpret_cast<float*>(o.y) + i;
-    if (full && !(N & 3) && !(reinterpret_cast<size_t>(o.y) & 15)) {
-      reinterpret_cast<float4*>(p)[0] = make_float4(y[0], y[1], y[2], y[3]);
-      reinterpret_cast<float4*>(p)[1] = make_float4(y[4], y[5], y[6], y[7]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; e++)
-        if (col + e < N) p[e] = y[e];
-    }
-  }
+  store8(o, i, col, full, y);
 }
 
 // The tc2 main loop: k-tiles kt0 .. kt0 + nkt - 1 of the block tile at (m0, n0), accumulated into tc.
@@ -914,35 +921,7 @@ __device__ __forceinline__ void put8c(const Out& o, int row, int col, const int2
 #pragma unroll
     for (int e = 0; e < 8; e++) y[e] = gelu_y(y[e], o.flags);
   }
-  if (o.flags & FLAG_HALF) {
-    __half* p = reinterpret_cast<__half*>(o.y) + i;
-    if (full && !(N & 7) && !(reinterpret_cast<size_t>(o.y) & 15)) {
-      uint4 u;
-      __half2 h0 = __halves2half2(__float2half_rn(y[0]), __float2half_rn(y[1]));
-      __half2 h1 = __halves2half2(__float2half_rn(y[2]), __float2half_rn(y[3]));
-      __half2 h2 = __halves2half2(__float2half_rn(y[4]), __float2half_rn(y[5]));
-      __half2 h3 = __halves2half2(__float2half_rn(y[6]), __float2half_rn(y[7]));
-      u.x = *reinterpret_cast<u32*>(&h0);
-      u.y = *reinterpret_cast<u32*>(&h1);
-      u.z = *reinterpret_cast<u32*>(&h2);
-      u.w = *reinterpret_cast<u32*>(&h3);
-      *reinterpret_cast<uint4*>(p) = u;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; e++)
-        if (col + e < N) p[e] = __float2half_rn(y[e]);
-    }
-  } else {
-    float* p = reinterpret_cast<float*>(o.y) + i;
-    if (full && !(N & 3) && !(reinterpret_cast<size_t>(o.y) & 15)) {
-      reinterpret_cast<float4*>(p)[0] = make_float4(y[0], y[1], y[2], y[3]);
-      reinterpret_cast<float4*>(p)[1] = make_float4(y[4], y[5], y[6], y[7]);
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; e++)
-        if (col + e < N) p[e] = y[e];
-    }
-  }
+  store8(o, i, col, full, y);
 }
 
 // Epilogue of a warp tile from the mma fragments (no shared memory): quad transpose to 8 consecutive
