@@ -1,19 +1,18 @@
 """tools/vitbit_gemm_explore.py on the CPU: the Orin residency model and the timing-only (no epilogue) source."""
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import vitbit_gemm_explore  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("vitbit_gemm_explore", ROOT / "tools" / "vitbit_gemm_explore.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return vitbit_gemm_explore
 
 
 def test_orin_blocks_per_sm(tool):

@@ -1,7 +1,7 @@
 """The fp16-Y GELU of EdgeVitBitGemm (``gelu_h``, round 8) on the CPU: the coefficients in the plugin source,
 repeated step by step in numpy fp32 (tools/fit_gelu_poly.py), against float64 erf."""
 
-import importlib.util
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -9,14 +9,13 @@ import pytest
 
 pytest.importorskip("scipy")
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import fit_gelu_poly  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("fit_gelu_poly", ROOT / "tools" / "fit_gelu_poly.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return fit_gelu_poly
 
 
 @pytest.fixture(scope="module")
