@@ -310,8 +310,8 @@ struct TcRole {
         for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
   }
 
-  // The ldmatrix addresses, one swizzle each (swz). ptxas keeps them out of the loop in the tc2 and hybrid
-  // kernels, not in the persistent ones (tp): those take compute(st, Off) below.
+  // The ldmatrix addresses, one swizzle each (swz): the tc2, tk and hybrid kernels. In the persistent ones
+  // (tp) ptxas recomputed them at every k-tile; those take compute(st, Off) below (round 9).
   __device__ __forceinline__ void compute(const unsigned char* st, int wm0, int wn0, int lane) {
     const u32 base = smem_u32(st);
 #pragma unroll
