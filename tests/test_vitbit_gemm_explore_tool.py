@@ -38,3 +38,10 @@ def test_ablated_source_skips_exactly_the_persistent_epilogue(tool):
     assert len(out) == len(src) + len("if (o.M < 0) ")
     with pytest.raises(RuntimeError, match="not found once"):
         tool.ablated_source(src.replace("regs_epilogue_any", "renamed_epilogue"))
+
+
+def test_parse_shapes(tool):
+    assert tool.parse_shapes("768:2304,384:384,") == [(768, 2304), (384, 384)]
+    for bad in ("768x2304", "768:", "0:384", ""):
+        with pytest.raises(SystemExit):
+            tool.parse_shapes(bad)

@@ -68,6 +68,24 @@ def ablated_source(src: str) -> str:
     return src.replace(calls[0], "if (o.M < 0) " + calls[0])
 
 
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """``"768:2304,384:384"`` -> [(768, 2304), (384, 384)] (K, N of each layer)."""
+    out = []
+    for part in text.split(","):
+        if not part:
+            continue
+        try:
+            k, n = (int(v) for v in part.split(":"))
+        except ValueError:
+            raise SystemExit(f"--shapes: {part!r} is not K:N (two integers, e.g. 768:2304)") from None
+        if k < 1 or n < 1:
+            raise SystemExit(f"--shapes: {part!r} needs K >= 1 and N >= 1")
+        out.append((k, n))
+    if not out:
+        raise SystemExit("--shapes: no layer given (e.g. --shapes 768:2304,768:768)")
+    return out
+
+
 def _bench_module():
     spec = importlib.util.spec_from_file_location("bench_vitbit_gemm", ROOT / "bench" / "bench_vitbit_gemm.py")
     mod = importlib.util.module_from_spec(spec)
@@ -89,10 +107,14 @@ def main() -> int:
                     "not with --source of a commit before round 8); not bit for bit: checked within rtol 2e-3, "
                     "atol 1e-3, and the fp16 ulps from the float64 reference are recorded per output")
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--shapes", default=",".join(f"{k}:{n}" for k, n in SHAPES),
+                    help="layers as K:N, comma-separated (default: issue 5's ViT-B/16 layers)")
+    ap.add_argument("--tokens", type=int, default=197, help="M = tokens x batch (197: ViT-B/16 at 224 px)")
     args = ap.parse_args()
     tactics = [int(t) for t in args.tactics.split(",") if t]
     orin_tactics = [int(t) for t in args.orin_tactics.split(",") if t]
     batches = [int(b) for b in args.batches.split(",") if b]
+    shapes = parse_shapes(args.shapes)
 
     import torch
     from cuda.bindings import driver as cu
@@ -158,9 +180,9 @@ def main() -> int:
         timer = B.Timer(stream, ctx, _cuda.get_kernel("common/selftest.cu", "edgesdk_ffma_spin"))
         if args.orin and label != "full":
             orin_setup(label)
-        for (k, n) in SHAPES:
+        for (k, n) in shapes:
             for b in batches:
-                m = 197 * b
+                m = args.tokens * b
                 w = [rng.integers(-128, 128, (n, k)).astype(np.int8) for _ in range(B.ROT)]
                 p = [F.VitBitWeights.pack(wi, rng.uniform(0.001, 0.01, n).astype(np.float32),
                                           bias=rng.normal(0, 1, n).astype(np.float32), x_scale=0.02,
@@ -185,9 +207,10 @@ def main() -> int:
                         K.PERSISTENT_GRID_CAP = old
                         K.SOURCE = "vitbit_gemm/vitbit_gemm.cu"
 
-                variants = [("shipped", t, None) for t in tactics]
+                ok_t = set(K.valid_tactics(a, m))  # split-K tactics have a size limit (workspace)
+                variants = [("shipped", t, None) for t in tactics if t in ok_t]
                 if args.ablate:
-                    variants += [("noepi", t, None) for t in tactics if K.config(t)[0].persistent]
+                    variants += [("noepi", t, None) for t in tactics if t in ok_t and K.config(t)[0].persistent]
                 if args.orin and label != "full":
                     variants += [("orin", t, 16 * orin_info[t]["orin_blocks_per_sm"]) for t in orin_tactics]
                 for kind, t, cap in variants:
