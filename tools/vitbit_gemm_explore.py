@@ -212,7 +212,8 @@ def main() -> int:
                 if args.ablate:
                     variants += [("noepi", t, None) for t in tactics if t in ok_t and K.config(t)[0].persistent]
                 if args.orin and label != "full":
-                    variants += [("orin", t, 16 * orin_info[t]["orin_blocks_per_sm"]) for t in orin_tactics]
+                    variants += [("orin", t, 16 * orin_info[t]["orin_blocks_per_sm"]) for t in orin_tactics
+                                 if t in ok_t]
                 for kind, t, cap in variants:
                     if kind == "shipped":  # check the output once: Y poisoned, int64 reference
                         _cuda.check(cu.cuCtxSetCurrent(ctx))

@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Fit tactic 1 of EdgeVitBitGemm (``edgesdk.kernels.vitbit_gemm.auto_tactic``, the default wherever TensorRT does
+not time the tactics itself) to measured times, and check the fit on layers it did not see.
+
+Input: JSON of ``tools/vitbit_gemm_explore.py`` (rows of kind ``shipped``: one time per config, layer, M and
+tactic). Each case (config, K, N, M) is described by the rule's two features:
+
+* ``r``: 128 x 128 output tiles per SM of the context (``ceil(M / 128) ceil(N / 128) / SMs``);
+* ``kt``: k-tiles of 128 (``ceil(K_padded / 128)``).
+
+Cases fall into bins (``R_EDGES`` on r x ``KT_EDGES`` on kt). In each bin the rule takes the tactic with the least
+geometric mean of (its time / the case's best time) over the training cases of that bin; a bin without training
+cases takes its neighbour's choice. The ``--hold`` layers are left out of the fit and reported on their own, with
+the current rule beside the fitted one (regret = time of the tactic a rule picks / the best time of the case).
+
+    python tools/vitbit_gemm_fit_auto.py RESULTS.json [MORE.json ...] [--hold 768:2304,768:768,768:3072,3072:768]
+        [--json bench/results/vitbit_gemm_autofit_<commit>.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from edgesdk.formats.vitbit_gemm import k_padded  # noqa: E402
+from edgesdk.kernels.vitbit_gemm import BK  # noqa: E402
+
+R_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # bins: r < 0.25, 0.25 <= r < 0.5, ..., r >= 8
+KT_EDGES = (4, 9)  # bins: kt < 4 (K <= 384), 4 <= kt < 9 (K <= 1024), kt >= 9
+
+
+def features(k: int, n: int, m: int, sms: int) -> tuple[float, int]:
+    r = -(-m // 128) * -(-n // 128) / max(1, sms)
+    kt = -(-k_padded(k) // BK)
+    return r, kt
+
+
+def bin_of(r: float, kt: int) -> tuple[int, int]:
+    return bisect.bisect_right(R_EDGES, r), bisect.bisect_right(KT_EDGES, kt)
+
+
+def load_cases(paths: list[Path], green_kind: str = "shipped") -> list[dict]:
+    """One case per (gelu, config, K, N, M): the times of every tactic timed for it (the median where several
+    files time the same case). ``green_kind="orin"``: on green contexts, the explore tool's ``--orin`` rows (Orin's
+    shared-memory carveout and persistent grid) stand in for the shipped ones."""
+    acc: dict[tuple, dict[int, list[float]]] = {}
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        meta = d["meta"]
+        gelu = bool(meta.get("gelu"))
+        for row in d["rows"]:
+            cfg = row["config"]
+            if row.get("kind") != ("shipped" if cfg == "full" else green_kind):
+                continue
+            sms = meta["sm_count"] if cfg == "full" else int(cfg.removeprefix("green"))
+            key = (gelu, cfg, sms, row["K"], row["N"], row["M"])
+            acc.setdefault(key, {}).setdefault(int(row["tactic"]), []).append(float(row["us"]))
+    cases = []
+    for (gelu, cfg, sms, k, n, m), times in sorted(acc.items()):
+        t = {tac: statistics.median(v) for tac, v in times.items()}
+        r, kt = features(k, n, m, sms)
+        cases.append({"gelu": gelu, "config": cfg, "sms": sms, "K": k, "N": n, "M": m, "r": r, "kt": kt,
+                      "times": t, "best": min(t.values()), "best_tactic": min(t, key=t.get)})
+    return cases
+
+
+def fit(cases: list[dict]) -> dict[tuple[int, int], int]:
+    """The tactic per bin with the least geometric-mean regret over the bin's cases (timed with every tactic
+    considered: a tactic missing from a case, e.g. split-K above its size limit, is not a candidate there)."""
+    by_bin: dict[tuple[int, int], list[dict]] = {}
+    for c in cases:
+        by_bin.setdefault(bin_of(c["r"], c["kt"]), []).append(c)
+    table = {}
+    for b, cs in by_bin.items():
+        cands = set.intersection(*(set(c["times"]) for c in cs))
+        if not cands:
+            raise SystemExit(f"bin {b}: no tactic was timed on every case")
+        score = {t: sum(math.log(c["times"][t] / c["best"]) for c in cs) for t in cands}
+        table[b] = min(sorted(score), key=score.get)
+    # bins without cases: the nearest bin of the same kt class (smaller r first), else of any kt class
+    full = {}
+    for i in range(len(R_EDGES) + 1):
+        for j in range(len(KT_EDGES) + 1):
+            if (i, j) in table:
+                full[(i, j)] = table[(i, j)]
+                continue
+            near = sorted(table, key=lambda b: (abs(b[1] - j), abs(b[0] - i), b[0] > i))
+            full[(i, j)] = table[near[0]]
+    return full
+
+
+def regret(c: dict, tactic: int) -> float | None:
+    return c["times"][tactic] / c["best"] if tactic in c["times"] else None
+
+
+def summary(values: list[float]) -> dict:
+    if not values:
+        return {"cases": 0}
+    return {"cases": len(values), "geomean": math.exp(sum(map(math.log, values)) / len(values)),
+            "median": statistics.median(values), "max": max(values),
+            "over_1.03": sum(v > 1.03 for v in values), "over_1.10": sum(v > 1.10 for v in values)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", nargs="+", type=Path)
+    ap.add_argument("--hold", default="768:2304,768:768,768:3072,3072:768", help="layers K:N left out of the fit")
+    ap.add_argument("--green-kind", default="shipped", choices=("shipped", "orin"),
+                    help="rows used on green contexts: as shipped, or at Orin's occupancy (explore --orin)")
+    ap.add_argument("--json", type=Path, help="write the fitted table and the regrets here")
+    args = ap.parse_args()
+
+    from edgesdk.kernels.vitbit_gemm import auto_tactic
+
+    hold = {tuple(int(v) for v in s.split(":")) for s in args.hold.split(",") if s}
+    cases = load_cases(args.results, args.green_kind)
+    train = [c for c in cases if (c["K"], c["N"]) not in hold]
+    test = [c for c in cases if (c["K"], c["N"]) in hold]
+    if not train:
+        raise SystemExit("no training cases: every layer is in --hold")
+    table = fit(train)
+
+    def new_rule(c):
+        return table[bin_of(c["r"], c["kt"])]
+
+    def old_rule(c):
+        return auto_tactic(c["N"], c["K"], c["M"], c["sms"])
+
+    print("fitted table (rows: r bins; columns: kt bins " + ", ".join(
+        ["< %d" % KT_EDGES[0]] + [f"{a}-{b - 1}" for a, b in zip(KT_EDGES, KT_EDGES[1:])] + [f">= {KT_EDGES[-1]}"])
+          + ")")
+    labels = [f"r < {R_EDGES[0]}"] + [f"{a} <= r < {b}" for a, b in zip(R_EDGES, R_EDGES[1:])] + [f"r >= {R_EDGES[-1]}"]
+    for i, lab in enumerate(labels):
+        print(f"  {lab:>16}: " + "  ".join(f"{table[(i, j)]:>3}" for j in range(len(KT_EDGES) + 1)))
+
+    out = {"r_edges": R_EDGES, "kt_edges": KT_EDGES, "table": {f"{i},{j}": t for (i, j), t in sorted(table.items())},
+           "hold": sorted(hold), "green_kind": args.green_kind, "sources": [str(p) for p in args.results], "sets": {}}
+    for name, cs in (("train", train), ("hold", test)):
+        for gelu in (False, True):
+            sub = [c for c in cs if c["gelu"] == gelu]
+            if not sub:
+                continue
+            for cfg in sorted({c["config"] for c in sub}):
+                s = [c for c in sub if c["config"] == cfg]
+                old = summary([v for c in s if (v := regret(c, old_rule(c))) is not None])
+                new = summary([v for c in s if (v := regret(c, new_rule(c))) is not None])
+                tag = f"{name} {'gelu' if gelu else 'plain'} {cfg}"
+                out["sets"][tag] = {"old": old, "new": new}
+                print(f"{tag:>24}: {len(s)} cases; old rule geomean {old.get('geomean', 0):.3f} max "
+                      f"{old.get('max', 0):.3f} >3% {old.get('over_1.03')}; new rule geomean {new.get('geomean', 0):.3f} "
+                      f"max {new.get('max', 0):.3f} >3% {new.get('over_1.03')}")
+    out["cases"] = [{k: v for k, v in c.items() if k != "times"} | {"old": old_rule(c), "new": new_rule(c),
+                     "old_regret": regret(c, old_rule(c)), "new_regret": regret(c, new_rule(c))} for c in cases]
+    for c in test:
+        o, n_ = old_rule(c), new_rule(c)
+        ro, rn = regret(c, o), regret(c, n_)
+        print(f"  hold {'G' if c['gelu'] else ' '} {c['config']:>7} {c['K']:>5}x{c['N']:<5} M={c['M']:<5} "
+              f"r={c['r']:<7.3f} kt={c['kt']:<3} best t{c['best_tactic']:<3} old t{o:<3} "
+              f"{ro if ro else float('nan'):.3f}  new t{n_:<3} {rn if rn else float('nan'):.3f}")
+    if args.json:
+        tmp = args.json.with_suffix(".tmp")
+        tmp.write_text(json.dumps(out, indent=1))
+        tmp.replace(args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
