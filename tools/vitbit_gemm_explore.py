@@ -168,6 +168,17 @@ def main() -> int:
     rows: list[dict] = []
     ulps: dict = {}
     bad_total = checked = 0
+
+    def save(complete: bool) -> Path:
+        """Write what is measured so far (after every layer, so a run cut short keeps its rows)."""
+        info = meta({"source": args.source or "plugins/vitbit_gemm/vitbit_gemm.cu", "tactics": tactics,
+                     "orin": orin_info, "ablate": args.ablate, "gelu": args.gelu, "shapes": shapes,
+                     "tokens": args.tokens, "batches": batches, "complete": complete, "checked_outputs": checked,
+                     "mismatched_values": bad_total, "method": __doc__.split("\n\n")[1]})
+        if os.environ.get("EDGESDK_COMMIT"):
+            info["commit"] = os.environ["EDGESDK_COMMIT"]
+        tag = ("_gelu" if args.gelu else "") + (f"_{args.name}" if args.name else "")
+        return write_results(f"vitbit_gemm_explore{tag}_{info.get('commit', 'local')}", rows, info)
     rng = np.random.default_rng(0)
     for label in args.configs.split(","):
         if label == "full":
@@ -242,14 +253,9 @@ def main() -> int:
                                 | (ulps.get((label, k, n, m, t), {}) if kind == "shipped" else {}))
                 print(f"[{label}] K={k} N={n} M={m}: " + ", ".join(f"{kk} {v:.2f}" for kk, v in res.items()),
                       flush=True)
+            save(complete=False)
     _cuda.check(cu.cuCtxSetCurrent(prim))
-    info = meta({"source": args.source or "plugins/vitbit_gemm/vitbit_gemm.cu", "tactics": tactics, "orin": orin_info, "ablate": args.ablate, "gelu": args.gelu,
-                 "checked_outputs": checked,
-                 "mismatched_values": bad_total, "method": __doc__.split("\n\n")[1]})
-    if os.environ.get("EDGESDK_COMMIT"):
-        info["commit"] = os.environ["EDGESDK_COMMIT"]
-    tag = ("_gelu" if args.gelu else "") + (f"_{args.name}" if args.name else "")
-    path = write_results(f"vitbit_gemm_explore{tag}_{info.get('commit', 'local')}", rows, info)
+    path = save(complete=True)
     if ulps:
         differ = sum(v["fp16_differ"] for v in ulps.values())
         total = sum(v["values"] for v in ulps.values())
