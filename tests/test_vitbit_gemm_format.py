@@ -254,20 +254,20 @@ def test_launcher_tactics_and_workspace_without_gpu():
 
 def test_default_tactic_is_the_measured_choice_per_shape():
     """Tactic 1 resolves per shape to the tensor-core-only tactic that bench/results/vitbit_gemm_tp.json,
-    vitbit_gemm_r3*.json, vitbit_gemm_r6_small_*.json and vitbit_gemm_r7_*.json measured fastest (or within 7 % of
-    it) for the shape class; the rule sees the context's SM count."""
+    vitbit_gemm_r3*.json, vitbit_gemm_r6_small_*.json, vitbit_gemm_r7_*.json and vitbit_gemm_r9_e4abac7.json
+    measured fastest (or within 7 % of it) for the shape class; the rule sees the context's SM count."""
     from edgesdk.kernels import vitbit_gemm as K
 
     # (K, N, M, SMs) -> tactic
     want = {
         (768, 2304, 197, 132): 72, (768, 768, 197, 132): 72, (768, 3072, 197, 132): 72,  # tp_32x32 (r < 0.5)
-        (3072, 768, 197, 132): 73,  # tc2_32x64 (r < 0.5, long K)
+        (3072, 768, 197, 132): 72,  # tp_32x32 at long K too (round 10: 1.05x faster than tc2_32x64)
         (768, 768, 1576, 132): 33,  # tp_64x64 (r = 0.59)
         (768, 2304, 1576, 132): 82, (768, 3072, 1576, 132): 82, (768, 768, 6304, 132): 82,  # tp_128x128w4s2
         (768, 2304, 6304, 132): 82, (768, 3072, 6304, 132): 82,
-        (3072, 768, 1576, 132): 3,  # tc2_64x64
+        (3072, 768, 1576, 132): 33,  # tp_64x64 at long K too (round 10: 1.04x faster than tc2_64x64)
         (3072, 768, 6304, 132): 29,  # tc2_64x128s3
-        (768, 768, 197, 16): 33, (3072, 768, 197, 16): 3,
+        (768, 768, 197, 16): 33, (3072, 768, 197, 16): 33,
         (768, 2304, 197, 16): 82, (768, 3072, 197, 16): 82, (3072, 768, 1576, 16): 82, (3072, 768, 6304, 16): 82,
     }
     for (k, n, m, sms), t in want.items():

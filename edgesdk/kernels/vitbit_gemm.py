@@ -189,13 +189,15 @@ def auto_tactic(n: int, k: int, m: int, sms: int) -> int:
     they are 1.2-1.4x slower. Round 7 (bench/results/vitbit_gemm_r7_*.json, vitbit_gemm_explore_*.json): with the
     compact fp16 epilogue, tp_128x128w4s2 (82: 4 warps of 64 x 64, 2 stages, 64 KB, two blocks per SM on Orin as on
     the H100) is the fastest or within 1 % of it where tp_128x128 (30) was the choice; 30 (96 KB) holds only one
-    block per SM on Orin's 164 KB."""
+    block per SM on Orin's 164 KB. Round 10 (bench/results/vitbit_gemm_r9_e4abac7.json): round 9's cheaper
+    addressing sped up the persistent tp_32x32 and tp_64x64 but not the tc2 kernels, so at K = 3072 with r < 1 they
+    now beat the tc2 choices (tc2_32x64, tc2_64x64) by 1.03-1.05x: the persistent pair is taken at any K."""
     r = -(-m // 128) * -(-n // 128) / max(1, sms)
     kt = -(-k_padded(k) // BK)
     if r < 0.5:
-        return 72 if kt <= 8 else 73
+        return 72
     if r < 1:
-        return 33 if kt <= 8 else 3
+        return 33
     if kt > 8 and r < 4:
         return 29
     return 82
