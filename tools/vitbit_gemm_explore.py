@@ -19,6 +19,9 @@ Every ``shipped`` output is checked once per shape against an int64 numpy refere
 (``edgesdk.reference.vitbit_gemm``), with Y poisoned first. JSON: ``bench/results/vitbit_gemm_explore_<commit>.json``.
 
     python tools/vitbit_gemm_explore.py [--tactics 30,34,80,81] [--ablate] [--orin] [--gelu] [--configs full,green16]
+        [--shapes 768:2304,384:1536] [--tokens 197] [--batches 1,8,32] [--name TAG]
+
+Other layers than ViT-B/16's (``--shapes K:N``, M = tokens x batch) feed ``tools/vitbit_gemm_fit_auto.py``.
 """
 
 from __future__ import annotations
