@@ -30,17 +30,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgesdk.formats.vitbit_gemm import k_padded  # noqa: E402
-from edgesdk.kernels.vitbit_gemm import BK  # noqa: E402
+from edgesdk.kernels.vitbit_gemm import shape_class  # noqa: E402
 
 R_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # bins: r < 0.25, 0.25 <= r < 0.5, ..., r >= 8
 KT_EDGES = (4, 9)  # bins: kt < 4 (K <= 384), 4 <= kt < 9 (K <= 1024), kt >= 9
 
 
 def features(k: int, n: int, m: int, sms: int) -> tuple[float, int]:
-    r = -(-m // 128) * -(-n // 128) / max(1, sms)
-    kt = -(-k_padded(k) // BK)
-    return r, kt
+    """(r, kt) of a case, as the launcher's rule sees it."""
+    return shape_class(n, k, m, sms)
 
 
 def bin_of(r: float, kt: int) -> tuple[int, int]:

@@ -176,6 +176,12 @@ AUTO = TC_ONLY = 1
 MAX_SPLITS = max(s for _, s in TACTICS.values())
 
 
+def shape_class(n: int, k: int, m: int, sms: int) -> tuple[float, int]:
+    """What :func:`auto_tactic` decides on: r, the 128 x 128 output tiles per SM of the context, and kt, the
+    k-tiles (of BK) per output tile."""
+    return -(-m // 128) * -(-n // 128) / max(1, sms), -(-k_padded(k) // BK)
+
+
 def auto_tactic(n: int, k: int, m: int, sms: int) -> int:
     """Tactic 1 (the default): the tensor-core-only tactic measured fastest for this shape class, from the
     number of 128 x 128 output tiles per SM of the current context (r) and the k-tiles per tile (kt).
@@ -192,8 +198,7 @@ def auto_tactic(n: int, k: int, m: int, sms: int) -> int:
     block per SM on Orin's 164 KB. Round 10 (bench/results/vitbit_gemm_r9_e4abac7.json): round 9's cheaper
     addressing sped up the persistent tp_32x32 and tp_64x64 but not the tc2 kernels, so at K = 3072 with r < 1 they
     now beat the tc2 choices (tc2_32x64, tc2_64x64) by 1.03-1.05x: the persistent pair is taken at any K."""
-    r = -(-m // 128) * -(-n // 128) / max(1, sms)
-    kt = -(-k_padded(k) // BK)
+    r, kt = shape_class(n, k, m, sms)
     if r < 0.5:
         return 72
     if r < 1:
