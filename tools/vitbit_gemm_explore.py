@@ -168,6 +168,20 @@ def main() -> int:
                             "occupancy_query_at_carveout": per_sm}
             print(f"[{label}] orin occupancy t{t}: {orin_info[t]}", flush=True)
 
+    occ: dict = {}
+
+    def blocks_per_sm(label: str, kind: str, t: int) -> int:
+        """Resident blocks per SM of tactic ``t``'s GEMM kernel in the current context (the head kernel of a
+        split-M tactic; Orin's count for the ``orin`` rows): what a wave-aware rule needs besides the shape."""
+        if kind == "orin":
+            return orin_info[t]["orin_blocks_per_sm"]
+        if (label, kind, t) not in occ:
+            cfg, kern = kernel(kind, t)
+            kern.set_max_dynamic_smem(cfg.smem)
+            occ[(label, kind, t)] = int(_cuda.check(
+                cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kern.function, cfg.threads, cfg.smem)))
+        return occ[(label, kind, t)]
+
     rows: list[dict] = []
     ulps: dict = {}
     bad_total = checked = 0
@@ -251,7 +265,8 @@ def main() -> int:
                     name = f"{kind} t{t}"
                     res[name] = us
                     rows.append({"config": label, "K": k, "N": n, "M": m, "kind": kind, "tactic": t,
-                                 "kernel": K.config(t)[0].name, "grid_cap": cap, "us": us,
+                                 "kernel": K.config(t)[0].name, "grid_cap": cap,
+                                 "blocks_per_sm": blocks_per_sm(label, kind, t), "us": us,
                                  "TOPS": 2.0 * m * n * k / us / 1e6}
                                 | (ulps.get((label, k, n, m, t), {}) if kind == "shipped" else {}))
                 print(f"[{label}] K={k} N={n} M={m}: " + ", ".join(f"{kk} {v:.2f}" for kk, v in res.items()),
