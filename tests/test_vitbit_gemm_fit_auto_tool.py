@@ -62,3 +62,41 @@ def test_a_tactic_missing_in_a_case_is_not_a_candidate_of_its_bin(tmp_path):
             _row("full", 1024, 128, 128, 72, 1.0), _row("full", 1024, 128, 128, 82, 1.5)]
     table = fa.fit(fa.load_cases([_write(tmp_path, rows)]))
     assert table[fa.bin_of(*fa.features(768, 128, 128, 132))] == 72
+
+
+def test_wave_model_recovers_a_wave_law_and_picks_by_it(tmp_path):
+    # times that follow us = a + b W + c W kt exactly (W = ceil(tiles / (blocks x SMs))), for two tactics whose
+    # tiles quantize differently: the fit must give back (a, b, c) and pick the tactic the law says is faster
+    law = {72: (2.0, 0.3, 0.05), 82: (3.0, 0.9, 0.4)}
+    per_sm = {72: 6, 82: 2}
+    rows, truth = [], {}
+    for cfg, sms in (("full", 132), ("green16", 16)):
+        for k in (384, 768, 1536, 3072):
+            for n in (384, 1152, 3072):
+                for m in (197, 1576, 6304):
+                    us = {}
+                    for t, (a, b, c) in law.items():
+                        cf, _ = fa.config(t)
+                        w = -(-(-(-m // cf.bm) * -(-n // cf.bn)) // (per_sm[t] * sms))
+                        us[t] = a + b * w + c * w * (-(-k // 128))
+                        rows.append(_row(cfg, k, n, m, t, us[t]) | {"blocks_per_sm": per_sm[t]})
+                    assert us[72] != us[82]
+                    truth[(cfg, k, n, m)] = min(us, key=us.get)
+    cases = fa.load_cases([_write(tmp_path, rows)])
+    coef = fa.fit_waves(cases)
+    for t, abc in law.items():
+        assert coef[t] == pytest.approx(abc, rel=1e-6)
+    picks = {(c["config"], c["K"], c["N"], c["M"]): fa.wave_pick(coef, c) for c in cases}
+    assert picks == truth
+    assert set(truth.values()) == {72, 82}  # the law makes each tactic win somewhere
+
+
+def test_wave_model_needs_occupancy_and_skips_split_m(tmp_path):
+    rows = [_row("full", 768, 768, m, t, 1.0 + t / 100 + m / 1e4) for m in (197, 1576, 6304) for t in (33, 60)]
+    cases = fa.load_cases([_write(tmp_path, rows)])
+    assert fa.fit_waves(cases) == {} and fa.wave_pick({}, cases[0]) is None
+    rows = [r | {"blocks_per_sm": 3} for r in rows]
+    cases = fa.load_cases([_write(tmp_path, rows, name="b.json")])
+    coef = fa.fit_waves(cases)
+    assert set(coef) == {33}  # 60 runs two kernels: not a wave-model candidate
+    assert all(fa.wave_pick(coef, c) == 33 for c in cases)

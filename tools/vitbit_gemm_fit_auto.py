@@ -13,6 +13,13 @@ geometric mean of (its time / the case's best time) over the training cases of t
 cases takes its neighbour's choice. The ``--hold`` layers are left out of the fit and reported on their own, with
 the current rule beside the fitted one (regret = time of the tactic a rule picks / the best time of the case).
 
+A second candidate, the **wave model**, sees wave quantization, which the bins cannot: for each tactic t it fits
+``time = a_t + b_t W + c_t W kt / splits`` (W = waves = ceil(tiles / (blocks per SM x SMs)), tiles = the tactic's
+output tiles x its K splits) by least squares on relative error, and picks the tactic with the least predicted
+time. It needs the resident blocks per SM of each row (``blocks_per_sm``, recorded by the explore tool since
+round 11); cases without them are left out of its fit and its report. Split-M tactics (two kernels) are not its
+candidates.
+
     python tools/vitbit_gemm_fit_auto.py RESULTS.json [MORE.json ...] [--hold 768:2304,768:768,768:3072,3072:768]
         [--json bench/results/vitbit_gemm_autofit_<commit>.json]
 """
@@ -30,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgesdk.kernels.vitbit_gemm import shape_class  # noqa: E402
+from edgesdk.kernels.vitbit_gemm import SPLIT_M, config, k_padded, shape_class  # noqa: E402
 
 R_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # bins: r < 0.25, 0.25 <= r < 0.5, ..., r >= 8
 KT_EDGES = (4, 9)  # bins: kt < 4 (K <= 384), 4 <= kt < 9 (K <= 1024), kt >= 9
@@ -50,6 +57,7 @@ def load_cases(paths: list[Path], green_kind: str = "shipped") -> list[dict]:
     files time the same case). ``green_kind="orin"``: on green contexts, the explore tool's ``--orin`` rows (Orin's
     shared-memory carveout and persistent grid) stand in for the shipped ones."""
     acc: dict[tuple, dict[int, list[float]]] = {}
+    occ: dict[tuple, dict[int, int]] = {}
     for p in paths:
         d = json.loads(Path(p).read_text())
         meta = d["meta"]
@@ -61,13 +69,56 @@ def load_cases(paths: list[Path], green_kind: str = "shipped") -> list[dict]:
             sms = meta["sm_count"] if cfg == "full" else int(cfg.removeprefix("green"))
             key = (gelu, cfg, sms, row["K"], row["N"], row["M"])
             acc.setdefault(key, {}).setdefault(int(row["tactic"]), []).append(float(row["us"]))
+            if row.get("blocks_per_sm"):
+                occ.setdefault(key, {})[int(row["tactic"])] = int(row["blocks_per_sm"])
     cases = []
     for (gelu, cfg, sms, k, n, m), times in sorted(acc.items()):
         t = {tac: statistics.median(v) for tac, v in times.items()}
         r, kt = features(k, n, m, sms)
         cases.append({"gelu": gelu, "config": cfg, "sms": sms, "K": k, "N": n, "M": m, "r": r, "kt": kt,
-                      "times": t, "best": min(t.values()), "best_tactic": min(t, key=t.get)})
+                      "times": t, "best": min(t.values()), "best_tactic": min(t, key=t.get),
+                      "blocks_per_sm": occ.get((gelu, cfg, sms, k, n, m), {})})
     return cases
+
+
+def wave_features(c: dict, tactic: int) -> list[float] | None:
+    """[1, W, W kt / splits] of ``tactic`` on case ``c`` (None: no occupancy recorded, or a split-M tactic)."""
+    per_sm = c.get("blocks_per_sm", {}).get(tactic)
+    if not per_sm or tactic in SPLIT_M:
+        return None
+    cfg, splits = config(tactic)
+    tiles = -(-c["M"] // cfg.bm) * -(-c["N"] // cfg.bn) * splits
+    waves = -(-tiles // (per_sm * c["sms"]))
+    kt = -(-k_padded(c["K"]) // 128)
+    return [1.0, float(waves), waves * kt / splits]
+
+
+def fit_waves(cases: list[dict]) -> dict[int, list[float]]:
+    """Per tactic, the (a, b, c) of ``time = a + b W + c W kt / splits`` that minimise the squared relative error
+    over the cases that timed it with its occupancy recorded (at least 3 cases; else the tactic is left out)."""
+    import numpy as np
+
+    coef = {}
+    for tac in sorted({t for c in cases for t in c["times"]}):
+        xs, ys = [], []
+        for c in cases:
+            f = wave_features(c, tac) if tac in c["times"] else None
+            if f is not None:
+                xs.append([v / c["times"][tac] for v in f])
+                ys.append(1.0)
+        if len(xs) >= 3:
+            coef[tac] = [float(v) for v in np.linalg.lstsq(np.array(xs), np.array(ys), rcond=None)[0]]
+    return coef
+
+
+def wave_pick(coef: dict[int, list[float]], c: dict) -> int | None:
+    """The tactic of least predicted time among those with a fit and occupancy for ``c`` (None: none)."""
+    pred = {}
+    for tac, k in coef.items():
+        f = wave_features(c, tac)
+        if f is not None and tac in c["times"]:
+            pred[tac] = sum(a * b for a, b in zip(k, f))
+    return min(sorted(pred), key=pred.get) if pred else None
 
 
 def fit(cases: list[dict]) -> dict[tuple[int, int], int]:
@@ -125,6 +176,10 @@ def main() -> int:
     if not train:
         raise SystemExit("no training cases: every layer is in --hold")
     table = fit(train)
+    coef = fit_waves(train)
+
+    def wave_rule(c):
+        return wave_pick(coef, c)
 
     def new_rule(c):
         return table[bin_of(c["r"], c["kt"])]
@@ -140,7 +195,13 @@ def main() -> int:
         print(f"  {lab:>16}: " + "  ".join(f"{table[(i, j)]:>3}" for j in range(len(KT_EDGES) + 1)))
 
     out = {"r_edges": R_EDGES, "kt_edges": KT_EDGES, "table": {f"{i},{j}": t for (i, j), t in sorted(table.items())},
-           "hold": sorted(hold), "green_kind": args.green_kind, "sources": [str(p) for p in args.results], "sets": {}}
+           "hold": sorted(hold), "green_kind": args.green_kind, "sources": [str(p) for p in args.results], "sets": {},
+           "wave_model": {str(t): k for t, k in coef.items()}}
+    if coef:
+        print("wave model (us = a + b W + c W kt / splits): " + "; ".join(
+            f"t{t} {k[0]:.2f} {k[1]:+.3f} {k[2]:+.4f}" for t, k in sorted(coef.items())))
+    else:
+        print("wave model: no rows with blocks_per_sm in the inputs")
     for name, cs in (("train", train), ("hold", test)):
         for gelu in (False, True):
             sub = [c for c in cs if c["gelu"] == gelu]
@@ -150,19 +211,25 @@ def main() -> int:
                 s = [c for c in sub if c["config"] == cfg]
                 old = summary([v for c in s if (v := regret(c, old_rule(c))) is not None])
                 new = summary([v for c in s if (v := regret(c, new_rule(c))) is not None])
+                wav = summary([v for c in s if (w := wave_rule(c)) is not None and (v := regret(c, w)) is not None])
                 tag = f"{name} {'gelu' if gelu else 'plain'} {cfg}"
-                out["sets"][tag] = {"old": old, "new": new}
-                print(f"{tag:>24}: {len(s)} cases; old rule geomean {old.get('geomean', 0):.3f} max "
-                      f"{old.get('max', 0):.3f} >3% {old.get('over_1.03')}; new rule geomean {new.get('geomean', 0):.3f} "
-                      f"max {new.get('max', 0):.3f} >3% {new.get('over_1.03')}")
-    out["cases"] = [{k: v for k, v in c.items() if k != "times"} | {"old": old_rule(c), "new": new_rule(c),
-                     "old_regret": regret(c, old_rule(c)), "new_regret": regret(c, new_rule(c))} for c in cases]
+                out["sets"][tag] = {"old": old, "new": new, "wave": wav}
+                print(f"{tag:>24}: {len(s)} cases; " + "; ".join(
+                    f"{lab} geomean {x.get('geomean', 0):.3f} max {x.get('max', 0):.3f} >3% {x.get('over_1.03')}"
+                    + ("" if x["cases"] == len(s) else f" ({x['cases']} cases)")
+                    for lab, x in (("old rule", old), ("bins", new), ("wave model", wav))))
+    out["cases"] = [{k: v for k, v in c.items() if k not in ("times", "blocks_per_sm")}
+                    | {"old": old_rule(c), "new": new_rule(c), "wave": wave_rule(c),
+                       "old_regret": regret(c, old_rule(c)), "new_regret": regret(c, new_rule(c)),
+                       "wave_regret": regret(c, w) if (w := wave_rule(c)) is not None else None} for c in cases]
+    nan = float("nan")
     for c in test:
-        o, n_ = old_rule(c), new_rule(c)
+        o, n_, w = old_rule(c), new_rule(c), wave_rule(c)
         ro, rn = regret(c, o), regret(c, n_)
+        rw = regret(c, w) if w is not None else None
         print(f"  hold {'G' if c['gelu'] else ' '} {c['config']:>7} {c['K']:>5}x{c['N']:<5} M={c['M']:<5} "
-              f"r={c['r']:<7.3f} kt={c['kt']:<3} best t{c['best_tactic']:<3} old t{o:<3} "
-              f"{ro if ro else float('nan'):.3f}  new t{n_:<3} {rn if rn else float('nan'):.3f}")
+              f"r={c['r']:<7.3f} kt={c['kt']:<3} best t{c['best_tactic']:<3} old t{o:<3} {ro or nan:.3f}  "
+              f"bins t{n_:<3} {rn or nan:.3f}  wave t{w if w is not None else '-':<3} {rw or nan:.3f}")
     if args.json:
         tmp = args.json.with_suffix(".tmp")
         tmp.write_text(json.dumps(out, indent=1))
