@@ -100,3 +100,22 @@ def test_wave_model_needs_occupancy_and_skips_split_m(tmp_path):
     coef = fa.fit_waves(cases)
     assert set(coef) == {33}  # 60 runs two kernels: not a wave-model candidate
     assert all(fa.wave_pick(coef, c) == 33 for c in cases)
+
+
+def test_benchmark_rows_are_read_as_tactics(tmp_path):
+    def b(v, us):
+        return {"config": "full", "K": 768, "N": 768, "M": 197, "B": 1, "variant": v, "us": us}
+    rows = [b("torch._int_mm", 0.5), b("ours gemm t72 tp_32x32", 2.0), b("ours gemm t1 auto=t33", 3.0),
+            b("ours gemm t33 tp_64x64", 5.0), b("ours gemm t1 repeat (noise check)", 0.1),
+            b("ours op t1 (quantize+gemm)", 0.2)]
+    (case,) = fa.load_cases([_write(tmp_path, rows)], blocks_per_sm={72: 6})
+    assert case["times"] == {72: 2.0, 33: 4.0}  # the auto row times its tactic: median with the tactic's own row
+    assert case["blocks_per_sm"] == {72: 6}
+
+
+def test_leave_one_layer_out_never_fits_on_the_layer_it_picks_for(tmp_path):
+    # layer A says 72, layer B says 82 (same bin): left out, each gets the other's choice
+    rows = [_row("full", 768, 128, 128, 72, 1.0), _row("full", 768, 128, 128, 82, 2.0),
+            _row("full", 1024, 128, 128, 72, 2.0), _row("full", 1024, 128, 128, 82, 1.0)]
+    picks = fa.leave_one_layer_out(fa.load_cases([_write(tmp_path, rows)]))
+    assert {(p["case"]["K"], p["bins"], p["wave"]) for p in picks} == {(768, 82, None), (1024, 72, None)}

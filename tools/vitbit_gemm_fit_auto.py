@@ -17,11 +17,12 @@ A second candidate, the **wave model**, sees wave quantization, which the bins c
 ``time = a_t + b_t W + c_t W kt / splits`` (W = waves = ceil(tiles / (blocks per SM x SMs)), tiles = the tactic's
 output tiles x its K splits) by least squares on relative error, and picks the tactic with the least predicted
 time. It needs the resident blocks per SM of each row (``blocks_per_sm``, recorded by the explore tool since
-round 11); cases without them are left out of its fit and its report. Split-M tactics (two kernels) are not its
-candidates.
+round 11, or given by ``--blocks-per-sm``); cases without them are left out of its fit and its report. Split-M
+tactics (two kernels) are not its candidates. ``--loo`` also fits both rules with each layer left out in turn.
+Rows of the issue's benchmark (``bench/bench_vitbit_gemm.py``) are read as well.
 
     python tools/vitbit_gemm_fit_auto.py RESULTS.json [MORE.json ...] [--hold 768:2304,768:768,768:3072,3072:768]
-        [--json bench/results/vitbit_gemm_autofit_<commit>.json]
+        [--green-kind orin] [--blocks-per-sm 72:6,82:2,...] [--loo] [--json bench/results/vitbit_gemm_autofit_X.json]
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import argparse
 import bisect
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -52,25 +54,48 @@ def bin_of(r: float, kt: int) -> tuple[int, int]:
     return bisect.bisect_right(R_EDGES, r), bisect.bisect_right(KT_EDGES, kt)
 
 
-def load_cases(paths: list[Path], green_kind: str = "shipped") -> list[dict]:
+_BENCH_VARIANT = re.compile(r"ours gemm t1 auto=t(\d+)|ours gemm t(\d+) ")
+
+
+def _bench_rows(rows: list[dict]) -> list[dict]:
+    """Rows of ``bench/bench_vitbit_gemm.py`` (``variant`` "ours gemm tN ..." and "ours gemm t1 auto=tN", timed
+    as tactic N) in the explore tool's form; other variants (baselines, the t1 repeat) are dropped."""
+    out = []
+    for row in rows:
+        m = _BENCH_VARIANT.match(row["variant"])
+        if m and int(m.group(1) or m.group(2)) != 1:
+            out.append({k: row[k] for k in ("config", "K", "N", "M", "us")}
+                       | {"kind": "shipped", "tactic": int(m.group(1) or m.group(2))})
+    return out
+
+
+def load_cases(paths: list[Path], green_kind: str = "shipped", blocks_per_sm: dict[int, int] | None = None
+               ) -> list[dict]:
     """One case per (gelu, config, K, N, M): the times of every tactic timed for it (the median where several
     files time the same case). ``green_kind="orin"``: on green contexts, the explore tool's ``--orin`` rows (Orin's
-    shared-memory carveout and persistent grid) stand in for the shipped ones."""
+    shared-memory carveout and persistent grid) stand in for the shipped ones. Rows of the issue's benchmark
+    (``bench/bench_vitbit_gemm.py``) are read too. ``blocks_per_sm``: resident blocks per SM by tactic, for rows
+    that do not record them."""
     acc: dict[tuple, dict[int, list[float]]] = {}
     occ: dict[tuple, dict[int, int]] = {}
     for p in paths:
         d = json.loads(Path(p).read_text())
         meta = d["meta"]
         gelu = bool(meta.get("gelu"))
-        for row in d["rows"]:
+        rows = d["rows"]
+        if rows and "variant" in rows[0]:
+            rows = _bench_rows(rows)
+        for row in rows:
             cfg = row["config"]
             if row.get("kind") != ("shipped" if cfg == "full" else green_kind):
                 continue
             sms = meta["sm_count"] if cfg == "full" else int(cfg.removeprefix("green"))
             key = (gelu, cfg, sms, row["K"], row["N"], row["M"])
-            acc.setdefault(key, {}).setdefault(int(row["tactic"]), []).append(float(row["us"]))
-            if row.get("blocks_per_sm"):
-                occ.setdefault(key, {})[int(row["tactic"])] = int(row["blocks_per_sm"])
+            t = int(row["tactic"])
+            acc.setdefault(key, {}).setdefault(t, []).append(float(row["us"]))
+            b = row.get("blocks_per_sm") or (blocks_per_sm or {}).get(t)
+            if b:
+                occ.setdefault(key, {})[t] = int(b)
     cases = []
     for (gelu, cfg, sms, k, n, m), times in sorted(acc.items()):
         t = {tac: statistics.median(v) for tac, v in times.items()}
@@ -146,6 +171,21 @@ def fit(cases: list[dict]) -> dict[tuple[int, int], int]:
     return full
 
 
+def leave_one_layer_out(cases: list[dict]) -> list[dict]:
+    """For each layer (K, N) in turn, fit the bins and the wave model on the other layers and pick for the
+    layer's cases: one dict per case with ``bins`` and ``wave`` (the tactic each picks; wave None where it cannot)."""
+    out = []
+    for layer in sorted({(c["K"], c["N"]) for c in cases}):
+        train = [c for c in cases if (c["K"], c["N"]) != layer]
+        if not train:
+            raise SystemExit("--loo needs at least two layers")
+        table, coef = fit(train), fit_waves(train)
+        for c in cases:
+            if (c["K"], c["N"]) == layer:
+                out.append({"case": c, "bins": table[bin_of(c["r"], c["kt"])], "wave": wave_pick(coef, c)})
+    return out
+
+
 def regret(c: dict, tactic: int) -> float | None:
     return c["times"][tactic] / c["best"] if tactic in c["times"] else None
 
@@ -164,17 +204,28 @@ def main() -> int:
     ap.add_argument("--hold", default="768:2304,768:768,768:3072,3072:768", help="layers K:N left out of the fit")
     ap.add_argument("--green-kind", default="shipped", choices=("shipped", "orin"),
                     help="rows used on green contexts: as shipped, or at Orin's occupancy (explore --orin)")
+    ap.add_argument("--blocks-per-sm", default="", metavar="T:B,...",
+                    help="resident blocks per SM by tactic, for rows without them (files of the benchmark, or of the "
+                    "explore tool before round 11)")
+    ap.add_argument("--loo", action="store_true",
+                    help="also leave each layer out in turn (fit on the others) and report the regrets on it")
     ap.add_argument("--json", type=Path, help="write the fitted table and the regrets here")
     args = ap.parse_args()
 
     from edgesdk.kernels.vitbit_gemm import auto_tactic
 
     hold = {tuple(int(v) for v in s.split(":")) for s in args.hold.split(",") if s}
-    cases = load_cases(args.results, args.green_kind)
+    try:
+        bps = {int(t): int(b) for t, b in (v.split(":") for v in args.blocks_per_sm.split(",") if v)}
+    except ValueError:
+        raise SystemExit(f"--blocks-per-sm {args.blocks_per_sm!r}: expected TACTIC:BLOCKS pairs, e.g. 72:6,82:2")
+    cases = load_cases(args.results, args.green_kind, bps)
     train = [c for c in cases if (c["K"], c["N"]) not in hold]
     test = [c for c in cases if (c["K"], c["N"]) in hold]
-    if not train:
-        raise SystemExit("no training cases: every layer is in --hold")
+    if not train and not args.loo:
+        raise SystemExit("no training cases: every layer is in --hold (--loo fits on the other layers instead)")
+    if not train:  # --loo only: the full fit is on every layer
+        train, test = cases, []
     table = fit(train)
     coef = fit_waves(train)
 
@@ -196,7 +247,7 @@ def main() -> int:
 
     out = {"r_edges": R_EDGES, "kt_edges": KT_EDGES, "table": {f"{i},{j}": t for (i, j), t in sorted(table.items())},
            "hold": sorted(hold), "green_kind": args.green_kind, "sources": [str(p) for p in args.results], "sets": {},
-           "wave_model": {str(t): k for t, k in coef.items()}}
+           "wave_model": {str(t): k for t, k in coef.items()}, "blocks_per_sm_given": bps}
     if coef:
         print("wave model (us = a + b W + c W kt / splits): " + "; ".join(
             f"t{t} {k[0]:.2f} {k[1]:+.3f} {k[2]:+.4f}" for t, k in sorted(coef.items())))
@@ -230,6 +281,31 @@ def main() -> int:
         print(f"  hold {'G' if c['gelu'] else ' '} {c['config']:>7} {c['K']:>5}x{c['N']:<5} M={c['M']:<5} "
               f"r={c['r']:<7.3f} kt={c['kt']:<3} best t{c['best_tactic']:<3} old t{o:<3} {ro or nan:.3f}  "
               f"bins t{n_:<3} {rn or nan:.3f}  wave t{w if w is not None else '-':<3} {rw or nan:.3f}")
+    if args.loo:
+        picks = leave_one_layer_out(cases)
+        out["loo"] = {}
+        print("leave one layer out (each layer's cases picked by rules fitted on the other layers):")
+        for gelu in (False, True):
+            for cfg in sorted({p["case"]["config"] for p in picks}):
+                s = [p for p in picks if p["case"]["gelu"] == gelu and p["case"]["config"] == cfg]
+                if not s:
+                    continue
+                res = {lab: summary([v for p in s if (t := rule(p)) is not None
+                                     and (v := regret(p["case"], t)) is not None])
+                       for lab, rule in (("old", lambda p: old_rule(p["case"])), ("bins", lambda p: p["bins"]),
+                                         ("wave", lambda p: p["wave"]))}
+                tag = f"loo {'gelu' if gelu else 'plain'} {cfg}"
+                out["loo"][tag] = res
+                print(f"{tag:>24}: {len(s)} cases; " + "; ".join(
+                    f"{lab} geomean {x.get('geomean', 0):.4f} max {x.get('max', 0):.3f} >3% {x.get('over_1.03')} "
+                    f">10% {x.get('over_1.10')}" + ("" if x["cases"] == len(s) else f" ({x['cases']} cases)")
+                    for lab, x in res.items()))
+        out["loo_cases"] = [{k: p["case"][k] for k in ("gelu", "config", "K", "N", "M", "best_tactic")}
+                            | {"old": old_rule(p["case"]), "bins": p["bins"], "wave": p["wave"],
+                               "old_regret": regret(p["case"], old_rule(p["case"])),
+                               "bins_regret": regret(p["case"], p["bins"]),
+                               "wave_regret": regret(p["case"], p["wave"]) if p["wave"] is not None else None}
+                            for p in picks]
     if args.json:
         tmp = args.json.with_suffix(".tmp")
         tmp.write_text(json.dumps(out, indent=1))
