@@ -6,7 +6,8 @@
 # writes its JSON after every layer, so a stage cut by its timeout keeps what it measured.
 # Afterwards, on any machine:
 #   python tools/vitbit_gemm_fit_auto.py bench/results/vitbit_gemm_explore_r10fit_C.json \
-#       bench/results/vitbit_gemm_explore_r10hold_C.json [--green-kind orin] --json bench/results/vitbit_gemm_autofit_C.json
+#       bench/results/vitbit_gemm_explore_r10hold_C.json [--green-kind orin] [--loo] --json bench/results/vitbit_gemm_autofit_C.json
+# (the rows record each kernel's resident blocks per SM, which the fit's wave model needs)
 # Usage (repository root, on the GPU machine): OUT=dir EDGESDK_COMMIT=$(git rev-parse --short HEAD) bash tools/vitbit_gemm_fit_run.sh
 set -uo pipefail
 OUT=${OUT:-out-gpu}; mkdir -p "$OUT"
