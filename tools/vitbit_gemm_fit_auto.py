@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgesdk.kernels.vitbit_gemm import SPLIT_M, config, k_padded, shape_class  # noqa: E402
+from edgesdk.kernels.vitbit_gemm import BK, SPLIT_M, config, k_padded, shape_class  # noqa: E402
 
 R_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # bins: r < 0.25, 0.25 <= r < 0.5, ..., r >= 8
 KT_EDGES = (4, 9)  # bins: kt < 4 (K <= 384), 4 <= kt < 9 (K <= 1024), kt >= 9
@@ -114,7 +114,7 @@ def wave_features(c: dict, tactic: int) -> list[float] | None:
     cfg, splits = config(tactic)
     tiles = -(-c["M"] // cfg.bm) * -(-c["N"] // cfg.bn) * splits
     waves = -(-tiles // (per_sm * c["sms"]))
-    kt = -(-k_padded(c["K"]) // 128)
+    kt = -(-k_padded(c["K"]) // BK)
     return [1.0, float(waves), waves * kt / splits]
 
 
@@ -198,6 +198,14 @@ def summary(values: list[float]) -> dict:
             "over_1.03": sum(v > 1.03 for v in values), "over_1.10": sum(v > 1.10 for v in values)}
 
 
+def describe(label: str, x: dict, n: int) -> str:
+    """One rule's :func:`summary` on a set of ``n`` cases, for the terminal."""
+    if not x["cases"]:
+        return f"{label}: no cases"
+    return (f"{label} geomean {x['geomean']:.4f} max {x['max']:.3f} >3% {x['over_1.03']} >10% {x['over_1.10']}"
+            + ("" if x["cases"] == n else f" ({x['cases']} cases)"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="+", type=Path)
@@ -266,9 +274,7 @@ def main() -> int:
                 tag = f"{name} {'gelu' if gelu else 'plain'} {cfg}"
                 out["sets"][tag] = {"old": old, "new": new, "wave": wav}
                 print(f"{tag:>24}: {len(s)} cases; " + "; ".join(
-                    f"{lab} geomean {x.get('geomean', 0):.3f} max {x.get('max', 0):.3f} >3% {x.get('over_1.03')}"
-                    + ("" if x["cases"] == len(s) else f" ({x['cases']} cases)")
-                    for lab, x in (("old rule", old), ("bins", new), ("wave model", wav))))
+                    describe(lab, x, len(s)) for lab, x in (("old rule", old), ("bins", new), ("wave model", wav))))
     out["cases"] = [{k: v for k, v in c.items() if k not in ("times", "blocks_per_sm")}
                     | {"old": old_rule(c), "new": new_rule(c), "wave": wave_rule(c),
                        "old_regret": regret(c, old_rule(c)), "new_regret": regret(c, new_rule(c)),
@@ -296,10 +302,7 @@ def main() -> int:
                                          ("wave", lambda p: p["wave"]))}
                 tag = f"loo {'gelu' if gelu else 'plain'} {cfg}"
                 out["loo"][tag] = res
-                print(f"{tag:>24}: {len(s)} cases; " + "; ".join(
-                    f"{lab} geomean {x.get('geomean', 0):.4f} max {x.get('max', 0):.3f} >3% {x.get('over_1.03')} "
-                    f">10% {x.get('over_1.10')}" + ("" if x["cases"] == len(s) else f" ({x['cases']} cases)")
-                    for lab, x in res.items()))
+                print(f"{tag:>24}: {len(s)} cases; " + "; ".join(describe(lab, x, len(s)) for lab, x in res.items()))
         out["loo_cases"] = [{k: p["case"][k] for k in ("gelu", "config", "K", "N", "M", "best_tactic")}
                             | {"old": old_rule(p["case"]), "bins": p["bins"], "wave": p["wave"],
                                "old_regret": regret(p["case"], old_rule(p["case"])),
