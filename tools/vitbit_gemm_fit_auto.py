@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgesdk.kernels.vitbit_gemm import BK, SPLIT_M, config, k_padded, shape_class  # noqa: E402
+from edgesdk.kernels.vitbit_gemm import SPLIT_M, config, shape_class  # noqa: E402
 
 R_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # bins: r < 0.25, 0.25 <= r < 0.5, ..., r >= 8
 KT_EDGES = (4, 9)  # bins: kt < 4 (K <= 384), 4 <= kt < 9 (K <= 1024), kt >= 9
@@ -114,8 +114,7 @@ def wave_features(c: dict, tactic: int) -> list[float] | None:
     cfg, splits = config(tactic)
     tiles = -(-c["M"] // cfg.bm) * -(-c["N"] // cfg.bn) * splits
     waves = -(-tiles // (per_sm * c["sms"]))
-    kt = -(-k_padded(c["K"]) // BK)
-    return [1.0, float(waves), waves * kt / splits]
+    return [1.0, float(waves), waves * c["kt"] / splits]
 
 
 def fit_waves(cases: list[dict]) -> dict[int, list[float]]:
