@@ -220,6 +220,7 @@ def main() -> int:
                 xq_h = rng.integers(-128, 128, (m, k)).astype(np.int8)
                 xq = torch.from_numpy(xq_h).cuda()
                 y = torch.empty(m, n, device="cuda", dtype=torch.float16)
+                ws = torch.zeros(K.workspace_bytes(a, m), dtype=torch.uint8, device="cuda")  # split-K partials
                 ins = [[d[t].data_ptr() for t in F.TENSOR_NAMES] for d in dev]
                 ref = R.vitbit_gemm(xq_h, p[0])
                 res = {}
@@ -230,7 +231,7 @@ def main() -> int:
                     K.PERSISTENT_GRID_CAP = cap
                     try:
                         K.gemm(a, "int8", m, xq.data_ptr(), ins[i % B.ROT][0], ins[i % B.ROT][1], ins[i % B.ROT][2],
-                               y.data_ptr(), stream, t)
+                               y.data_ptr(), stream, t, part=ws.data_ptr() + K._xq_bytes(m, k))
                     finally:
                         K.PERSISTENT_GRID_CAP = old
                         K.SOURCE = "vitbit_gemm/vitbit_gemm.cu"
