@@ -217,7 +217,7 @@ def bench_config(label: str, ctx, prim, stream_int: int, tstream, triton_mm, rng
                     continue
                 if t == K.AUTO:  # the default: resolved per shape on this context
                     _cuda.check(cu.cuCtxSetCurrent(ctx))
-                    auto_t = K.auto_tactic(n, k, m, K._context_sms())
+                    auto_t = K.resolve_tactic(a, m)
                     name = f"auto=t{auto_t}"
                 elif t in K.SPLIT_M:  # two persistent kernels: head rows, then the tail rows
                     name = "+".join(K.SPLIT_M[t]) + " split-M"

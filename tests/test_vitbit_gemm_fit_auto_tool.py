@@ -119,3 +119,48 @@ def test_leave_one_layer_out_never_fits_on_the_layer_it_picks_for(tmp_path):
             _row("full", 1024, 128, 128, 72, 2.0), _row("full", 1024, 128, 128, 82, 1.0)]
     picks = fa.leave_one_layer_out(fa.load_cases([_write(tmp_path, rows)]))
     assert {(p["case"]["K"], p["bins"], p["wave"]) for p in picks} == {(768, 82, None), (1024, 72, None)}
+
+
+def test_tactic_1_rows_are_the_launchers_choice_not_a_candidate(tmp_path):
+    rows = [_row("full", 768, 128, 128, 72, 1.0), _row("full", 768, 128, 128, 82, 2.0), _row("full", 768, 128, 128, 1, 1.1)]
+    (case,) = fa.load_cases([_write(tmp_path, rows)])
+    assert case["times"] == {72: 1.0, 82: 2.0} and case["auto_us"] == 1.1
+    rows = [_row("full", 768, 128, 128, 72, 1.0)]
+    assert fa.load_cases([_write(tmp_path, rows, name="b.json")])[0]["auto_us"] is None
+
+
+def test_rules_of_the_report(tmp_path):
+    # round-10 bins: 72 below half a tile per SM, 33 below one, 29 at long K below 4, else 82
+    def case(k, n, m, sms=132):
+        r, kt = fa.features(k, n, m, sms)
+        return {"K": k, "N": n, "M": m, "sms": sms, "r": r, "kt": kt}
+    assert [fa.rule_r10(case(768, 768, m)) for m in (197, 1576, 6304)] == [72, 33, 82]
+    assert fa.rule_r10(case(3072, 768, 6304)) == 29
+    c = case(768, 768, 197) | {"blocks_per_sm": {}}
+    assert fa.rule_shipped(c) is None  # no occupancy recorded: the shipped rule cannot pick
+    c["blocks_per_sm"] = {t: 0 for t in fa.WAVE_TACTICS} | {33: 2}
+    assert fa.rule_shipped(c) == 33
+
+
+def test_judge_reports_on_other_files_without_fitting_on_them(tmp_path, monkeypatch):
+    def rows_for(fast, slow):  # one tactic twice as fast as the other on every layer
+        return [_row(cfg, k, 128, 128, t, us) | {"blocks_per_sm": 2} for cfg in ("full", "green16")
+                for k in (768, 1024, 1536) for t, us in ((fast, 1.0), (slow, 2.0))]
+    train = _write(tmp_path, rows_for(72, 82), name="train.json")
+    other = _write(tmp_path, rows_for(82, 72), name="other.json")  # the opposite: every pick of the fit is wrong
+
+    def run(*extra):
+        out = tmp_path / "fit.json"
+        monkeypatch.setattr(sys, "argv", ["fit", str(train), "--hold", "", "--json", str(out), *extra])
+        assert fa.main() == 0
+        return json.loads(out.read_text())
+
+    plain, judged = run(), run("--judge", str(other))
+    assert plain["table"] == judged["table"] and plain["wave_model"] == judged["wave_model"]
+    assert "judge" not in plain and judged["judge"]["sources"] == [str(other)]
+    sets = judged["judge"]["sets"]
+    assert set(sets) == {"judge plain full", "judge plain green16"}
+    for s in sets.values():
+        assert s["bins"]["cases"] == 3 and s["bins"]["geomean"] == pytest.approx(2.0)
+        assert s["wave"]["geomean"] == pytest.approx(2.0)
+    assert judged["sets"]["train plain full"]["bins"]["geomean"] == pytest.approx(1.0)

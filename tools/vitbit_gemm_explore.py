@@ -22,6 +22,8 @@ Every ``shipped`` output is checked once per shape against an int64 numpy refere
         [--shapes 768:2304,384:1536] [--tokens 197] [--batches 1,8,32] [--name TAG]
 
 Other layers than ViT-B/16's (``--shapes K:N``, M = tokens x batch) feed ``tools/vitbit_gemm_fit_auto.py``.
+Tactic 1 (the launcher's per-shape choice) may be in ``--tactics`` (``shipped`` rows only): its rows record the
+tactic it resolved to (``resolved``) and that kernel's occupancy; the fit tool reports them as "t1 as run".
 """
 
 from __future__ import annotations
@@ -116,6 +118,8 @@ def main() -> int:
     args = ap.parse_args()
     tactics = [int(t) for t in args.tactics.split(",") if t]
     orin_tactics = [int(t) for t in args.orin_tactics.split(",") if t]
+    if 1 in orin_tactics:
+        raise SystemExit("--orin-tactics: tactic 1 resolves per context; time it in --tactics (shipped rows)")
     batches = [int(b) for b in args.batches.split(",") if b]
     shapes = parse_shapes(args.shapes)
 
@@ -169,12 +173,15 @@ def main() -> int:
             print(f"[{label}] orin occupancy t{t}: {orin_info[t]}", flush=True)
 
     occ: dict = {}
+    resolved: dict = {}  # config label -> what tactic 1 resolved to on the current layer and M
 
     def blocks_per_sm(label: str, kind: str, t: int) -> int:
         """Resident blocks per SM of tactic ``t``'s GEMM kernel in the current context (the head kernel of a
         split-M tactic; Orin's count for the ``orin`` rows): what a wave-aware rule needs besides the shape."""
         if kind == "orin":
             return orin_info[t]["orin_blocks_per_sm"]
+        if t == K.AUTO:
+            t = resolved[label]
         if (label, kind, t) not in occ:
             cfg, kern = kernel(kind, t)
             kern.set_max_dynamic_smem(cfg.smem)
@@ -238,11 +245,15 @@ def main() -> int:
 
                 ok_t = set(K.valid_tactics(a, m))  # split-K tactics have a size limit (workspace)
                 variants = [("shipped", t, None) for t in tactics if t in ok_t]
+                if K.AUTO in tactics:
+                    _cuda.check(cu.cuCtxSetCurrent(ctx))
+                    resolved[label] = K.resolve_tactic(a, m)
+                concrete = [t for t in tactics if t != K.AUTO]
                 if args.ablate:
-                    variants += [("noepi", t, None) for t in tactics if t in ok_t and K.config(t)[0].persistent]
+                    variants += [("noepi", t, None) for t in concrete if t in ok_t and K.config(t)[0].persistent]
                 if args.orin and label != "full":
                     variants += [("orin", t, 16 * orin_info[t]["orin_blocks_per_sm"]) for t in orin_tactics
-                                 if t in ok_t]
+                                 if t in ok_t and t != K.AUTO]
                 for kind, t, cap in variants:
                     if kind == "shipped":  # check the output once: Y poisoned, int64 reference
                         _cuda.check(cu.cuCtxSetCurrent(ctx))
@@ -265,10 +276,11 @@ def main() -> int:
                     us = timer(lambda i, kind=kind, t=t, cap=cap: run(kind, t, i, cap))
                     name = f"{kind} t{t}"
                     res[name] = us
+                    rt = resolved[label] if t == K.AUTO else t
                     rows.append({"config": label, "K": k, "N": n, "M": m, "kind": kind, "tactic": t,
-                                 "kernel": K.config(t)[0].name, "grid_cap": cap,
+                                 "kernel": K.config(rt)[0].name, "grid_cap": cap,
                                  "blocks_per_sm": blocks_per_sm(label, kind, t), "us": us,
-                                 "TOPS": 2.0 * m * n * k / us / 1e6}
+                                 "TOPS": 2.0 * m * n * k / us / 1e6} | ({"resolved": rt} if t == K.AUTO else {})
                                 | (ulps.get((label, k, n, m, t), {}) if kind == "shipped" else {}))
                 print(f"[{label}] K={k} N={n} M={m}: " + ", ".join(f"{kk} {v:.2f}" for kk, v in res.items()),
                       flush=True)

@@ -11,7 +11,10 @@ tactic). Each case (config, K, N, M) is described by the rule's two features:
 Cases fall into bins (``R_EDGES`` on r x ``KT_EDGES`` on kt). In each bin the rule takes the tactic with the least
 geometric mean of (its time / the case's best time) over the training cases of that bin; a bin without training
 cases takes its neighbour's choice. The ``--hold`` layers are left out of the fit and reported on their own, with
-the current rule beside the fitted one (regret = time of the tactic a rule picks / the best time of the case).
+the shipped rule (``auto_tactic``, given each case's recorded occupancy) and the round-10 rule it replaced beside the
+fitted ones (regret = time of the tactic a rule picks / the best time of the case). Rows of tactic 1 itself (the
+launcher's own choice, as run) are not candidates: where a file has them, the report adds their measured regret
+("t1 as run").
 
 A second candidate, the **wave model**, sees wave quantization, which the bins cannot: for each tactic t it fits
 ``time = a_t + b_t W + c_t W kt / splits`` (W = waves = ceil(tiles / (blocks per SM x SMs)), tiles = the tactic's
@@ -19,10 +22,13 @@ output tiles x its K splits) by least squares on relative error, and picks the t
 time. It needs the resident blocks per SM of each row (``blocks_per_sm``, recorded by the explore tool since
 round 11, or given by ``--blocks-per-sm``); cases without them are left out of its fit and its report. Split-M
 tactics (two kernels) are not its candidates. ``--loo`` also fits both rules with each layer left out in turn.
-Rows of the issue's benchmark (``bench/bench_vitbit_gemm.py``) are read as well.
+Rows of the issue's benchmark (``bench/bench_vitbit_gemm.py``) are read as well. ``--judge FILES`` reports the
+rules fitted on RESULTS on the cases of other files (another GPU's runs, or the ``--orin`` rows with
+``--judge-green-kind orin``), every layer of them: nothing of the judged files enters the fit.
 
     python tools/vitbit_gemm_fit_auto.py RESULTS.json [MORE.json ...] [--hold 768:2304,768:768,768:3072,3072:768]
-        [--green-kind orin] [--blocks-per-sm 72:6,82:2,...] [--loo] [--json bench/results/vitbit_gemm_autofit_X.json]
+        [--green-kind orin] [--blocks-per-sm 72:6,82:2,...] [--loo] [--judge OTHER.json ... [--judge-green-kind orin]]
+        [--json bench/results/vitbit_gemm_autofit_X.json]
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgesdk.kernels.vitbit_gemm import SPLIT_M, config, shape_class  # noqa: E402
+from edgesdk.kernels.vitbit_gemm import AUTO, SPLIT_M, WAVE_MODEL, auto_tactic, config, shape_class  # noqa: E402
+
+WAVE_TACTICS = sorted(WAVE_MODEL)  # the shipped rule's candidates
 
 R_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # bins: r < 0.25, 0.25 <= r < 0.5, ..., r >= 8
 KT_EDGES = (4, 9)  # bins: kt < 4 (K <= 384), 4 <= kt < 9 (K <= 1024), kt >= 9
@@ -48,6 +56,27 @@ KT_EDGES = (4, 9)  # bins: kt < 4 (K <= 384), 4 <= kt < 9 (K <= 1024), kt >= 9
 def features(k: int, n: int, m: int, sms: int) -> tuple[float, int]:
     """(r, kt) of a case, as the launcher's rule sees it."""
     return shape_class(n, k, m, sms)
+
+
+def rule_r10(c: dict) -> int:
+    """Tactic 1 as rounds 6-12 shipped it (replaced in round 13 by the wave model): bins of tiles per SM (r) and
+    k-tiles (kt), from the H100 measurements of rounds 3-10. Kept here as the baseline of the reports."""
+    r, kt = c["r"], c["kt"]
+    if r < 0.5:
+        return 72
+    if r < 1:
+        return 33
+    if kt > 8 and r < 4:
+        return 29
+    return 82
+
+
+def rule_shipped(c: dict) -> int | None:
+    """What the launcher's tactic 1 (``auto_tactic``) picks for case ``c`` given its recorded occupancy (None
+    where the case has none)."""
+    if not c.get("blocks_per_sm"):
+        return None
+    return auto_tactic(c["N"], c["K"], c["M"], c["sms"], c["blocks_per_sm"])
 
 
 def bin_of(r: float, kt: int) -> tuple[int, int]:
@@ -62,7 +91,7 @@ def _bench_rows(rows: list[dict]) -> list[dict]:
     as tactic N) in the explore tool's form; other variants (baselines, the t1 repeat) are dropped."""
     out = []
     for row in rows:
-        m = _BENCH_VARIANT.match(row["variant"])
+        m = _BENCH_VARIANT.match(row.get("variant", ""))
         if m and int(m.group(1) or m.group(2)) != 1:
             out.append({k: row[k] for k in ("config", "K", "N", "M", "us")}
                        | {"kind": "shipped", "tactic": int(m.group(1) or m.group(2))})
@@ -78,6 +107,7 @@ def load_cases(paths: list[Path], green_kind: str = "shipped", blocks_per_sm: di
     that do not record them."""
     acc: dict[tuple, dict[int, list[float]]] = {}
     occ: dict[tuple, dict[int, int]] = {}
+    auto: dict[tuple, list[float]] = {}
     for p in paths:
         d = json.loads(Path(p).read_text())
         meta = d["meta"]
@@ -92,6 +122,9 @@ def load_cases(paths: list[Path], green_kind: str = "shipped", blocks_per_sm: di
             sms = meta["sm_count"] if cfg == "full" else int(cfg.removeprefix("green"))
             key = (gelu, cfg, sms, row["K"], row["N"], row["M"])
             t = int(row["tactic"])
+            if t == AUTO:  # the launcher's own choice, as run: not a candidate
+                auto.setdefault(key, []).append(float(row["us"]))
+                continue
             acc.setdefault(key, {}).setdefault(t, []).append(float(row["us"]))
             b = row.get("blocks_per_sm") or (blocks_per_sm or {}).get(t)
             if b:
@@ -102,7 +135,8 @@ def load_cases(paths: list[Path], green_kind: str = "shipped", blocks_per_sm: di
         r, kt = features(k, n, m, sms)
         cases.append({"gelu": gelu, "config": cfg, "sms": sms, "K": k, "N": n, "M": m, "r": r, "kt": kt,
                       "times": t, "best": min(t.values()), "best_tactic": min(t, key=t.get),
-                      "blocks_per_sm": occ.get((gelu, cfg, sms, k, n, m), {})})
+                      "blocks_per_sm": occ.get((gelu, cfg, sms, k, n, m), {}),
+                      "auto_us": statistics.median(auto[key]) if (key := (gelu, cfg, sms, k, n, m)) in auto else None})
     return cases
 
 
@@ -216,10 +250,12 @@ def main() -> int:
                     "explore tool before round 11)")
     ap.add_argument("--loo", action="store_true",
                     help="also leave each layer out in turn (fit on the others) and report the regrets on it")
+    ap.add_argument("--judge", nargs="+", type=Path, default=[], metavar="FILE",
+                    help="also report the rules fitted on RESULTS on every case of these files (not fitted on)")
+    ap.add_argument("--judge-green-kind", choices=("shipped", "orin"),
+                    help="rows of the --judge files used on green contexts (default: --green-kind)")
     ap.add_argument("--json", type=Path, help="write the fitted table and the regrets here")
     args = ap.parse_args()
-
-    from edgesdk.kernels.vitbit_gemm import auto_tactic
 
     hold = {tuple(int(v) for v in s.split(":")) for s in args.hold.split(",") if s}
     try:
@@ -239,11 +275,35 @@ def main() -> int:
     def wave_rule(c):
         return wave_pick(coef, c)
 
-    def new_rule(c):
+    def bins_rule(c):
         return table[bin_of(c["r"], c["kt"])]
 
-    def old_rule(c):
-        return auto_tactic(c["N"], c["K"], c["M"], c["sms"])
+    # the rules compared: the round-10 rule, the shipped auto_tactic, and the two fitted here (case -> tactic | None)
+    rules = {"r10": rule_r10, "shipped": rule_shipped, "bins": bins_rule, "wave": wave_rule}
+
+    def report(tag: str, cs: list[dict], picks=None) -> dict:
+        """Each rule's regret summary on cases ``cs`` (``picks``: per case, tactics overriding the rules': the
+        leave-one-out fits), and tactic 1 as run where the files timed it."""
+        res = {}
+        for lab, rule in rules.items():
+            vals = []
+            for i, c in enumerate(cs):
+                t = picks[i][lab] if picks and lab in picks[i] else rule(c)
+                if t is not None and (v := regret(c, t)) is not None:
+                    vals.append(v)
+            res[lab] = summary(vals)
+        ran = [c["auto_us"] / c["best"] for c in cs if c.get("auto_us")]
+        if ran:
+            res["t1_as_run"] = summary(ran)
+        print(f"{tag:>24}: {len(cs)} cases; " + "; ".join(describe(lab, x, len(cs)) for lab, x in res.items()))
+        return res
+
+    def groups(cs: list[dict]):
+        for gelu in (False, True):
+            for cfg in sorted({c["config"] for c in cs}):
+                sub = [c for c in cs if c["gelu"] == gelu and c["config"] == cfg]
+                if sub:
+                    yield f"{'gelu' if gelu else 'plain'} {cfg}", sub
 
     print("fitted table (rows: r bins; columns: kt bins " + ", ".join(
         ["< %d" % KT_EDGES[0]] + [f"{a}-{b - 1}" for a, b in zip(KT_EDGES, KT_EDGES[1:])] + [f">= {KT_EDGES[-1]}"])
@@ -261,53 +321,42 @@ def main() -> int:
     else:
         print("wave model: no rows with blocks_per_sm in the inputs")
     for name, cs in (("train", train), ("hold", test)):
-        for gelu in (False, True):
-            sub = [c for c in cs if c["gelu"] == gelu]
-            if not sub:
-                continue
-            for cfg in sorted({c["config"] for c in sub}):
-                s = [c for c in sub if c["config"] == cfg]
-                old = summary([v for c in s if (v := regret(c, old_rule(c))) is not None])
-                new = summary([v for c in s if (v := regret(c, new_rule(c))) is not None])
-                wav = summary([v for c in s if (w := wave_rule(c)) is not None and (v := regret(c, w)) is not None])
-                tag = f"{name} {'gelu' if gelu else 'plain'} {cfg}"
-                out["sets"][tag] = {"old": old, "new": new, "wave": wav}
-                print(f"{tag:>24}: {len(s)} cases; " + "; ".join(
-                    describe(lab, x, len(s)) for lab, x in (("old rule", old), ("bins", new), ("wave model", wav))))
-    out["cases"] = [{k: v for k, v in c.items() if k not in ("times", "blocks_per_sm")}
-                    | {"old": old_rule(c), "new": new_rule(c), "wave": wave_rule(c),
-                       "old_regret": regret(c, old_rule(c)), "new_regret": regret(c, new_rule(c)),
-                       "wave_regret": regret(c, w) if (w := wave_rule(c)) is not None else None} for c in cases]
+        for tag, sub in groups(cs):
+            out["sets"][f"{name} {tag}"] = report(f"{name} {tag}", sub)
+
+    def picked(c: dict) -> dict:
+        d = {}
+        for lab, rule in rules.items():
+            t = rule(c)
+            d[lab], d[f"{lab}_regret"] = t, (regret(c, t) if t is not None else None)
+        return d
+
+    out["cases"] = [{k: v for k, v in c.items() if k not in ("times", "blocks_per_sm")} | picked(c) for c in cases]
     nan = float("nan")
     for c in test:
-        o, n_, w = old_rule(c), new_rule(c), wave_rule(c)
-        ro, rn = regret(c, o), regret(c, n_)
-        rw = regret(c, w) if w is not None else None
+        d = picked(c)
         print(f"  hold {'G' if c['gelu'] else ' '} {c['config']:>7} {c['K']:>5}x{c['N']:<5} M={c['M']:<5} "
-              f"r={c['r']:<7.3f} kt={c['kt']:<3} best t{c['best_tactic']:<3} old t{o:<3} {ro or nan:.3f}  "
-              f"bins t{n_:<3} {rn or nan:.3f}  wave t{w if w is not None else '-':<3} {rw or nan:.3f}")
+              f"r={c['r']:<7.3f} kt={c['kt']:<3} best t{c['best_tactic']:<3} " + "  ".join(
+                  f"{lab} t{d[lab] if d[lab] is not None else '-':<3} {d[lab + '_regret'] or nan:.3f}" for lab in rules))
+    if args.judge:
+        jkind = args.judge_green_kind or args.green_kind
+        jcases = load_cases(args.judge, jkind, bps)
+        out["judge"] = {"sources": [str(p) for p in args.judge], "green_kind": jkind, "sets": {}}
+        print(f"judged on {len(jcases)} cases of {', '.join(map(str, args.judge))} (green rows: {jkind}):")
+        for tag, sub in groups(jcases):
+            out["judge"]["sets"][f"judge {tag}"] = report(f"judge {tag}", sub)
     if args.loo:
-        picks = leave_one_layer_out(cases)
+        loo = leave_one_layer_out(cases)
         out["loo"] = {}
         print("leave one layer out (each layer's cases picked by rules fitted on the other layers):")
-        for gelu in (False, True):
-            for cfg in sorted({p["case"]["config"] for p in picks}):
-                s = [p for p in picks if p["case"]["gelu"] == gelu and p["case"]["config"] == cfg]
-                if not s:
-                    continue
-                res = {lab: summary([v for p in s if (t := rule(p)) is not None
-                                     and (v := regret(p["case"], t)) is not None])
-                       for lab, rule in (("old", lambda p: old_rule(p["case"])), ("bins", lambda p: p["bins"]),
-                                         ("wave", lambda p: p["wave"]))}
-                tag = f"loo {'gelu' if gelu else 'plain'} {cfg}"
-                out["loo"][tag] = res
-                print(f"{tag:>24}: {len(s)} cases; " + "; ".join(describe(lab, x, len(s)) for lab, x in res.items()))
+        for tag, sub in groups([p["case"] for p in loo]):
+            ps = [p for p in loo if p["case"] in sub]
+            out["loo"][f"loo {tag}"] = report(f"loo {tag}", [p["case"] for p in ps], ps)
         out["loo_cases"] = [{k: p["case"][k] for k in ("gelu", "config", "K", "N", "M", "best_tactic")}
-                            | {"old": old_rule(p["case"]), "bins": p["bins"], "wave": p["wave"],
-                               "old_regret": regret(p["case"], old_rule(p["case"])),
+                            | {"bins": p["bins"], "wave": p["wave"],
                                "bins_regret": regret(p["case"], p["bins"]),
                                "wave_regret": regret(p["case"], p["wave"]) if p["wave"] is not None else None}
-                            for p in picks]
+                            for p in loo]
     if args.json:
         tmp = args.json.with_suffix(".tmp")
         tmp.write_text(json.dumps(out, indent=1))

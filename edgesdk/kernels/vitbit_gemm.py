@@ -177,35 +177,70 @@ MAX_SPLITS = max(s for _, s in TACTICS.values())
 
 
 def shape_class(n: int, k: int, m: int, sms: int) -> tuple[float, int]:
-    """What :func:`auto_tactic` decides on: r, the 128 x 128 output tiles per SM of the context, and kt, the
-    k-tiles (of BK) per output tile."""
+    """r, the 128 x 128 output tiles per SM of the context, and kt, the k-tiles (of BK) per output tile (the
+    features of the round-10 rule that :func:`auto_tactic` replaced; ``tools/vitbit_gemm_fit_auto.py`` bins by them)."""
     return -(-m // 128) * -(-n // 128) / max(1, sms), -(-k_padded(k) // BK)
 
 
-def auto_tactic(n: int, k: int, m: int, sms: int) -> int:
-    """Tactic 1 (the default): the tensor-core-only tactic measured fastest for this shape class, from the
-    number of 128 x 128 output tiles per SM of the current context (r) and the k-tiles per tile (kt).
+#: Tactic 1's wave model (round 13): predicted µs of tensor-core-only tactic t = a + b W + c W kt / splits, with
+#: W = ceil(tiles x splits / (resident blocks per SM x SMs of the context)) waves and kt k-tiles of BK. Tactic ->
+#: (a, b, c), fitted (least squares on relative error) to every timed case of the round-12 refit on an H200
+#: (16 layers of ViT-Ti/S/B/L x M = 197 x {1, 2, 4, 8, 16, 32}, full GPU and 16-SM green context, kernels of
+#: ed6347d; 2,238 outputs checked exact) by ``python tools/vitbit_gemm_fit_auto.py
+#: bench/results/vitbit_gemm_explore_r10{fit,fit2,hold,hold2}_h200_ed6347d.json --hold "" --loo --judge ...``
+#: (bench/results/vitbit_gemm_autofit_all_h200_ed6347d.json, which tests/test_vitbit_gemm_format.py checks this
+#: table against). Split-M (60, two kernels) is not a candidate; split-K 50 only where split-K is allowed.
+WAVE_MODEL: dict[int, tuple[float, float, float]] = {
+    3: (0.7033, 2.875, 0.4998),
+    29: (-1.345, 6.54, 0.6565),
+    30: (-0.2, 3.783, 0.9561),
+    31: (0.1874, 3.028, 0.7144),
+    33: (1.431, 1.543, 0.492),
+    34: (0.1845, 3.692, 0.9322),
+    50: (2.541, 2.704, 0.5226),
+    71: (1.478, 1.224, 0.4773),
+    72: (1.881, 0.9526, 0.3943),
+    73: (0.8988, 2.095, 0.4496),
+    82: (0.08389, 3.715, 0.9319),
+}
 
-    Measured (H100, full GPU and 16-SM green context, bench/results/vitbit_gemm_tp.json, vitbit_gemm_r3*.json):
-    with r < 1 the 64 x 64 tiles win (persistent tp_64x64 at K = 768, tc2_64x64 at K = 3072); with r >= 1 the
-    persistent 128 x 128 kernel wins, except at K = 3072 with 1 <= r < 4 (tc2_64x128s3). Round 6
-    (bench/results/vitbit_gemm_r6_small_*.json): with r < 0.5 (M = 197 on 132 SMs: r = 0.09-0.36) 32-row
-    tiles beat them by 1.02-1.19x (tp_32x32 at K = 768, tc2_32x64 at K = 3072; also faster than round 3's
-    in-kernel split-K tk_64x64 there, which the rule no longer picks), while at r = 0.75 (M = 197 on 16 SMs)
-    they are 1.2-1.4x slower. Round 7 (bench/results/vitbit_gemm_r7_*.json, vitbit_gemm_explore_*.json): with the
-    compact fp16 epilogue, tp_128x128w4s2 (82: 4 warps of 64 x 64, 2 stages, 64 KB, two blocks per SM on Orin as on
-    the H100) is the fastest or within 1 % of it where tp_128x128 (30) was the choice; 30 (96 KB) holds only one
-    block per SM on Orin's 164 KB. Round 10 (bench/results/vitbit_gemm_r9_e4abac7.json): round 9's cheaper
-    addressing sped up the persistent tp_32x32 and tp_64x64 but not the tc2 kernels, so at K = 3072 with r < 1 they
-    now beat the tc2 choices (tc2_32x64, tc2_64x64) by 1.03-1.05x: the persistent pair is taken at any K."""
-    r, kt = shape_class(n, k, m, sms)
-    if r < 0.5:
-        return 72
-    if r < 1:
-        return 33
-    if kt > 8 and r < 4:
-        return 29
-    return 82
+
+def wave_prediction(tactic: int, n: int, k: int, m: int, sms: int, blocks_per_sm: int) -> float | None:
+    """Predicted µs of ``tactic`` (a :data:`WAVE_MODEL` tactic) for an M x N x K layer on a context of ``sms`` SMs
+    where the tactic's kernel keeps ``blocks_per_sm`` blocks resident; None where it cannot run the shape
+    (split-K not allowed, fewer k-tiles than splits, no resident block)."""
+    a, b, c = WAVE_MODEL[tactic]
+    cfg, splits = config(tactic)
+    kt = -(-k_padded(k) // BK)
+    if splits > 1 and (kt < splits or not _splitk_ok(m, n)):
+        return None
+    if blocks_per_sm <= 0 or sms <= 0:
+        return None
+    tiles = -(-m // cfg.bm) * -(-n // cfg.bn) * splits
+    w = -(-tiles // (blocks_per_sm * sms))
+    return a + b * w + c * w * kt / splits
+
+
+def auto_tactic(n: int, k: int, m: int, sms: int, blocks_per_sm) -> int:
+    """Tactic 1 (the default): the tensor-core-only tactic of least :func:`wave_prediction` for this shape on a
+    context of ``sms`` SMs. ``blocks_per_sm``: tactic -> resident blocks per SM of its kernel (a mapping or a
+    function; the launcher asks the driver, :func:`resident_blocks`), so the rule sees the device's occupancy
+    (Orin's 164 KB of shared memory per SM holds fewer blocks than an H100's 228 KB).
+
+    Measured (round 12, docs/vitbit_gemm.md): regret (picked tactic's time / the best tactic's) with each layer
+    left out of the fit in turn, H200: full GPU 1.022 (the round-10 rule it replaces, which binned by tiles per SM
+    and k-tiles: 1.050), 16 SMs 1.019 (1.049), 16 SMs at Orin's occupancy 1.008 (1.026); the H200 coefficients
+    judged on the H100's runs: 1.025 (1.049) and 1.019 (1.049)."""
+    get = blocks_per_sm if callable(blocks_per_sm) else (lambda t: blocks_per_sm.get(t, 0))
+    best, best_us = None, float("inf")
+    for t in sorted(WAVE_MODEL):
+        us = wave_prediction(t, n, k, m, sms, int(get(t) or 0))
+        if us is not None and us < best_us:
+            best, best_us = t, us
+    if best is None:
+        raise EdgeSDKError(f"EdgeVitBitGemm: no tensor-core-only tactic can keep a block resident for M={m}, "
+                           f"N={n}, K={k} on this device", "pick a tactic from valid_tactics(attrs, m) explicitly")
+    return best
 
 
 def config(tactic: int, bits: int = 8) -> tuple[Config, int]:
@@ -213,7 +248,7 @@ def config(tactic: int, bits: int = 8) -> tuple[Config, int]:
     resolved to a concrete tactic first (:func:`auto_tactic`)."""
     if tactic == AUTO:
         raise EdgeSDKError("EdgeVitBitGemm: tactic 1 is the per-shape choice; config() needs a concrete tactic",
-                           "use auto_tactic(n, k, m, sms) to resolve it")
+                           "use resolve_tactic(attrs, m) (or auto_tactic) to resolve it")
     if tactic in SPLIT_M:  # the head kernel; the tail's is SPLIT_M[tactic][1]
         return _C[SPLIT_M[tactic][0]], 1
     if tactic not in TACTICS:
@@ -303,13 +338,39 @@ def _context_sms() -> int:
     return _cuda.context_sm_count()
 
 
+_resident: dict[tuple[int, int, int], int] = {}
+
+
+def _blocks_per_sm(kernel: _cuda.Kernel, cfg: Config) -> int:
+    """Resident blocks per SM of ``kernel`` at ``cfg``'s block size and shared memory (the driver's occupancy
+    query, once per loaded kernel: kernels are loaded once per context and kept)."""
+    key = (id(kernel), cfg.threads, cfg.smem)
+    v = _resident.get(key)
+    if v is None:
+        kernel.set_max_dynamic_smem(cfg.smem)
+        cu = _cuda._driver()
+        v = _resident[key] = int(_cuda.check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            kernel.function, cfg.threads, cfg.smem)))
+    return v
+
+
+def resident_blocks(tactic: int, gelu: bool = False) -> int:
+    """Resident blocks per SM of ``tactic``'s kernel (its GELU build where ``gelu``) on the current device."""
+    cfg, _ = config(tactic)
+    return _blocks_per_sm(_kernel(kernel_name(cfg, gelu)), cfg)
+
+
+def resolve_tactic(a: dict, m: int, tactic: int = AUTO) -> int:
+    """``tactic``, with tactic 1 resolved for ``m`` rows of layer ``a`` (validated attributes) on the current
+    context: :func:`auto_tactic` with the driver's occupancy of each candidate's kernel."""
+    if tactic != AUTO:
+        return tactic
+    return auto_tactic(a["n"], a["k"], m, _context_sms(), lambda t: resident_blocks(t, bool(a["gelu"])))
+
+
 def persistent_grid(kernel: _cuda.Kernel, cfg: Config, tiles: int) -> int:
     """Blocks of a persistent tactic: min(tiles, resident blocks per SM x SMs of the current context)."""
-    kernel.set_max_dynamic_smem(cfg.smem)
-    cu = _cuda._driver()
-    per_sm = int(_cuda.check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.function, cfg.threads,
-                                                                            cfg.smem)))
-    g = max(1, per_sm) * _context_sms()
+    g = max(1, _blocks_per_sm(kernel, cfg)) * _context_sms()
     if PERSISTENT_GRID_CAP:
         g = min(g, PERSISTENT_GRID_CAP)
     return max(1, min(tiles, g))
@@ -428,9 +489,7 @@ def _pad_launch(a: dict, m: int, x, xq, slots=None, ctr_off: int = 0, nctr: int 
 
 def _gemm_config(a: dict, m: int, tactic: int) -> tuple[Config, int]:
     """Config and effective K splits of ``tactic`` for ``m`` rows."""
-    if tactic == AUTO:
-        tactic = auto_tactic(a["n"], a["k"], m, _context_sms())
-    cfg, splits = config(tactic, a["bits"])
+    cfg, splits = config(resolve_tactic(a, m, tactic), a["bits"])
     if splits > 1 and not _splitk_ok(m, a["n"]):
         splits = 1
     kt = -(-k_padded(a["k"]) // BK)

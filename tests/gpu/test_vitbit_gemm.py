@@ -389,3 +389,41 @@ def test_int8_x_time_and_measure():
     meas = K.measure_vs_dense(p8, 197)
     assert meas["x_dtype"] == "int8" and meas["vitbit_us"] > 0 and meas["dense_us"] > 0
     assert K.measure_vs_dense(p, 197)["x_dtype"] == "float16"
+
+
+def test_default_tactic_uses_the_drivers_occupancy():
+    """Tactic 1 resolves to auto_tactic with each candidate kernel's occupancy as the driver reports it, on the
+    full GPU and in a 16-SM green context (the choice follows the context), and runs that tactic (bit-exact)."""
+    import contextlib
+
+    from cuda.bindings import driver as cu
+
+    from edgesdk.kernels import _cuda
+
+    torch.zeros(1, device="cuda")  # torch's context current
+    _cuda.init()
+    for t in K.WAVE_MODEL:
+        for gelu in (False, True):
+            cfg, _ = K.config(t)
+            kern = K._kernel(K.kernel_name(cfg, gelu))
+            kern.set_max_dynamic_smem(cfg.smem)
+            want = _cuda.check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kern.function, cfg.threads, cfg.smem))
+            assert K.resident_blocks(t, gelu) == want >= 1, (t, gelu)
+    rng = np.random.default_rng(13)
+    p = _layer(rng, 300, 520)
+    a = p.node_attributes()
+    picks = {}
+    for green in (False, True):
+        with _cuda.in_green_context(16) if green else contextlib.nullcontext():
+            n_sm = _cuda.context_sm_count()
+            assert (n_sm < torch.cuda.get_device_properties(0).multi_processor_count) == green
+            for m in (1, 197, 1576, 6304):
+                occ = {t: K.resident_blocks(t) for t in K.WAVE_MODEL}
+                want = K.auto_tactic(a["n"], a["k"], m, n_sm, occ)
+                assert K.resolve_tactic(a, m) == want
+                assert K._gemm_config(a, m, K.AUTO)[0] == K.config(want)[0]
+                picks[(green, m)] = want
+    assert len(set(picks.values())) >= 2, picks  # the choice changes with M (and the context)
+    x = _x_full_range(rng, (197, 520), p.x_scale, np.float16)
+    y = run(p, x, K.AUTO)
+    assert np.array_equal(y.view(np.uint16), R.vitbit_gemm(x, p).view(np.uint16))
