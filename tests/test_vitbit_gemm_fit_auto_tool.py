@@ -88,6 +88,9 @@ def test_wave_model_recovers_a_wave_law_and_picks_by_it(tmp_path):
         assert coef[t] == pytest.approx(abc, rel=1e-6)
     picks = {(c["config"], c["K"], c["N"], c["M"]): fa.wave_pick(coef, c) for c in cases}
     assert picks == truth
+    only = fa.fit_waves(cases, {72})  # --wave-tactics: the candidates fitted (and picked from)
+    assert set(only) == {72} and only[72] == pytest.approx(coef[72])
+    assert {fa.wave_pick(only, c) for c in cases} == {72}
     assert set(truth.values()) == {72, 82}  # the law makes each tactic win somewhere
 
 

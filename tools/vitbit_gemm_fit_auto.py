@@ -27,7 +27,7 @@ rules fitted on RESULTS on the cases of other files (another GPU's runs, or the 
 ``--judge-green-kind orin``), every layer of them: nothing of the judged files enters the fit.
 
     python tools/vitbit_gemm_fit_auto.py RESULTS.json [MORE.json ...] [--hold 768:2304,768:768,768:3072,3072:768]
-        [--green-kind orin] [--blocks-per-sm 72:6,82:2,...] [--loo] [--judge OTHER.json ... [--judge-green-kind orin]]
+        [--green-kind orin] [--blocks-per-sm 72:6,82:2,...] [--wave-tactics 3,29,...] [--loo] [--judge OTHER.json ... [--judge-green-kind orin]]
         [--json bench/results/vitbit_gemm_autofit_X.json]
 """
 
@@ -151,13 +151,16 @@ def wave_features(c: dict, tactic: int) -> list[float] | None:
     return [1.0, float(waves), waves * c["kt"] / splits]
 
 
-def fit_waves(cases: list[dict]) -> dict[int, list[float]]:
-    """Per tactic, the (a, b, c) of ``time = a + b W + c W kt / splits`` that minimise the squared relative error
-    over the cases that timed it with its occupancy recorded (at least 3 cases; else the tactic is left out)."""
+def fit_waves(cases: list[dict], tactics=None) -> dict[int, list[float]]:
+    """Per tactic (of ``tactics``, default every tactic timed), the (a, b, c) of ``time = a + b W + c W kt / splits``
+    that minimise the squared relative error over the cases that timed it with its occupancy recorded (at least 3
+    cases; else the tactic is left out)."""
     import numpy as np
 
     coef = {}
     for tac in sorted({t for c in cases for t in c["times"]}):
+        if tactics is not None and tac not in tactics:
+            continue
         xs, ys = [], []
         for c in cases:
             f = wave_features(c, tac) if tac in c["times"] else None
@@ -204,7 +207,7 @@ def fit(cases: list[dict]) -> dict[tuple[int, int], int]:
     return full
 
 
-def leave_one_layer_out(cases: list[dict]) -> list[dict]:
+def leave_one_layer_out(cases: list[dict], wave_tactics=None) -> list[dict]:
     """For each layer (K, N) in turn, fit the bins and the wave model on the other layers and pick for the
     layer's cases: one dict per case with ``bins`` and ``wave`` (the tactic each picks; wave None where it cannot)."""
     out = []
@@ -212,7 +215,7 @@ def leave_one_layer_out(cases: list[dict]) -> list[dict]:
         train = [c for c in cases if (c["K"], c["N"]) != layer]
         if not train:
             raise SystemExit("--loo needs at least two layers")
-        table, coef = fit(train), fit_waves(train)
+        table, coef = fit(train), fit_waves(train, wave_tactics)
         for c in cases:
             if (c["K"], c["N"]) == layer:
                 out.append({"case": c, "bins": table[bin_of(c["r"], c["kt"])], "wave": wave_pick(coef, c)})
@@ -248,6 +251,8 @@ def main() -> int:
     ap.add_argument("--blocks-per-sm", default="", metavar="T:B,...",
                     help="resident blocks per SM by tactic, for rows without them (files of the benchmark, or of the "
                     "explore tool before round 11)")
+    ap.add_argument("--wave-tactics", default="", metavar="T,...",
+                    help="the wave model's candidates (default: every tactic timed, split-M excepted)")
     ap.add_argument("--loo", action="store_true",
                     help="also leave each layer out in turn (fit on the others) and report the regrets on it")
     ap.add_argument("--judge", nargs="+", type=Path, default=[], metavar="FILE",
@@ -270,7 +275,8 @@ def main() -> int:
     if not train:  # --loo only: the full fit is on every layer
         train, test = cases, []
     table = fit(train)
-    coef = fit_waves(train)
+    wave_tactics = {int(t) for t in args.wave_tactics.split(",") if t} or None
+    coef = fit_waves(train, wave_tactics)
 
     def wave_rule(c):
         return wave_pick(coef, c)
@@ -314,7 +320,8 @@ def main() -> int:
 
     out = {"r_edges": R_EDGES, "kt_edges": KT_EDGES, "table": {f"{i},{j}": t for (i, j), t in sorted(table.items())},
            "hold": sorted(hold), "green_kind": args.green_kind, "sources": [str(p) for p in args.results], "sets": {},
-           "wave_model": {str(t): k for t, k in coef.items()}, "blocks_per_sm_given": bps}
+           "wave_model": {str(t): k for t, k in coef.items()}, "blocks_per_sm_given": bps,
+           "wave_tactics": sorted(wave_tactics) if wave_tactics else None}
     if coef:
         print("wave model (us = a + b W + c W kt / splits): " + "; ".join(
             f"t{t} {k[0]:.2f} {k[1]:+.3f} {k[2]:+.4f}" for t, k in sorted(coef.items())))
@@ -346,7 +353,7 @@ def main() -> int:
         for tag, sub in groups(jcases):
             out["judge"]["sets"][f"judge {tag}"] = report(f"judge {tag}", sub)
     if args.loo:
-        loo = leave_one_layer_out(cases)
+        loo = leave_one_layer_out(cases, wave_tactics)
         out["loo"] = {}
         print("leave one layer out (each layer's cases picked by rules fitted on the other layers):")
         for tag, sub in groups([p["case"] for p in loo]):
