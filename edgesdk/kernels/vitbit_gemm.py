@@ -228,10 +228,11 @@ def auto_tactic(n: int, k: int, m: int, sms: int, blocks_per_sm) -> int:
     function; the launcher asks the driver, :func:`resident_blocks`), so the rule sees the device's occupancy
     (Orin's 164 KB of shared memory per SM holds fewer blocks than an H100's 228 KB).
 
-    Measured (round 12, docs/vitbit_gemm.md): regret (picked tactic's time / the best tactic's) with each layer
-    left out of the fit in turn, H200: full GPU 1.022 (the round-10 rule it replaces, which binned by tiles per SM
-    and k-tiles: 1.050), 16 SMs 1.019 (1.049), 16 SMs at Orin's occupancy 1.008 (1.026); the H200 coefficients
-    judged on the H100's runs: 1.025 (1.049) and 1.019 (1.049)."""
+    Measured (docs/vitbit_gemm.md, round 13), as the geometric mean of regret (picked tactic's time / the best
+    tactic's): on the round-12 H200 runs with each layer left out of the fit in turn, full GPU 1.020 (the round-10
+    rule it replaces, which binned by tiles per SM and k-tiles: 1.050), 16 SMs 1.019 (1.049), 16 SMs at Orin's
+    occupancy 1.009 (1.026); on the H100's runs (not fitted on) 1.019 (1.049) and 1.019 (1.049); tactic 1 as run on an
+    H100 (ViT-B/16, M = 197 x 1..32) 1.019 (1.037) full GPU, 1.015 (1.038) 16 SMs, GELU builds 1.019 (1.086)."""
     get = blocks_per_sm if callable(blocks_per_sm) else (lambda t: blocks_per_sm.get(t, 0))
     best, best_us = None, float("inf")
     for t in sorted(WAVE_MODEL):
