@@ -141,6 +141,8 @@ def test_rules_of_the_report(tmp_path):
     assert fa.rule_r10(case(3072, 768, 6304)) == 29
     c = case(768, 768, 197) | {"blocks_per_sm": {}}
     assert fa.rule_shipped(c) is None  # no occupancy recorded: the shipped rule cannot pick
+    c["blocks_per_sm"] = {60: 2}  # only a tactic that is not the rule's candidate
+    assert fa.rule_shipped(c) is None
     c["blocks_per_sm"] = {t: 0 for t in fa.WAVE_TACTICS} | {33: 2}
     assert fa.rule_shipped(c) == 33
 

@@ -45,6 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from edgesdk.errors import EdgeSDKError  # noqa: E402
 from edgesdk.kernels.vitbit_gemm import AUTO, SPLIT_M, WAVE_MODEL, auto_tactic, config, shape_class  # noqa: E402
 
 WAVE_TACTICS = sorted(WAVE_MODEL)  # the shipped rule's candidates
@@ -76,7 +77,10 @@ def rule_shipped(c: dict) -> int | None:
     where the case has none)."""
     if not c.get("blocks_per_sm"):
         return None
-    return auto_tactic(c["N"], c["K"], c["M"], c["sms"], c["blocks_per_sm"])
+    try:
+        return auto_tactic(c["N"], c["K"], c["M"], c["sms"], c["blocks_per_sm"])
+    except EdgeSDKError:  # no candidate of the rule has its occupancy recorded
+        return None
 
 
 def bin_of(r: float, kt: int) -> tuple[int, int]:
