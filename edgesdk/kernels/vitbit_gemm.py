@@ -362,12 +362,21 @@ def resident_blocks(tactic: int, gelu: bool = False) -> int:
     return _blocks_per_sm(_kernel(kernel_name(cfg, gelu)), cfg)
 
 
+_resolved: dict[tuple, int] = {}
+
+
 def resolve_tactic(a: dict, m: int, tactic: int = AUTO) -> int:
     """``tactic``, with tactic 1 resolved for ``m`` rows of layer ``a`` (validated attributes) on the current
-    context: :func:`auto_tactic` with the driver's occupancy of each candidate's kernel."""
+    context: :func:`auto_tactic` with the driver's occupancy of each candidate's kernel (once per shape and
+    context: :func:`gemm` resolves on every call)."""
     if tactic != AUTO:
         return tactic
-    return auto_tactic(a["n"], a["k"], m, _context_sms(), lambda t: resident_blocks(t, bool(a["gelu"])))
+    key = (a["n"], a["k"], bool(a["gelu"]), int(m), _cuda.current_context())
+    t = _resolved.get(key)
+    if t is None:
+        t = _resolved[key] = auto_tactic(a["n"], a["k"], m, _context_sms(),
+                                         lambda t: resident_blocks(t, bool(a["gelu"])))
+    return t
 
 
 def persistent_grid(kernel: _cuda.Kernel, cfg: Config, tiles: int) -> int:
