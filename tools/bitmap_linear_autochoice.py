@@ -10,6 +10,7 @@ JSON (an independent run) is read back to price each decision a second time ("be
 the bitmap kernel's speed-up in that run, 1.0 for cuBLAS fp16; it did not time cuBLAS int8).
 
     python tools/bitmap_linear_autochoice.py [--green 16] [--json bench/results/bitmap_linear_autochoice.json]
+        [--bench-json bench/results/bitmap_linear_h200.json]
 """
 
 from __future__ import annotations
@@ -101,6 +102,9 @@ def main(argv=None) -> int:
     ap.add_argument("--green", type=int, default=0, help="also run on a green context of this many SMs")
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "bitmap_linear_autochoice.json")
     ap.add_argument("--workers", type=int, default=12)
+    ap.add_argument("--bench-json", type=Path, default=None,
+                    help="the independent benchmark run that prices each decision a second time (default "
+                         "bench/results/bitmap_linear.json, an H100's; e.g. bitmap_linear_h200.json on an H200)")
     ap.add_argument("--from-json", type=Path, help="re-derive the decisions and the summary from the raw times "
                     "of an earlier run's JSON (e.g. after a change of the decision rule) instead of measuring")
     args = ap.parse_args(argv)
@@ -123,7 +127,7 @@ def main(argv=None) -> int:
     _cuda.init()
     facts = _cuda.device_facts()
     res = ROOT / "bench" / "results"
-    rows = run("full", packed, bench_speedups(res / "bitmap_linear.json"))
+    rows = run("full", packed, bench_speedups(args.bench_json or res / "bitmap_linear.json"))
     if args.green:
         with _cuda.in_green_context(args.green) as sms:
             rows += run(f"green{sms}", packed, bench_speedups(res / "bitmap_linear_green16.json") if sms == 16 else {})
@@ -136,7 +140,8 @@ def main(argv=None) -> int:
                  "method": "edgesdk.kernels.bitmap_linear.measure_vs_dense (the build's timer: CUDA graph of >= 16 "
                            "launches over operand copies rotated beyond 2x L2, median of 6 replays) per row, "
                            "decision by edgesdk.rewrite.choose.decide_measured",
-                 "margin": MEASURE_MARGIN, "summary": summary})
+                 "margin": MEASURE_MARGIN, "summary": summary,
+                 "bench_json": str((args.bench_json or res / "bitmap_linear.json").name)})
     print(f"wrote {write_json(args.json, rows, info)}")
     return 0
 
