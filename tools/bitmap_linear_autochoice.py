@@ -127,7 +127,8 @@ def main(argv=None) -> int:
     _cuda.init()
     facts = _cuda.device_facts()
     res = ROOT / "bench" / "results"
-    rows = run("full", packed, bench_speedups(args.bench_json or res / "bitmap_linear.json"))
+    bench_json = args.bench_json or res / "bitmap_linear.json"
+    rows = run("full", packed, bench_speedups(bench_json))
     if args.green:
         with _cuda.in_green_context(args.green) as sms:
             rows += run(f"green{sms}", packed, bench_speedups(res / "bitmap_linear_green16.json") if sms == 16 else {})
@@ -141,7 +142,7 @@ def main(argv=None) -> int:
                            "launches over operand copies rotated beyond 2x L2, median of 6 replays) per row, "
                            "decision by edgesdk.rewrite.choose.decide_measured",
                  "margin": MEASURE_MARGIN, "summary": summary,
-                 "bench_json": str((args.bench_json or res / "bitmap_linear.json").name)})
+                 "bench_json": bench_json.name})
     print(f"wrote {write_json(args.json, rows, info)}")
     return 0
 
