@@ -396,9 +396,9 @@ def kernels_cmd(
 ):
     """Compile the plugin kernels into the cache (EDGESDK_CACHE, else ~/.cache/edgesdk) ahead of their first use.
 
-    A first build or inference otherwise compiles them on the spot (tens of seconds per source); run this once on
-    the Jetson, or with --arch sm_87 while building a container image (nvcc or cuda-python's NVRTC needed, no GPU;
-    the cache is per compiler version, so compile with the toolkit the image runs).
+    A first build or inference otherwise compiles them on the spot (up to minutes per source on a small CPU); run
+    this once on the Jetson, or with --arch sm_87 while building a container image (nvcc or cuda-python's NVRTC
+    needed, no GPU; the cache is per compiler version, so compile with the toolkit the image runs).
     """
     import time
 

@@ -139,3 +139,42 @@ def test_nvrtc_takes_the_headers_of_its_own_cuda_version(monkeypatch, tmp_path):
     assert _cuda.cuda_include_dir(14) == toolkit  # none of its version: the first there is
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nowhere"))
     assert _cuda.cuda_include_dir(13) is None
+
+
+@pytest.mark.parametrize("threads", [1, 6])
+def test_both_compilers_split_their_work_over_the_cpus(threads, monkeypatch, tmp_path):
+    """--split-compile=<CPUs> goes to nvcc and to NVRTC for the sources whose SASS it leaves as it is
+    (tools/split_compile_check.py), none for one CPU or another source; it is not part of the cache key."""
+    monkeypatch.setenv("EDGESDK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(_cuda, "compile_threads", lambda: threads)
+    assert _cuda.SPLIT_COMPILE == {vitbit_gemm.SOURCE.split("/")[-1], bitmap_linear.SOURCE.split("/")[-1]}
+    src = _cuda.PLUGINS_DIR / vitbit_gemm.SOURCE
+    fake = tmp_path / "cuda" / "bin" / "nvcc"  # records its arguments, writes the -o file
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\n"
+                    "case \"$1\" in --version) echo 'Cuda compilation tools, release 12.6, V12.6.68'; exit 0;; esac\n"
+                    f"echo \"$@\" > {tmp_path / 'args'}\n"
+                    "while [ $# -gt 0 ]; do [ \"$1\" = -o ] && printf nvcc > \"$2\"; shift; done\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    key = _cuda.cubin_path(src, "sm_87", compiler="nvcc")
+    assert _cuda.compile_cubin(src, "sm_87", compiler="nvcc") == b"nvcc" and key.is_file()
+    args = (tmp_path / "args").read_text().split()
+    assert args[:2] == ["-cubin", "-arch=sm_87"]
+    assert [a for a in args if "split-compile" in a] == ([f"--split-compile={threads}"] if threads > 1 else [])
+    seen = []
+    monkeypatch.setattr(_cuda, "_nvrtc_compile", lambda src, name, arch, options: seen.extend(options) or b"nvrtc")
+    monkeypatch.setattr(_cuda, "_nvrtc_version", lambda: "12.6")
+    assert _cuda.compile_cubin(src, "sm_87", compiler="nvrtc") == b"nvrtc"
+    assert [a for a in seen if "split-compile" in a] == ([f"-split-compile={threads}"] if threads > 1 else [])
+    seen.clear()  # sparse_kv.cu: always whole (split compilation changes its code)
+    assert _cuda.compile_cubin(_cuda.PLUGINS_DIR / sparse_kv.SOURCE, "sm_87", compiler="nvrtc") == b"nvrtc"
+    assert seen and not [a for a in seen if "split-compile" in a]
+    monkeypatch.setattr(_cuda, "compile_threads", lambda: 1 if threads > 1 else 6)
+    assert _cuda.cubin_path(src, "sm_87", compiler="nvcc") == key
+
+
+def test_compile_threads_are_the_cpus_this_process_may_use(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    assert _cuda.compile_threads() == 3

@@ -9,7 +9,9 @@ Compilation: ``nvcc -cubin -arch=sm_XY`` with the nvcc on PATH or else ``$CUDA_H
 for the resource table), else NVRTC from cuda-python with ``$CUDA_HOME/include``. Cubins are cached on
 disk under ``$EDGESDK_CACHE`` (default ``~/.cache/edgesdk/cubin``) keyed by the sha256 of source,
 headers, options, architecture and compiler version; modules and functions are cached per process and
-per CUDA context.
+per CUDA context. For the sources in :data:`SPLIT_COMPILE` both compilers run their optimisation passes on every
+CPU this process may use (``--split-compile``, :func:`compile_threads`): same SASS, less wall time for a first
+compile.
 
 Launch path (the per-call host cost TensorRT pays outside CUDA graphs): a launcher resolves its
 kernels once per (layer, M, tactic, context) into :class:`Launch` records, whose
@@ -211,6 +213,22 @@ def cubin_path(source_path: Path, arch: str, options: Sequence[str] = (), compil
     return _cache_dir() / f"{source_path.stem}-{arch}-{key}.cubin"
 
 
+#: Sources compiled with ``--split-compile`` (:func:`compile_threads` threads): those whose kernels come out the same
+#: as from one thread, machine code, registers and shared memory alike (``tools/split_compile_check.py``, with 2 and 16
+#: threads, nvcc 13.0 and NVRTC 13.0 / 12.6, sm_87 and sm_90; ``docs/jetson.md``), so the option is left out of the
+#: cache key. Not ``sparse_kv.cu``: split compilation changes the code of 48 of its 72 kernels, whose speed was
+#: measured compiled whole.
+SPLIT_COMPILE = frozenset({"bitmap_linear.cu", "vitbit_gemm.cu"})
+
+
+def compile_threads() -> int:
+    """Threads nvcc and NVRTC may use for a source in :data:`SPLIT_COMPILE`: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def compile_cubin(source_path: Path, arch: str, options: Sequence[str] = (), compiler: str | None = None) -> bytes:
     """Compile one ``.cu`` file to a cubin for ``arch`` (cached on disk). ``compiler``: None (nvcc where
     :func:`find_nvcc` finds one, else NVRTC), ``"nvcc"`` or ``"nvrtc"``."""
@@ -222,18 +240,20 @@ def compile_cubin(source_path: Path, arch: str, options: Sequence[str] = (), com
     if cached.exists():
         return cached.read_bytes()
     inc = [f"-I{source_path.parent}", f"-I{PLUGINS_DIR}"]
+    threads = compile_threads() if source_path.name in SPLIT_COMPILE else 1
     nvcc = find_nvcc() if compiler in (None, "nvcc") else None
     if nvcc:
         with tempfile.TemporaryDirectory() as td:
             out = Path(td) / "k.cubin"
             cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", *inc, *options,
-                   "-o", str(out), str(source_path)]
+                   *([f"--split-compile={threads}"] if threads > 1 else []), "-o", str(out), str(source_path)]
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
                 raise RuntimeError(f"nvcc failed for {source_path.name}:\n{r.stderr}")
             data = out.read_bytes()
     else:
-        data = _nvrtc_compile(src, source_path.name, arch, [*inc, *options])
+        data = _nvrtc_compile(src, source_path.name, arch,
+                              [*inc, *options, *([f"-split-compile={threads}"] if threads > 1 else [])])
     tmp = cached.with_suffix(f".tmp{os.getpid()}")
     tmp.write_bytes(data)
     os.replace(tmp, cached)
