@@ -249,14 +249,22 @@ def smollm2_gguf() -> Path:
     return found[0]
 
 
-def load_smollm2():
-    """(model, tokenizer) of SmolLM2-135M-Instruct from the package's GGUF, offline, float32."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def smollm2_tokenizer():
+    """The tokenizer of SmolLM2-135M-Instruct from the package's GGUF, offline, without loading the model."""
+    from transformers import AutoTokenizer
 
     g = smollm2_gguf()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    tok = AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)
+    return AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)
+
+
+def load_smollm2():
+    """(model, tokenizer) of SmolLM2-135M-Instruct from the package's GGUF, offline, float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    g = smollm2_gguf()
+    tok = smollm2_tokenizer()
     lm = AutoModelForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name, attn_implementation="eager",
                                               torch_dtype=torch.float32)
     return lm.eval(), tok

@@ -84,12 +84,12 @@ def check_vit_b16(work: Path, kernels: str) -> dict:
 
 
 def check_smollm2(work: Path, kernels: str, seq: int = 64, alpha: float = 0.75) -> dict:
-    from models.recipes import english_text, load_smollm2, make_smollm2
+    from models.recipes import english_text, make_smollm2, smollm2_tokenizer
 
     model = work / f"smollm2_s{seq}.onnx"
     if not model.exists():
         make_smollm2(model, seq)
-    _, tok = load_smollm2()
+    tok = smollm2_tokenizer()
     ids = tok(english_text())["input_ids"]
     (work / "tokens.txt").write_text(" ".join(map(str, ids)) + "\n")
     out = work / f"smollm2_{kernels}"
@@ -115,9 +115,9 @@ def decode_shapes(onnx_path: Path, cached: int, most: int) -> list[str]:
 
 def check_smollm2_past(work: Path, kernels: str, onnx_path: Path, cached: int = 63, most: int = 255,
                        alpha: float = 0.75) -> dict:
-    from models.recipes import english_text, load_smollm2
+    from models.recipes import english_text, smollm2_tokenizer
 
-    _, tok = load_smollm2()
+    tok = smollm2_tokenizer()
     ids = tok(english_text())["input_ids"]
     (work / "tokens.txt").write_text(" ".join(map(str, ids)) + "\n")
     out = work / f"smollm2_past_{kernels}"
