@@ -10,7 +10,11 @@ JSON (an independent run) is read back to price each decision a second time ("be
 the bitmap kernel's speed-up in that run, 1.0 for cuBLAS fp16; it did not time cuBLAS int8).
 
     python tools/bitmap_linear_autochoice.py [--green 16] [--json bench/results/bitmap_linear_autochoice.json]
-        [--bench-json bench/results/bitmap_linear_h200.json]
+        [--bench-json bench/results/bitmap_linear_h200.json] [--bench-green-json ...]
+    python tools/bitmap_linear_autochoice.py --from-json RUN.json --json OUT.json   # re-derive and re-price
+
+The benchmark that prices the decisions is the one of the GPU the run is on (:func:`bench_files`: an H200's
+files on an H200, the H100's otherwise), unless ``--bench-json`` / ``--bench-green-json`` name others.
 """
 
 from __future__ import annotations
@@ -45,6 +49,25 @@ def bench_speedups(path: Path) -> dict:
     for r in json.loads(path.read_text())["rows"]:
         if r["kernel"] in ("bitmap_float16_default", "bitmap_int8_default"):
             out[(r["K"], r["N"], r["M"], r["kernel"].split("_")[1], round(r["sparsity"], 2))] = r["speedup"]
+    return out
+
+
+def bench_files(device: str, bench_json: Path | None = None, green_json: Path | None = None) -> tuple[Path, Path]:
+    """The committed benchmark runs (full GPU, 16-SM green context) that price the decisions of a run on
+    ``device`` (its name as the driver gives it): the H200's on an H200, else the H100's; given paths win."""
+    res = ROOT / "bench" / "results"
+    tag = "_h200" if "H200" in device.upper() else ""
+    return (bench_json or res / f"bitmap_linear{tag}.json", green_json or res / f"bitmap_linear_green16{tag}.json")
+
+
+def price(rows: list[dict], full: dict, green16: dict) -> list[dict]:
+    """Rows with ``bench_bitmap_vs_fp16`` looked up again (``full`` for the full GPU, ``green16`` for a 16-SM
+    context, none for other contexts) and the decisions re-derived."""
+    out = []
+    for r in rows:
+        ref = full if r["ctx"] == "full" else green16 if r["ctx"] == "green16" else {}
+        out.append(derive({**r, "bench_bitmap_vs_fp16": ref.get((r["K"], r["N"], r["M"], r["values"],
+                                                                 round(r["sparsity"], 2)))}))
     return out
 
 
@@ -103,17 +126,21 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "bitmap_linear_autochoice.json")
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--bench-json", type=Path, default=None,
-                    help="the independent benchmark run that prices each decision a second time (default "
-                         "bench/results/bitmap_linear.json, an H100's; e.g. bitmap_linear_h200.json on an H200)")
+                    help="the independent benchmark run that prices each decision a second time (default: the "
+                         "GPU's own, bench/results/bitmap_linear_h200.json on an H200, bitmap_linear.json otherwise)")
+    ap.add_argument("--bench-green-json", type=Path, default=None,
+                    help="the same for the 16-SM rows (default: bitmap_linear_green16[_h200].json, as above)")
     ap.add_argument("--from-json", type=Path, help="re-derive the decisions and the summary from the raw times "
                     "of an earlier run's JSON (e.g. after a change of the decision rule) instead of measuring")
     args = ap.parse_args(argv)
     if args.from_json:
         old = json.loads(args.from_json.read_text())
-        rows = [derive(r) for r in old["rows"]]
-        info = {**old["meta"], "summary": summarize(rows),
+        full, green = bench_files(old["meta"]["device"], args.bench_json, args.bench_green_json)
+        rows = price(old["rows"], bench_speedups(full), bench_speedups(green))
+        info = {**old["meta"], "summary": summarize(rows), "bench_json": full.name, "bench_green_json": green.name,
                 "derived": f"decisions re-derived by tools/bitmap_linear_autochoice.py --from-json with "
-                           f"MEASURE_MARGIN = {MEASURE_MARGIN} from the raw times measured at {old['meta']['date']}"}
+                           f"MEASURE_MARGIN = {MEASURE_MARGIN} from the raw times measured at {old['meta']['date']}, "
+                           f"priced by {full.name} / {green.name}"}
         for s in info["summary"]:
             print(json.dumps(s))
         from bench._common import write_json
@@ -126,12 +153,11 @@ def main(argv=None) -> int:
         packed = dict(ex.map(_pack, jobs))
     _cuda.init()
     facts = _cuda.device_facts()
-    res = ROOT / "bench" / "results"
-    bench_json = args.bench_json or res / "bitmap_linear.json"
+    bench_json, green_json = bench_files(facts["name"], args.bench_json, args.bench_green_json)
     rows = run("full", packed, bench_speedups(bench_json))
     if args.green:
         with _cuda.in_green_context(args.green) as sms:
-            rows += run(f"green{sms}", packed, bench_speedups(res / "bitmap_linear_green16.json") if sms == 16 else {})
+            rows += run(f"green{sms}", packed, bench_speedups(green_json) if sms == 16 else {})
     summary = summarize(rows)
     for s in summary:
         print(json.dumps(s))
@@ -142,7 +168,7 @@ def main(argv=None) -> int:
                            "launches over operand copies rotated beyond 2x L2, median of 6 replays) per row, "
                            "decision by edgesdk.rewrite.choose.decide_measured",
                  "margin": MEASURE_MARGIN, "summary": summary,
-                 "bench_json": bench_json.name})
+                 "bench_json": bench_json.name, "bench_green_json": green_json.name})
     print(f"wrote {write_json(args.json, rows, info)}")
     return 0
 
