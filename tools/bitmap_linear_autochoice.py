@@ -106,6 +106,8 @@ def summarize(rows: list[dict]) -> list[dict]:
     for ctx in sorted({r["ctx"] for r in rows}):
         for s, vd in VARIANTS:
             sel = [r for r in rows if r["ctx"] == ctx and r["values"] == vd and r["sparsity"] == s]
+            if not sel:
+                continue
             big = [r for r in sel if r["K"] * r["N"] >= 4 * 2**20]
             priced = [r["bench_choice_vs_fp16"] for r in sel if r["bench_choice_vs_fp16"] is not None]
             out.append({"ctx": ctx, "values": vd, "sparsity": s, "rows": len(sel),
@@ -113,8 +115,10 @@ def summarize(rows: list[dict]) -> list[dict]:
                         "int8_dense_chosen": sum(r["choice"] == "cuBLAS int8" for r in sel),
                         "min_choice_vs_fp16": min(r["choice_vs_fp16"] for r in sel),
                         "min_bitmap_vs_fp16": min(r["bitmap_vs_fp16"] for r in sel),
-                        "median_choice_vs_fp16_KN>=4M": statistics.median(r["choice_vs_fp16"] for r in big),
-                        "median_bitmap_vs_fp16_KN>=4M": statistics.median(r["bitmap_vs_fp16"] for r in big),
+                        "median_choice_vs_fp16_KN>=4M": (statistics.median(r["choice_vs_fp16"] for r in big)
+                                                         if big else None),
+                        "median_bitmap_vs_fp16_KN>=4M": (statistics.median(r["bitmap_vs_fp16"] for r in big)
+                                                         if big else None),
                         "bench_min_choice_vs_fp16": min(priced) if priced else None,
                         "bench_priced_rows": len(priced)})
     return out
