@@ -202,3 +202,16 @@ def test_timing_failure_falls_back_under_auto_and_fails_under_on(monkeypatch):
     assert rows[-1]["choice"].startswith("not measured: timing on this GPU failed (RuntimeError: CUDA driver")
     with pytest.raises(RuntimeError, match="NO_BINARY"):
         rewrite_model(two_layer_model(), cfg(measure="on"), None, ORIN)
+
+
+@pytest.mark.parametrize("nbytes", [246_000, 395_364, 1_769_472, 64 << 20])
+@pytest.mark.parametrize("l2", [4 << 20, 50 << 20, 60 << 20])  # Orin, H100, H200
+def test_timed_operand_copies_span_twice_the_l2(nbytes, l2):
+    """The build's timer compares a compressed layer with the dense one it replaces: both must miss L2. With
+    at most 64 copies, 1536 x 576 at 70 % with int8 values (395,364 bytes) spanned 25 MB of an H100's 50 MB L2."""
+    from edgesdk.kernels._cuda import rotation_copies
+
+    c = rotation_copies(nbytes, l2)
+    assert c >= 2 and c * nbytes >= 2 * l2
+    assert (c - 2) * nbytes < 2 * l2 or c == 2  # not needlessly many
+    assert rotation_copies(nbytes, l2, limit_bytes=4 * nbytes) <= 4  # memory cap still holds
