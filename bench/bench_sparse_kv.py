@@ -47,7 +47,7 @@ CONTEXTS = (1024, 4096, 16384, 32768)
 SPARSITIES = (0.5, 0.7)
 ROTATE_BYTES = 160 << 20  # > 3x the H100/H200 L2
 # Up to 512 copies (was 64, under which SmolLM2-like B = 1 at 4k, 70 %, a 1.2 MB cache, rotated 76 MB: 1.3x an
-# H200's L2 instead of ROTATE_BYTES; at 1k, caches of 0.3-1.8 MB, sparse and dense, rotated 20-134 MB)
+# H200's L2 instead of ROTATE_BYTES; at 1k, caches of 0.3-2.1 MB, sparse and dense, rotated 20-134 MB)
 MAX_COPIES = 512
 DENSE = ("sdpa", "dense_cuda", "triton_fd")  # the dense baselines: "best dense" is the fastest of these
 
