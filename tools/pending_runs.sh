@@ -13,11 +13,11 @@
 # benchmark skips that column)
 set -uo pipefail
 stage=${1:?usage: bash tools/pending_runs.sh 1|2|3}
+command -v nvidia-smi > /dev/null || { echo "no nvidia-smi here: run this on the GPU machine"; exit 2; }
 OUT=${OUT:-out-gpu}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 C=${EDGESDK_COMMIT:-$(git rev-parse --short HEAD)}
 export EDGESDK_COMMIT=$C
-command -v nvidia-smi > /dev/null || { echo "no nvidia-smi here: run this on the GPU machine"; exit 2; }
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$name" in *H200*) G=h200 ;; *H100*) G=h100 ;; *) G=$(echo "$name" | tr -c 'A-Za-z0-9\n' '_' | tr 'A-Z' 'a-z') ;; esac
 echo "GPU: $name (files tagged $G), commit $C" | tee -a "$OUT/log"
